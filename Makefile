@@ -1,0 +1,39 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PG_BIN := $(firstword $(wildcard /usr/lib/postgresql/*/bin))
+
+.PHONY: demo test venv servers lint bench clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+# Debian's PostgreSQL and Redis servers for the integration tests (apt-get update once, then install).
+servers:
+	@if ! command -v redis-server >/dev/null 2>&1 || [ -z "$(PG_BIN)" ]; then \
+		$(SUDO) apt-get update -qq && \
+		$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server >/dev/null; \
+	fi
+	@command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null
+
+lint: venv
+	$(BIN)/ruff check .
+
+test: venv servers lint
+	$(BIN)/pytest -p no:cacheprovider --basetemp=.pytest-tmp $(PYTEST_ARGS)
+
+demo: venv
+	$(BIN)/billingctl demo
+
+bench: venv servers
+	$(BIN)/python -m bench
+
+clean:
+	rm -rf $(VENV) .pytest-tmp billing.db billing-sandbox.db

@@ -1,0 +1,1 @@
+"""Adapters: the database, Redis, the external systems' clients and the outbound sinks."""

@@ -1,0 +1,1 @@
+"""The database: tables, engine, unit of work and migrations."""

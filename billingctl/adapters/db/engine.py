@@ -1,0 +1,47 @@
+"""Engine construction for PostgreSQL (psycopg 3) and the embedded SQLite default."""
+
+from __future__ import annotations
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+
+from billingctl.domain.errors import ConfigError
+
+
+def make_engine(url: str) -> Engine:
+    try:
+        parsed = make_url(url)
+    except Exception:
+        raise ConfigError("configuration error: BILLING_DATABASE_URL is not a valid URL") from None
+    if parsed.get_backend_name() == "sqlite":
+        return _sqlite_engine(parsed)
+    return create_engine(parsed, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def _sqlite_engine(url) -> Engine:
+    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+    # pysqlite's own transaction handling defers BEGIN and never takes a write lock up front, so two
+    # writers can deadlock on upgrade. We open every transaction with BEGIN IMMEDIATE: writers queue
+    # on the busy timeout instead, which is what exactly-once recording needs.
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def redact(url: str) -> str:
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<invalid>"

@@ -1,0 +1,314 @@
+"""SQLAlchemy tables. The spec's resources keep its field names exactly; our own tables carry the
+invariants (unique keys) that make payments, credits, events and alerts happen at most once."""
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+
+from billingctl.adapters.db.types import UTCDateTime
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+metadata = MetaData(naming_convention=NAMING)
+
+
+def _ts(name: str, nullable: bool = True, **kw) -> Column:
+    return Column(name, UTCDateTime(), nullable=nullable, **kw)
+
+
+# ---- the spec's resources (section 2) ---------------------------------------------------------
+
+users = Table(
+    "users",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("email", String(320)),
+    _ts("created_at", nullable=False),
+    Column("credits", BigInteger, nullable=False, server_default=text("0")),
+    _ts("frozen_at"),
+    Column("frozen_reason", Text),
+    Column("idv_status", String(32)),
+    _ts("idv_updated_at"),
+)
+
+# The lane assignment ("user credits record"). Unlocked = NULL or empty string.
+user_credits = Table(
+    "user_credits",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_id", String(64), ForeignKey("users.id"), nullable=False),
+    Column("sfw_processor", String(64)),
+    Column("nsfw_processor", String(64)),
+    Column("nsfw_processor_mid", String(128)),
+    _ts("created_at", nullable=False),
+    _ts("deleted_at"),
+    # One live row per user; soft-deleted rows may pile up beside it.
+    Index(
+        "uq_user_credits_live_user",
+        "user_id",
+        unique=True,
+        postgresql_where=text("deleted_at IS NULL"),
+        sqlite_where=text("deleted_at IS NULL"),
+    ),
+)
+
+subscription = Table(
+    "subscription",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("status", String(32), nullable=False),
+    _ts("start_date"),
+    _ts("current_term_end"),
+    Column("customer_id", String(64), nullable=False, index=True),
+    _ts("created_at", nullable=False),
+    Column("coupon_ids", JSON, nullable=False, default=list),
+    Column("item_price_id", String(128)),
+    Column("lane", String(8)),
+    # Set when a purchase exists but the provider's activation (term-end change) has not succeeded.
+    _ts("activation_pending_since"),
+    Column("activation_error", Text),
+    _ts("provider_updated_at"),
+    _ts("synced_at"),
+)
+
+invoice = Table(
+    "invoice",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("subscription_id", String(64), index=True),
+    Column("customer_id", String(64), index=True),
+    Column("total_amount", BigInteger),
+    Column("currency_code", String(3)),
+    _ts("paid_at"),
+    Column("status", String(32)),
+    _ts("created_at", nullable=False),
+)
+
+transaction = Table(
+    "transaction",
+    metadata,
+    Column("transaction_id", String(64), primary_key=True),
+    Column("amount", BigInteger, nullable=False),
+    Column("currency_code", String(3)),
+    Column("status", String(32), nullable=False),
+    _ts("created_at", nullable=False),
+    Column("customer_id", String(64), index=True),
+    Column("invoice_id", String(64)),
+    Column("subscription_id", String(64)),
+    Column("processor", String(64)),
+    Column("processor_merchant_id", String(128)),
+    _ts("updated_at"),
+)
+
+purchase = Table(
+    "purchase",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("invoice_id", String(64)),
+    # The orchestrator's payment id; the idempotency key of payment recording.
+    Column("transaction_id", String(64), nullable=False, unique=True),
+    Column("subscription_id", String(64), nullable=False, index=True),
+    Column("user_id", String(64), ForeignKey("users.id"), nullable=False, index=True),
+    Column("item_price_id", String(128)),
+    Column("amount", BigInteger),
+    Column("currency_code", String(3)),
+    Column("credits", BigInteger, nullable=False, server_default=text("0")),
+    _ts("settled_at"),
+    _ts("created_at", nullable=False),
+)
+
+fraud_event = Table(
+    "fraud_event",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_id", String(64), nullable=False),
+    Column("event_type", String(32), nullable=False),
+    _ts("created_at", nullable=False),
+    Column("metadata", JSON, nullable=False, default=dict),
+    Index("ix_fraud_event_user_type_created", "user_id", "event_type", "created_at"),
+)
+
+dunning_attempt = Table(
+    "dunning_attempt",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("invoice_id", String(64), nullable=False, index=True),
+    Column("subscription_id", String(64)),
+    Column("user_id", String(64)),
+    _ts("created_at", nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("decline_code", String(64)),
+    Column("payment_id", String(64)),
+)
+
+event_poller_state = Table(
+    "event_poller_state",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    _ts("created_at", nullable=False, index=True),
+    Column("events_seen", Integer, nullable=False, server_default=text("0")),
+    Column("events_processed", Integer, nullable=False, server_default=text("0")),
+    Column("events_failed", Integer, nullable=False, server_default=text("0")),
+    Column("cursor", String(128)),
+    Column("error", Text),
+)
+
+login_attempt = Table(
+    "login_attempt",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_id", String(64)),
+    Column("ip_address", String(64)),
+    _ts("created_at", nullable=False),
+)
+
+# ---- the project's own tables (DESIGN section 6) --------------------------------------------
+
+# Every change of users.credits is one ledger row; the unique source key makes each credit and
+# each refund reversal happen at most once. users.credits always equals the sum of amounts.
+credit_ledger = Table(
+    "credit_ledger",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_id", String(64), ForeignKey("users.id"), nullable=False, index=True),
+    Column("amount", BigInteger, nullable=False),
+    Column("source_key", String(200), nullable=False, unique=True),
+    Column("reason", String(32), nullable=False),
+    Column("payment_id", String(64)),
+    _ts("created_at", nullable=False),
+)
+
+# One inbox for events from every source (webhooks and pollers), processed exactly once.
+event_inbox = Table(
+    "event_inbox",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("source", String(32), nullable=False),
+    Column("event_id", String(128), nullable=False),
+    Column("event_type", String(64), nullable=False),
+    _ts("occurred_at"),
+    Column("payload", JSON, nullable=False),
+    Column("status", String(16), nullable=False, server_default=text("'pending'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("last_error", Text),
+    _ts("received_at", nullable=False),
+    _ts("processed_at"),
+    UniqueConstraint("source", "event_id"),
+    Index("ix_event_inbox_status", "status"),
+)
+
+checkout_session = Table(
+    "checkout_session",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("user_id", String(64), ForeignKey("users.id"), nullable=False, index=True),
+    Column("subscription_id", String(64), nullable=False, index=True),
+    Column("invoice_id", String(64), unique=True),
+    Column("item_price_id", String(128), nullable=False),
+    Column("lane", String(8), nullable=False),
+    Column("amount", BigInteger, nullable=False),
+    Column("currency_code", String(3), nullable=False),
+    Column("client_token", Text),
+    _ts("expires_at"),
+    Column("status", String(16), nullable=False),
+    _ts("created_at", nullable=False),
+)
+
+orphan_recovery = Table(
+    "orphan_recovery",
+    metadata,
+    Column("payment_id", String(64), primary_key=True),
+    Column("user_id", String(64)),
+    Column("subscription_id", String(64)),
+    Column("item_price_id", String(128)),
+    Column("amount", BigInteger),
+    Column("currency_code", String(3)),
+    Column("status", String(24), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    _ts("next_attempt_at"),
+    Column("last_error", Text),
+    _ts("settled_at"),
+    _ts("created_at", nullable=False),
+    _ts("updated_at", nullable=False),
+    Column("resolution", String(32)),
+    Column("resolved_by", String(64)),
+)
+
+# Alerts, user notifications and analytics events wait here until their sink accepts them.
+alert_outbox = Table(
+    "alert_outbox",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("sink", String(16), nullable=False),
+    Column("dedupe_key", String(200), nullable=False, unique=True),
+    Column("payload", JSON, nullable=False),
+    Column("status", String(16), nullable=False, server_default=text("'pending'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    _ts("next_attempt_at"),
+    Column("last_error", Text),
+    _ts("created_at", nullable=False),
+    _ts("delivered_at"),
+    Index("ix_alert_outbox_status", "status"),
+)
+
+job_lease = Table(
+    "job_lease",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("holder", String(128)),
+    _ts("acquired_at"),
+    _ts("expires_at"),
+    _ts("last_success_at"),
+    _ts("last_failure_at"),
+    Column("last_error", Text),
+)
+
+# Named cursors of the pollers (provider events, settled payments).
+poller_cursor = Table(
+    "poller_cursor",
+    metadata,
+    Column("name", String(64), primary_key=True),
+    Column("value", String(256)),
+    _ts("updated_at", nullable=False),
+)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("actor", String(128), nullable=False),
+    Column("action", String(64), nullable=False),
+    Column("target", String(128), nullable=False),
+    Column("reason", Text),
+    Column("details", JSON, nullable=False, default=dict),
+    _ts("created_at", nullable=False),
+)
+
+SPEC_TABLES = (
+    "purchase",
+    "subscription",
+    "invoice",
+    "transaction",
+    "users",
+    "user_credits",
+    "fraud_event",
+    "dunning_attempt",
+    "event_poller_state",
+    "login_attempt",
+)

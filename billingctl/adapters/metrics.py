@@ -1,0 +1,75 @@
+"""Prometheus metrics with the spec's exact names and labels (spec section 6), plus job and breaker
+metrics. One registry per container; with PROMETHEUS_MULTIPROC_DIR set, every process writes to the
+shared directory and the internal app's /metrics aggregates them."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300, 900)
+
+
+class Metrics:
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.payment_recording_latency = Histogram(
+            "payment_recording_latency_seconds",
+            "Time from the payment's settle to its recording.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.events_polled = Counter(
+            "events_polled", "Subscription-provider events read by the event poller.", registry=r
+        )
+        self.provider_rate_limit_errors = Counter(
+            "billing_provider_rate_limit_errors",
+            "HTTP 429 answers from the subscription provider.",
+            registry=r,
+        )
+        self.processor_lock_outcome = Counter(
+            "billing_processor_lock_outcome",
+            "One record per gated settle.",
+            ["lane", "psp", "outcome"],
+            registry=r,
+        )
+        self.processor_repair_outcome = Counter(
+            "billing_processor_repair_outcome",
+            "One record per history-based lock repair.",
+            ["lane", "outcome"],
+            registry=r,
+        )
+        self.processor_lock_drift = Counter(
+            "billing_processor_lock_drift",
+            "Settled processor differs from the locked one within the lane.",
+            ["lane", "locked_psp", "settled_psp"],
+            registry=r,
+        )
+        self.circuit_breaker_state = Gauge(
+            "billing_circuit_breaker_state",
+            "Circuit breaker state per dependency: 0 closed, 1 half-open, 2 open.",
+            ["dependency"],
+            registry=r,
+            multiprocess_mode="max",
+        )
+        self.external_errors = Counter(
+            "billing_external_errors",
+            "Failed calls to external systems by dependency and error type.",
+            ["dependency", "error"],
+            registry=r,
+        )
+        self.job_runs = Counter(
+            "billing_job_runs", "Job runs by outcome.", ["job", "outcome"], registry=r
+        )
+        self.activation_errors = Counter(
+            "billing_activation_errors", "Failed subscription activations.", registry=r
+        )
+        self.sync_errors = Counter("billing_sync_errors", "Failed subscription syncs.", registry=r)
+        self.payments_recorded = Counter(
+            "billing_payments_recorded", "Payments recorded by path.", ["path"], registry=r
+        )
+
+    def sample(self, name: str, labels: dict | None = None) -> float:
+        """The current value of one sample (tests and `health` read metrics back this way)."""
+        value = self.registry.get_sample_value(name, labels or {})
+        return value or 0.0

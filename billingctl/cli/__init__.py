@@ -1,0 +1,1 @@
+"""The `billingctl` command line: one Typer sub-app per noun."""

@@ -1,0 +1,79 @@
+"""What every command shares: the output sink, global flags, a lazily built container, and the
+one decorator that turns errors into exit codes."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from dataclasses import dataclass, field
+
+import typer
+
+from billingctl.cli.exitcodes import UNEXPECTED, exit_code_for
+from billingctl.cli.output import Output
+from billingctl.domain.errors import BillingError
+
+
+@dataclass
+class CliContext:
+    json: bool = False
+    dry_run: bool = False
+    output: Output = field(default_factory=Output)
+    _container: object = None
+
+    @property
+    def container(self):
+        if self._container is None:
+            from billingctl.bootstrap import bootstrap
+
+            self._container = bootstrap()
+        return self._container
+
+    @property
+    def actor(self) -> str:
+        return os.environ.get("SUDO_USER") or os.environ.get("USER") or "operator"
+
+
+_current = CliContext()
+
+
+def set_ctx(cli: CliContext) -> CliContext:
+    """Called once per invocation by the root callback."""
+    global _current
+    _current = cli
+    return cli
+
+
+def get_ctx() -> CliContext:
+    return _current
+
+
+def command(app: typer.Typer, name: str | None = None, **kwargs):
+    """Register a command whose errors become one stderr line and the table's exit code."""
+
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kw):
+            cli = get_ctx()
+            try:
+                return fn(*args, **kw)
+            except typer.Exit:
+                raise
+            except BillingError as exc:
+                cli.output.error(exc.message)
+                raise typer.Exit(exit_code_for(exc)) from None
+            except KeyboardInterrupt:
+                cli.output.error("interrupted")
+                raise typer.Exit(130) from None
+            except Exception as exc:
+                cli.output.error(f"unexpected {type(exc).__name__}: {exc}")
+                if os.environ.get("BILLING_DEBUG"):
+                    import traceback
+
+                    traceback.print_exc(file=sys.stderr)
+                raise typer.Exit(UNEXPECTED) from None
+
+        return app.command(name, **kwargs)(wrapper)
+
+    return decorate

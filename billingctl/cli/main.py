@@ -1,0 +1,53 @@
+"""Entry point of `billingctl`. Keep imports light: heavy libraries load inside commands."""
+
+from __future__ import annotations
+
+import typer
+
+from billingctl import __version__
+from billingctl.cli.context import CliContext, command, set_ctx
+from billingctl.cli.output import Output
+
+app = typer.Typer(
+    name="billingctl",
+    help="Billing operations toolkit: every operation of the billing service, for people and jobs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(
+    ctx: typer.Context,
+    json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; change nothing."),
+    log_level: str = typer.Option("WARNING", "--log-level", envvar="BILLING_LOG_LEVEL", help="Log level."),
+):
+    from billingctl.adapters.logs import configure_logging
+
+    configure_logging(log_level.upper())
+    ctx.obj = set_ctx(CliContext(json=json_output, dry_run=dry_run, output=Output(json_output)))
+
+
+@command(app, "version")
+def version():
+    """Print the version."""
+    from billingctl.cli.context import get_ctx
+
+    get_ctx().output.result({"version": __version__}, human=f"billingctl {__version__}")
+
+
+def _register() -> None:
+    from billingctl.cli import db, demo, health
+
+    app.add_typer(db.app, name="db")
+    health.register(app)
+    demo.register(app)
+
+
+_register()
+
+
+def main() -> None:
+    app()

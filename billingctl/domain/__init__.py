@@ -1,0 +1,1 @@
+"""Pure domain code: entities, statuses, lanes, plans, money, sentinel errors. No I/O."""

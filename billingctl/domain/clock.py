@@ -1,0 +1,27 @@
+"""Time: timezone-aware UTC, from an injected clock so services and tests agree on 'now'."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+
+class SystemClock:
+    def now(self) -> datetime:
+        return datetime.now(UTC)
+
+
+class ManualClock:
+    """A clock that moves only when told to (tests, the sandbox)."""
+
+    def __init__(self, start: datetime | None = None):
+        self._now = start or datetime.now(UTC)
+
+    def now(self) -> datetime:
+        return self._now
+
+    def advance(self, seconds: float = 0, **kw) -> datetime:
+        self._now += timedelta(seconds=seconds, **kw)
+        return self._now
+
+    def set(self, when: datetime) -> None:
+        self._now = when

@@ -1,0 +1,89 @@
+"""Sentinel errors of the billing domain.
+
+Every edge maps these to its own vocabulary in one table: the CLI to exit codes
+(`billingctl.cli.exitcodes`), the HTTP apps to status codes (`webhooks_app.errors`).
+Messages are written for the operator or the caller; they never carry internals.
+"""
+
+
+class BillingError(Exception):
+    """Base of every error the project raises on purpose."""
+
+    code = "error"
+
+    def __init__(self, message: str = "", **details):
+        super().__init__(message or self.__class__.__doc__ or self.code)
+        self.message = message or (self.__class__.__doc__ or self.code).strip()
+        self.details = details
+
+
+class ConfigError(BillingError):
+    """The configuration is invalid."""
+
+    code = "config_error"
+
+
+class InvalidInput(BillingError):
+    """The request is malformed."""
+
+    code = "invalid_input"
+
+
+class AuthenticationFailed(BillingError):
+    """Authentication failed."""
+
+    code = "unauthorized"
+
+
+class NotFound(BillingError):
+    """The object does not exist."""
+
+    code = "not_found"
+
+
+class Refused(BillingError):
+    """The operation is refused in the current state."""
+
+    code = "refused"
+
+
+class PaymentNotRecorded(Refused):
+    """No purchase exists for the subscription: the payment was never recorded."""
+
+    code = "payment_not_recorded"
+
+
+class QuotaExhausted(Refused):
+    """checkout temporarily blocked due to too many payment attempts"""
+
+    code = "quota_exhausted"
+
+
+class AccountFrozen(Refused):
+    """The account is frozen: payments are disabled."""
+
+    code = "account_frozen"
+
+
+class ExternalError(BillingError):
+    """An external system failed."""
+
+    code = "external_error"
+
+
+class CircuitOpen(ExternalError):
+    """Circuit breaker is open"""
+
+    code = "circuit_open"
+
+
+class LeaseHeld(BillingError):
+    """Another instance holds the job's lease."""
+
+    code = "lease_held"
+
+
+class BatchFailed(BillingError):
+    """A batch finished with some items failed."""
+
+    code = "batch_failed"

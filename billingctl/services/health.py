@@ -1,0 +1,62 @@
+"""Health: the state an on-call engineer checks first (database, migrations, Redis)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    data: dict = field(default_factory=dict)
+    # True when the failure is an unreachable dependency (exit 4), False when it needs attention (3).
+    external: bool = False
+
+
+def check_database(container) -> list[Check]:
+    from sqlalchemy import text
+
+    from billingctl.adapters.db.engine import make_engine, redact
+    from billingctl.adapters.db.migrate import current_revision, head_revision
+
+    settings = container.settings
+    url = redact(settings.database_url)
+    # A separate engine: health must report a database that is behind, not migrate it.
+    engine = make_engine(settings.database_url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        current, head = current_revision(engine), head_revision()
+    except Exception as exc:  # reported, not raised: health shows every failing part at once
+        return [Check("database", False, f"unreachable: {type(exc).__name__}", {"url": url}, external=True)]
+    finally:
+        engine.dispose()
+    db = Check("database", True, "reachable", {"url": url, "dialect": engine.dialect.name})
+    up_to_date = current == head
+    migrations = Check(
+        "migrations",
+        up_to_date,
+        "current" if up_to_date else f"behind: at {current or 'empty'}, head is {head}",
+        {"current": current, "head": head},
+    )
+    return [db, migrations]
+
+
+def check_redis(container) -> Check:
+    if not container.settings.redis_url:
+        return Check("redis", True, "not configured (in-process fallbacks)", {"configured": False})
+    try:
+        container.redis.ping()
+    except Exception as exc:
+        return Check("redis", False, f"unreachable: {type(exc).__name__}", {"configured": True}, external=True)
+    return Check("redis", True, "reachable", {"configured": True})
+
+
+def health_report(container) -> dict:
+    checks = [*check_database(container), check_redis(container)]
+    return {
+        "ok": all(c.ok for c in checks),
+        "checks": [asdict(c) for c in checks],
+    }

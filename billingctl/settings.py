@@ -1,0 +1,175 @@
+"""Settings: the one place that reads the environment (prefix BILLING_)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Literal
+
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from billingctl.domain.errors import ConfigError
+
+Environment = Literal["development", "sandbox", "production"]
+
+# Secrets that have a development value outside production and are required in production.
+REQUIRED_IN_PRODUCTION = (
+    "orchestrator_webhook_secret",
+    "orchestrator_disputes_secret",
+    "provider_webhook_username",
+    "provider_webhook_password",
+    "workflow_callback_secret",
+    "idv_webhook_secret",
+    "identity_webhook_secret",
+    "media_signing_secret",
+    "session_jwt_key",
+)
+# Production talks to the real systems: no in-process sandbox.
+REQUIRED_IN_PRODUCTION_PLAIN = (
+    "provider_url",
+    "provider_api_key",
+    "orchestrator_url",
+    "orchestrator_api_key",
+)
+
+DEFAULT_PROCESSOR_LANES = {
+    "SFW_STRIPE": "sfw",
+    "SFW_ADYEN": "sfw",
+    "NSFW_NMI": "nsfw",
+    "NSFW_SEGPAY": "nsfw",
+    "NSFW_CCBILL": "nsfw",
+}
+
+_DB_URL = re.compile(r"^(sqlite|postgresql)(\+[a-z0-9_]+)?://", re.IGNORECASE)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BILLING_", extra="ignore", frozen=True)
+
+    env: Environment = "development"
+    database_url: str = "sqlite:///./billing.db"
+    redis_url: str | None = None
+
+    provider_url: str | None = None
+    provider_api_key: SecretStr | None = None
+    orchestrator_url: str | None = None
+    orchestrator_api_key: SecretStr | None = None
+    sandbox_db: str = "./billing-sandbox.db"
+
+    internal_token: SecretStr | None = None
+    session_jwt_key: SecretStr | None = None
+    session_jwt_algorithms: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["HS256"])
+    sign_in_url: str = "/sign-in"
+
+    orchestrator_webhook_secret: SecretStr | None = None
+    orchestrator_disputes_secret: SecretStr | None = None
+    provider_webhook_username: SecretStr | None = None
+    provider_webhook_password: SecretStr | None = None
+    workflow_callback_secret: SecretStr | None = None
+    idv_webhook_secret: SecretStr | None = None
+    identity_webhook_secret: SecretStr | None = None
+    media_signing_secret: SecretStr | None = None
+    media_edge_ttl_seconds: int = Field(default=300000, gt=0)
+
+    alert_webhook_url: str | None = None
+    notify_url: str | None = None
+    analytics_url: str | None = None
+    auth_content_dir: str = "./auth-content"
+
+    # Subscription provider budget: requests per rolling window per API key, shared by all processes.
+    provider_rate_limit: int = Field(default=60, gt=0)
+    provider_rate_window_seconds: int = Field(default=60, gt=0)
+    provider_rate_max_wait_seconds: float = Field(default=30.0, ge=0)
+    http_timeout_seconds: float = Field(default=10.0, gt=0)
+    http_max_attempts: int = Field(default=5, ge=1)
+    http_backoff_max_seconds: float = Field(default=8.0, ge=0)
+    breaker_error_threshold: float = Field(default=0.5, gt=0, le=1)
+    breaker_min_calls: int = Field(default=10, ge=1)
+    breaker_window_seconds: int = Field(default=60, gt=0)
+    breaker_cooldown_seconds: int = Field(default=30, gt=0)
+
+    # Processor name -> lane. JSON object in the environment.
+    processor_lanes: dict[str, Literal["sfw", "nsfw"]] = Field(
+        default_factory=lambda: dict(DEFAULT_PROCESSOR_LANES)
+    )
+    legacy_nmi_processor: str = "NSFW_NMI"
+
+    # Test-only: named crash points (comma separated); never set in production.
+    fault_points: str = ""
+
+    @field_validator("session_jwt_algorithms", mode="before")
+    @classmethod
+    def _split_algorithms(cls, value):
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, value: str) -> str:
+        if not _DB_URL.match(value):
+            raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
+        if value.lower().startswith("postgresql://"):
+            value = "postgresql+psycopg://" + value[len("postgresql://") :]
+        return value
+
+    @model_validator(mode="after")
+    def _secrets_by_environment(self) -> Settings:
+        if self.env == "production":
+            missing = [
+                name
+                for name in REQUIRED_IN_PRODUCTION + REQUIRED_IN_PRODUCTION_PLAIN
+                if not _present(getattr(self, name))
+            ]
+            if missing:
+                names = ", ".join(f"BILLING_{name.upper()}" for name in missing)
+                raise ValueError(f"missing required setting for BILLING_ENV=production: {names}")
+            if "HS256" in self.session_jwt_algorithms or "none" in self.session_jwt_algorithms:
+                raise ValueError("BILLING_SESSION_JWT_ALGORITHMS: HS256 is refused in production")
+            if self.fault_points:
+                raise ValueError("BILLING_FAULT_POINTS must not be set in production")
+        else:
+            for name in REQUIRED_IN_PRODUCTION:
+                if not _present(getattr(self, name)):
+                    object.__setattr__(self, name, SecretStr(f"dev-{name.replace('_', '-')}"))
+        return self
+
+    @property
+    def is_production(self) -> bool:
+        return self.env == "production"
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.lower().startswith("sqlite")
+
+    def secret(self, name: str) -> str | None:
+        value = getattr(self, name)
+        return value.get_secret_value() if value is not None else None
+
+
+def _present(value) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, SecretStr):
+        return bool(value.get_secret_value())
+    return bool(value)
+
+
+def load_settings(**overrides) -> Settings:
+    """Build Settings from the environment (and overrides), turning validation errors into one line."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        raise ConfigError(_one_line(exc)) from None
+
+
+def _one_line(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors():
+        loc = [str(p) for p in error.get("loc", ()) if p != "__root__"]
+        message = error.get("msg", "invalid").removeprefix("Value error, ")
+        if loc:
+            parts.append(f"BILLING_{loc[0].upper()}: {message}")
+        else:
+            parts.append(message)
+    return "configuration error: " + "; ".join(parts)

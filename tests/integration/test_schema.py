@@ -1,0 +1,118 @@
+"""Migrations match the models, apply on both dialects, and the constraints carry the invariants."""
+
+from datetime import UTC, datetime
+
+import pytest
+from sqlalchemy import insert, inspect, select
+from sqlalchemy.exc import IntegrityError
+
+from billingctl.adapters.db import tables as t
+from billingctl.adapters.db.engine import make_engine
+from billingctl.adapters.db.migrate import head_revision, upgrade
+from tests.conftest import create_database
+
+pytestmark = pytest.mark.integration
+
+NOW = datetime(2026, 11, 21, tzinfo=UTC)
+
+SPEC_FIELDS = {
+    "purchase": {"invoice_id", "transaction_id", "subscription_id", "user_id", "created_at"},
+    "subscription": {"id", "status", "start_date", "current_term_end", "customer_id", "created_at",
+                     "coupon_ids"},
+    "invoice": {"id", "total_amount", "paid_at", "status"},
+    "transaction": {"transaction_id", "amount", "status", "created_at", "customer_id"},
+    "users": {"id", "email", "created_at", "credits"},
+    "user_credits": {"user_id", "sfw_processor", "nsfw_processor", "nsfw_processor_mid", "deleted_at"},
+    "fraud_event": {"user_id", "event_type", "created_at", "metadata"},
+    "dunning_attempt": {"invoice_id", "created_at", "status", "decline_code"},
+    "event_poller_state": {"created_at"},
+    "login_attempt": {"user_id", "ip_address"},
+}
+OWN_TABLES = {"credit_ledger", "event_inbox", "checkout_session", "orphan_recovery", "alert_outbox",
+              "job_lease", "audit_log", "poller_cursor"}
+
+
+def test_migrations_at_head_match_the_models_on_postgresql(pg_server_url):
+    from alembic.autogenerate import compare_metadata
+    from alembic.runtime.migration import MigrationContext
+
+    engine = make_engine(create_database(pg_server_url, "billing_migration_check"))
+    before, after = upgrade(engine)
+    assert (before, after) == (None, head_revision())
+    with engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn, opts={"compare_type": True}), t.metadata)
+    engine.dispose()
+    assert diff == []
+
+
+def test_migrations_apply_on_sqlite_and_are_rerunnable(tmp_path):
+    engine = make_engine(f"sqlite:///{tmp_path / 'fresh.db'}")
+    upgrade(engine)
+    assert upgrade(engine) == (head_revision(), head_revision())
+    names = set(inspect(engine).get_table_names())
+    engine.dispose()
+    assert set(SPEC_FIELDS) | OWN_TABLES <= names
+
+
+def test_spec_field_names_exist(container):
+    inspector = inspect(container.engine)
+    for table, fields in SPEC_FIELDS.items():
+        columns = {c["name"] for c in inspector.get_columns(table)}
+        assert fields <= columns, (table, fields - columns)
+
+
+def _user(uow, user_id="u1"):
+    uow.execute(insert(t.users).values(id=user_id, email=f"{user_id}@x.test", created_at=NOW))
+
+
+def test_unit_of_work_rolls_back_unless_committed(container):
+    with container.uow() as uow:
+        _user(uow, "gone")
+    with container.uow() as uow:
+        _user(uow, "kept")
+        uow.commit()
+    with container.uow() as uow:
+        ids = set(uow.execute(select(t.users.c.id)).scalars())
+    assert ids == {"kept"}
+
+
+def test_timestamps_come_back_timezone_aware_utc(container):
+    with container.uow() as uow:
+        _user(uow)
+        uow.commit()
+    with container.uow() as uow:
+        created = uow.execute(select(t.users.c.created_at)).scalar_one()
+    assert created == NOW and created.tzinfo is not None
+
+
+@pytest.mark.parametrize(
+    ("table", "row"),
+    [
+        (t.purchase, {"transaction_id": "pay_1", "subscription_id": "s", "user_id": "u1", "created_at": NOW}),
+        (t.credit_ledger, {"user_id": "u1", "amount": 10, "source_key": "payment:pay_1", "reason": "payment",
+                           "created_at": NOW}),
+        (t.event_inbox, {"source": "provider", "event_id": "ev_1", "event_type": "x", "payload": {},
+                         "received_at": NOW}),
+        (t.alert_outbox, {"sink": "chat", "dedupe_key": "k", "payload": {}, "created_at": NOW}),
+        (t.user_credits, {"user_id": "u1", "created_at": NOW}),
+    ],
+)
+def test_unique_keys_refuse_a_second_row(container, table, row):
+    with container.uow() as uow:
+        _user(uow)
+        uow.execute(insert(table).values(**row))
+        uow.commit()
+    with pytest.raises(IntegrityError), container.uow() as uow:
+        uow.execute(insert(table).values(**row))
+    with container.uow() as uow:
+        assert len(uow.execute(select(table)).all()) == 1
+
+
+def test_soft_deleted_lane_rows_do_not_block_a_live_one(container):
+    with container.uow() as uow:
+        _user(uow)
+        uow.execute(insert(t.user_credits).values(user_id="u1", created_at=NOW, deleted_at=NOW))
+        uow.execute(insert(t.user_credits).values(user_id="u1", created_at=NOW))
+        uow.commit()
+    with container.uow() as uow:
+        assert len(uow.execute(select(t.user_credits)).all()) == 2

@@ -1,0 +1,72 @@
+import pytest
+
+from billingctl.domain.errors import ConfigError
+from billingctl.settings import REQUIRED_IN_PRODUCTION, load_settings
+
+pytestmark = pytest.mark.unit
+
+PROD_SECRETS = {name: f"value-{name}" for name in REQUIRED_IN_PRODUCTION}
+PROD_PLAIN = {
+    "provider_url": "https://provider.example",
+    "provider_api_key": "k",
+    "orchestrator_url": "https://orch.example",
+    "orchestrator_api_key": "k",
+}
+
+
+def test_embedded_defaults():
+    s = load_settings()
+    assert s.env == "development"
+    assert s.database_url == "sqlite:///./billing.db"
+    assert s.redis_url is None
+    assert s.internal_token is None  # internal endpoints fail closed
+    assert s.media_edge_ttl_seconds == 300000
+    assert s.session_jwt_algorithms == ["HS256"]
+    # development values fill the webhook secrets outside production
+    assert s.secret("orchestrator_webhook_secret")
+    assert "dev-" not in repr(s)  # secrets never print
+
+
+def test_environment_variables_use_the_prefix(monkeypatch):
+    monkeypatch.setenv("BILLING_DATABASE_URL", "postgresql://u@h/db")
+    monkeypatch.setenv("BILLING_SESSION_JWT_ALGORITHMS", "RS256, ES256")
+    monkeypatch.setenv("BILLING_PROCESSOR_LANES", '{"X_PSP": "nsfw"}')
+    s = load_settings()
+    assert s.database_url == "postgresql+psycopg://u@h/db"
+    assert s.session_jwt_algorithms == ["RS256", "ES256"]
+    assert s.processor_lanes == {"X_PSP": "nsfw"}
+
+
+def test_unknown_environment_is_one_line():
+    with pytest.raises(ConfigError) as info:
+        load_settings(env="prod")
+    assert info.value.message.startswith("configuration error: BILLING_ENV:")
+    assert "\n" not in info.value.message
+
+
+def test_malformed_database_url():
+    with pytest.raises(ConfigError, match="BILLING_DATABASE_URL"):
+        load_settings(database_url="mysql://somewhere/db")
+
+
+def test_production_names_each_missing_secret():
+    values = {**PROD_SECRETS, **PROD_PLAIN, "session_jwt_algorithms": "RS256"}
+    del values["idv_webhook_secret"]
+    with pytest.raises(ConfigError) as info:
+        load_settings(env="production", **values)
+    assert "BILLING_IDV_WEBHOOK_SECRET" in info.value.message
+    assert "BILLING_MEDIA_SIGNING_SECRET" not in info.value.message
+
+
+def test_production_refuses_hs256_and_accepts_a_complete_configuration():
+    with pytest.raises(ConfigError, match="HS256"):
+        load_settings(env="production", **PROD_SECRETS, **PROD_PLAIN)
+    s = load_settings(env="production", session_jwt_algorithms="RS256", **PROD_SECRETS, **PROD_PLAIN)
+    assert s.is_production
+    assert s.secret("media_signing_secret") == "value-media_signing_secret"
+
+
+def test_empty_secret_counts_as_missing_in_production():
+    values = {**PROD_SECRETS, **PROD_PLAIN, "session_jwt_algorithms": "RS256", "media_signing_secret": ""}
+    with pytest.raises(ConfigError, match="BILLING_MEDIA_SIGNING_SECRET"):
+        load_settings(env="production", **values)

@@ -1,0 +1,38 @@
+"""The two WSGI apps, built by one factory: public (webhooks, user API, robots, /auth-content/) and
+internal (/internal/*, /metrics, /healthz). They never share a listener."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from billingctl.bootstrap import Container, bootstrap
+from billingctl.settings import Settings
+from webhooks_app.errors import register_error_handlers
+
+
+def _base_app(name: str, settings: Settings | None, container: Container | None) -> Flask:
+    container = container or bootstrap(settings)
+    app = Flask(name)
+    app.config.update(JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=1 << 20)
+    app.extensions["billing"] = container
+    register_error_handlers(app)
+    return app
+
+
+def create_public_app(settings: Settings | None = None, container: Container | None = None) -> Flask:
+    from webhooks_app.blueprints import public
+
+    app = _base_app("billing-public", settings, container)
+    public.register(app)
+    return app
+
+
+def create_internal_app(settings: Settings | None = None, container: Container | None = None) -> Flask:
+    from webhooks_app.auth import require_internal_token
+    from webhooks_app.blueprints import internal
+
+    app = _base_app("billing-internal", settings, container)
+    # One gate for every /internal/* path, matched or not, before any view runs.
+    app.before_request(require_internal_token)
+    internal.register(app)
+    return app

@@ -1,0 +1,1 @@
+"""Blueprints of the public and internal apps."""

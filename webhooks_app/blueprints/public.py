@@ -1,0 +1,13 @@
+"""The public host: webhooks, the session-authenticated user API, robots/sitemap, /auth-content/.
+
+Nothing under /internal/, no /metrics, no profiling route.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+
+
+def register(app: Flask) -> None:
+    # Routes are added by the blueprints of the payment, checkout and public-surface modules.
+    return None

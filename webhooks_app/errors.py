@@ -1,0 +1,63 @@
+"""The one table from errors to HTTP status codes, and the JSON error body `{"error", "message"}`.
+
+Anything unexpected becomes a generic 500 without internals; the details go to the log only.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, jsonify
+from werkzeug.exceptions import HTTPException
+
+from billingctl.domain import errors as e
+
+log = logging.getLogger("webhooks_app")
+
+# Subclasses before bases.
+STATUS: tuple[tuple[type[Exception], int], ...] = (
+    (e.PaymentNotRecorded, 409),
+    (e.QuotaExhausted, 429),
+    (e.AccountFrozen, 403),
+    (e.InvalidInput, 400),
+    (e.AuthenticationFailed, 401),
+    (e.NotFound, 404),
+    (e.Refused, 409),
+    (e.CircuitOpen, 503),
+    (e.ExternalError, 502),
+    (e.LeaseHeld, 409),
+    (e.BatchFailed, 500),
+    (e.ConfigError, 500),
+)
+
+
+def status_for(exc: Exception) -> int:
+    for cls, status in STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def error_response(status: int, code: str, message: str):
+    response = jsonify({"error": code, "message": message})
+    response.status_code = status
+    return response
+
+
+def register_error_handlers(app: Flask) -> None:
+    @app.errorhandler(e.BillingError)
+    def _billing_error(exc: e.BillingError):
+        status = status_for(exc)
+        if status >= 500:
+            log.error("request failed: %s", exc.message, extra={"error_code": exc.code})
+        return error_response(status, exc.code, exc.message)
+
+    @app.errorhandler(HTTPException)
+    def _http_error(exc: HTTPException):
+        code = (exc.name or "error").lower().replace(" ", "_")
+        return error_response(exc.code or 500, code, exc.description or exc.name)
+
+    @app.errorhandler(Exception)
+    def _unexpected(exc: Exception):
+        log.exception("unhandled error in request")
+        return error_response(500, "internal_error", "internal error")
