@@ -63,11 +63,112 @@ class Container:
             self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2, health_check_interval=30
         )
 
+    # ---- external systems ------------------------------------------------------------------
+    @cached_property
+    def sandbox(self):
+        """The in-process simulators (only when a provider or orchestrator URL is unset)."""
+        from billingctl.sandbox.model import Sandbox
+        from billingctl.sandbox.store import SandboxStore
+
+        return Sandbox(SandboxStore(self.settings.sandbox_db),
+                       webhook_secret=self.settings.secret("orchestrator_webhook_secret") or "",
+                       deliver=self._deliver_webhook)
+
+    def _deliver_webhook(self, path: str, body: bytes, headers: dict) -> int:
+        import httpx
+
+        if self.settings.sandbox_webhook_url:
+            url = self.settings.sandbox_webhook_url.rstrip("/") + path
+            return httpx.post(url, content=body, headers=headers, timeout=10).status_code
+        if "_webhook_client" not in self.__dict__:
+            from webhooks_app import create_public_app
+
+            self._webhook_client = httpx.Client(transport=httpx.WSGITransport(app=create_public_app(container=self)),
+                                                base_url="http://billing.local")
+        return self._webhook_client.post(path, content=body, headers=headers).status_code
+
+    @cached_property
+    def breakers(self) -> dict:
+        from billingctl.adapters.breaker import BreakerConfig, CircuitBreaker, MemoryBreakerStore, RedisBreakerStore
+
+        s = self.settings
+        config = BreakerConfig(threshold=s.breaker_error_threshold, min_calls=s.breaker_min_calls,
+                               window=s.breaker_window_seconds, cooldown=s.breaker_cooldown_seconds)
+        result = {}
+        for dependency in ("subscription_provider", "orchestrator"):
+            store = RedisBreakerStore(self.redis, dependency) if self.redis is not None else MemoryBreakerStore()
+            result[dependency] = CircuitBreaker(dependency, config, self.clock, store,
+                                                gauge=self.metrics.circuit_breaker_state)
+        return result
+
+    @cached_property
+    def provider_limiter(self):
+        from billingctl.adapters.ratelimit import RateLimiter, key_for
+
+        s = self.settings
+        return RateLimiter(s.provider_rate_limit, s.provider_rate_window_seconds,
+                           key_for(s.secret("provider_api_key"), "subscription_provider"),
+                           redis_url=s.redis_url, max_wait=s.provider_rate_max_wait_seconds)
+
+    def _http(self, dependency: str, base_url: str | None, headers: dict, app_factory, limiter=None):
+        import httpx
+
+        from billingctl.adapters.http import HttpPolicy, ResilientClient
+        from billingctl.domain.errors import RateLimited
+
+        s = self.settings
+        if base_url:
+            client = httpx.Client(base_url=base_url, headers=headers, timeout=s.http_timeout_seconds)
+        else:
+            from billingctl.sandbox.transport import SandboxTransport
+
+            client = httpx.Client(base_url="http://sandbox.local", headers=headers,
+                                  transport=SandboxTransport(app=app_factory(self.sandbox)))
+        metrics = self.metrics
+
+        def on_error(exc):
+            if dependency == "subscription_provider" and isinstance(exc, RateLimited) \
+                    and exc.details.get("status") == 429:
+                metrics.provider_rate_limit_errors.inc()
+            metrics.external_errors.labels(dependency=dependency, error=exc.code).inc()
+
+        policy = HttpPolicy(timeout=s.http_timeout_seconds, max_attempts=s.http_max_attempts,
+                            backoff_max=s.http_backoff_max_seconds)
+        return ResilientClient(dependency, client, policy=policy, breaker=self.breakers[dependency],
+                               limiter=limiter, on_error=on_error,
+                               idempotency_header="Idempotency-Key" if dependency == "subscription_provider"
+                               else "X-Idempotency-Key")
+
+    @cached_property
+    def provider(self):
+        from billingctl.adapters.subscription_provider import SubscriptionProviderClient
+        from billingctl.sandbox.apps import create_provider_app
+
+        key = self.settings.secret("provider_api_key") or "sandbox-provider-key"
+        http = self._http("subscription_provider", self.settings.provider_url, {"Authorization": f"Bearer {key}"},
+                          create_provider_app, limiter=self.provider_limiter)
+        return SubscriptionProviderClient(http)
+
+    @cached_property
+    def orchestrator(self):
+        from billingctl.adapters.orchestrator import API_VERSION, OrchestratorClient
+        from billingctl.sandbox.apps import create_orchestrator_app
+
+        key = self.settings.secret("orchestrator_api_key") or "sandbox-orchestrator-key"
+        http = self._http("orchestrator", self.settings.orchestrator_url,
+                          {"X-API-KEY": key, "X-API-VERSION": API_VERSION}, create_orchestrator_app)
+        return OrchestratorClient(http)
+
     def close(self) -> None:
         if "engine" in self.__dict__:
             self.engine.dispose()
         if "redis" in self.__dict__ and self.redis is not None:
             self.redis.close()
+        for name in ("provider", "orchestrator"):
+            if name in self.__dict__:
+                self.__dict__[name].http.close()
+        if "_webhook_client" in self.__dict__:
+            self._webhook_client.close()
 
 
 def bootstrap(settings: Settings | None = None, **kw) -> Container:

@@ -55,6 +55,8 @@ class Settings(BaseSettings):
     orchestrator_url: str | None = None
     orchestrator_api_key: SecretStr | None = None
     sandbox_db: str = "./billing-sandbox.db"
+    # Where the sandbox delivers its signed webhooks; unset: straight into the in-process public app.
+    sandbox_webhook_url: str | None = None
 
     internal_token: SecretStr | None = None
     session_jwt_key: SecretStr | None = None

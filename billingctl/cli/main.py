@@ -39,9 +39,11 @@ def version():
 
 
 def _register() -> None:
-    from billingctl.cli import db, demo, health
+    from billingctl.cli import alerts, db, demo, health, sandbox
 
     app.add_typer(db.app, name="db")
+    app.add_typer(alerts.app, name="alerts")
+    app.add_typer(sandbox.app, name="sandbox")
     health.register(app)
     demo.register(app)
 

@@ -87,3 +87,51 @@ class BatchFailed(BillingError):
     """A batch finished with some items failed."""
 
     code = "batch_failed"
+
+
+# ---- external systems (the clients raise these; callers decide what they mean) -----------------
+
+
+class RateLimited(ExternalError):
+    """Please try after some time"""
+
+    code = "rate_limited"
+    retryable = True
+
+
+class ExternalServerError(ExternalError):
+    """The external system answered with a server error."""
+
+    code = "external_server_error"
+    retryable = True
+
+
+class ExternalUnavailable(ExternalError):
+    """The external system could not be reached (connection error or timeout)."""
+
+    code = "external_unavailable"
+    retryable = True
+
+
+class ExternalAuthError(ExternalError):
+    """The external system refused our credentials (invalid or rotated API key)."""
+
+    code = "external_auth_error"
+
+
+class ExternalInvalidRequest(ExternalError):
+    """The external system refused the request as invalid."""
+
+    code = "external_invalid_request"
+
+
+class ExternalNotFound(NotFound):
+    """The external system has no such object."""
+
+    code = "external_not_found"
+
+
+class OutcomeUnknown(ExternalError):
+    """The call failed but may have taken effect; compare state with the external system."""
+
+    code = "outcome_unknown"

@@ -54,9 +54,23 @@ def check_redis(container) -> Check:
     return Check("redis", True, "reachable", {"configured": True})
 
 
+def check_breakers(container) -> list[Check]:
+    checks = []
+    for name, snap in breaker_status(container).items():
+        ok = snap["state"] == "closed"
+        checks.append(Check(f"breaker:{name}", ok, f"{snap['state']} (error rate {snap['error_rate']:.0%})", snap,
+                            external=not ok))
+    return checks
+
+
 def health_report(container) -> dict:
-    checks = [*check_database(container), check_redis(container)]
+    checks = [*check_database(container), check_redis(container), *check_breakers(container)]
     return {
         "ok": all(c.ok for c in checks),
         "checks": [asdict(c) for c in checks],
     }
+
+
+def breaker_status(container) -> dict:
+    """GET /internal/health/circuit-breaker: keyed by dependency, each with state and error_rate (0..1)."""
+    return {name: breaker.snapshot() for name, breaker in container.breakers.items()}

@@ -1,14 +1,24 @@
-"""The private listener: /internal/* operations (bearer token), /metrics and /healthz."""
+"""The private listener: /internal/* operations (bearer token, checked app-wide), /metrics, /healthz.
+Responses have the same shape as the matching `billingctl … --json` output."""
 
 from __future__ import annotations
 
-from flask import Blueprint, Flask, Response, current_app, jsonify
+from flask import Blueprint, Flask, Response, current_app, jsonify, request
+
+from billingctl.domain.errors import InvalidInput
 
 bp = Blueprint("internal", __name__)
 
 
 def container():
     return current_app.extensions["billing"]
+
+
+def json_body() -> dict:
+    data = request.get_json(silent=True)
+    if not isinstance(data, dict):
+        raise InvalidInput("a JSON object body is required")
+    return data
 
 
 @bp.get("/healthz")
@@ -33,6 +43,25 @@ def metrics():
     else:
         registry = container().metrics.registry
     return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+
+
+@bp.get("/internal/health/circuit-breaker")
+def circuit_breaker():
+    from billingctl.services.health import breaker_status
+
+    return jsonify(breaker_status(container()))
+
+
+@bp.post("/internal/notifications/alert")
+def notifications_alert():
+    from billingctl.services.alerts import send_alert
+
+    body = json_body()
+    message, user_id = body.get("message"), body.get("user_id")
+    if not isinstance(message, str) or (user_id is not None and not isinstance(user_id, str)):
+        raise InvalidInput("message must be a string and user_id, when given, a string")
+    result = send_alert(container(), message, user_id=user_id, dedupe_key=request.headers.get("Idempotency-Key"))
+    return jsonify(result), 202
 
 
 def register(app: Flask) -> None:

@@ -1,0 +1,178 @@
+"""The one resilient HTTP client both external systems use: typed errors, retries with exponential
+backoff and jitter that honour Retry-After, an idempotency key minted once per logical POST, a
+shared rate limiter and a circuit breaker per dependency."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from billingctl.domain import errors as e
+
+log = logging.getLogger("billingctl.http")
+
+# Longer than this and we give up rather than hold a job or a request hostage.
+MAX_RETRY_AFTER_SECONDS = 60.0
+
+
+@dataclass
+class HttpPolicy:
+    timeout: float = 10.0
+    max_attempts: int = 5
+    backoff_max: float = 8.0
+    backoff_multiplier: float = 0.25
+
+
+def error_from_response(response: httpx.Response, dependency: str) -> e.ExternalError | e.ExternalNotFound:
+    """Key on the status and the provider's api_error_code, never on the message text."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    message = str(body.get("message") or f"{dependency} answered HTTP {response.status_code}")[:300]
+    api_code = body.get("api_error_code") or body.get("errorId") or ""
+    status = response.status_code
+    details = {"status": status, "api_error_code": api_code, "dependency": dependency,
+               "request_id": response.headers.get("x-request-id")}
+    if status == 429 or api_code == "api_request_limit_exceeded":
+        exc = e.RateLimited(message, **details)
+        exc.retry_after = _retry_after(response)
+        return exc
+    if status in (401, 403) or api_code in ("api_authentication_failed", "api_authorization_failed"):
+        return e.ExternalAuthError(f"{dependency}: {message}", **details)
+    if status == 404:
+        return e.ExternalNotFound(f"{dependency}: {message}", **details)
+    if status in (408, 409) or status >= 500:
+        return e.ExternalServerError(f"{dependency}: {message}", **details)
+    return e.ExternalInvalidRequest(f"{dependency}: {message}", **details)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    value = response.headers.get("Retry-After")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+def is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, e.RateLimited):
+        if exc.details.get("client_side"):
+            return False  # our own budget is spent and the wait bound passed: do not spin
+        after = getattr(exc, "retry_after", None)
+        return after is None or after <= MAX_RETRY_AFTER_SECONDS
+    return bool(getattr(exc, "retryable", False))
+
+
+class _Wait:
+    """Exponential backoff with full jitter, or the server's Retry-After when it gave one."""
+
+    def __init__(self, policy: HttpPolicy):
+        self._exp = wait_random_exponential(multiplier=policy.backoff_multiplier, max=policy.backoff_max)
+
+    def __call__(self, state: RetryCallState) -> float:
+        exc = state.outcome.exception() if state.outcome else None
+        after = getattr(exc, "retry_after", None)
+        if after is not None:
+            return after
+        return self._exp(state)
+
+
+class ResilientClient:
+    """Wraps one httpx.Client for one dependency."""
+
+    def __init__(
+        self,
+        dependency: str,
+        client: httpx.Client,
+        *,
+        policy: HttpPolicy,
+        breaker=None,
+        limiter=None,
+        on_error: Callable[[e.ExternalError], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        idempotency_header: str = "Idempotency-Key",
+    ):
+        self.dependency = dependency
+        self.client = client
+        self.policy = policy
+        self.breaker = breaker
+        self.limiter = limiter
+        self.on_error = on_error
+        self.sleep = sleep
+        self.idempotency_header = idempotency_header
+        self.requests_sent = 0  # counted for the provider-call budget benchmark
+
+    def request(self, method: str, path: str, *, params=None, data=None, json=None,
+                idempotency_key: str | None = None, headers: dict | None = None):
+        headers = dict(headers or {})
+        if method.upper() == "POST":
+            # Minted once, before the retry loop: every attempt of this logical POST carries it.
+            headers[self.idempotency_header] = idempotency_key or uuid.uuid4().hex
+        retrying = Retrying(
+            stop=stop_after_attempt(self.policy.max_attempts),
+            wait=_Wait(self.policy),
+            retry=retry_if_exception(is_retryable),
+            sleep=self.sleep,
+            reraise=True,
+        )
+        try:
+            return retrying(self._attempt, method, path, params, data, json, headers)
+        except (e.ExternalServerError, e.ExternalUnavailable) as exc:
+            if method.upper() == "POST":
+                raise e.OutcomeUnknown(
+                    f"{self.dependency}: {method} {path} failed but may have taken effect ({exc.message})",
+                    dependency=self.dependency, cause=exc.code,
+                ) from exc
+            raise
+
+    def _attempt(self, method, path, params, data, json, headers):
+        if self.breaker is not None:
+            self.breaker.before_call()
+        if self.limiter is not None:
+            self.limiter.acquire()
+        self.requests_sent += 1
+        try:
+            response = self.client.request(method, path, params=params, data=data, json=json, headers=headers,
+                                           timeout=self.policy.timeout)
+        except httpx.TransportError as exc:
+            failure = e.ExternalUnavailable(f"{self.dependency}: {type(exc).__name__}", dependency=self.dependency)
+            self._failed(failure)
+            raise failure from exc
+        if response.status_code >= 400:
+            failure = error_from_response(response, self.dependency)
+            self._failed(failure)
+            raise failure
+        try:
+            body = response.json() if response.content else {}
+        except ValueError:
+            failure = e.ExternalServerError(f"{self.dependency}: malformed JSON in the response",
+                                            dependency=self.dependency)
+            self._failed(failure)
+            raise failure from None
+        if self.breaker is not None:
+            self.breaker.record(True)
+        return body
+
+    def _failed(self, failure: Exception) -> None:
+        # The dependency answered sensibly to a bad request (400, 404): that is not its failure.
+        counts = not isinstance(failure, e.ExternalInvalidRequest | e.ExternalNotFound)
+        if self.breaker is not None:
+            self.breaker.record(not counts)
+        if self.on_error is not None:
+            self.on_error(failure)
+        log.warning("%s call failed: %s", self.dependency, getattr(failure, "message", failure),
+                    extra={"dependency": self.dependency, "error_code": getattr(failure, "code", "")})
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,68 @@
+"""Client of the payment orchestrator: client sessions, payments, vaulted instruments."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+
+from billingctl.adapters.http import ResilientClient
+
+API_VERSION = "2.4"
+
+
+def processor_of(payment: dict) -> tuple[str | None, str | None]:
+    """(processor name, merchant account id); the orchestrator spells the account id two ways."""
+    processor = payment.get("processor") or {}
+    name = processor.get("name") or None
+    mid = processor.get("processorMerchantId") or processor.get("processor_merchant_id") or None
+    return name, mid
+
+
+class OrchestratorClient:
+    dependency = "orchestrator"
+
+    def __init__(self, http: ResilientClient):
+        self.http = http
+
+    def create_client_session(self, *, order_id: str, customer_id: str, amount: int, currency_code: str,
+                              metadata: dict, vault_on_success: bool = True,
+                              idempotency_key: str | None = None) -> dict:
+        body = {"orderId": order_id, "currencyCode": currency_code, "amount": amount, "customerId": customer_id,
+                "metadata": metadata, "paymentMethod": {"vaultOnSuccess": vault_on_success}}
+        return self.http.request("POST", "/client-session", json=body, idempotency_key=idempotency_key)
+
+    def create_payment(self, *, payment_method_token: str, amount: int, currency_code: str, order_id: str,
+                       customer_id: str, metadata: dict, idempotency_key: str | None = None) -> dict:
+        body = {"paymentMethodToken": payment_method_token, "amount": amount, "currencyCode": currency_code,
+                "orderId": order_id, "customerId": customer_id, "metadata": metadata}
+        return self.http.request("POST", "/payments", json=body, idempotency_key=idempotency_key)
+
+    def list_payments(self, status: str = "SETTLED", from_date: datetime | None = None,
+                      cursor: str | None = None, limit: int = 100) -> Iterator[dict]:
+        while True:
+            params = {"status": status, "limit": limit}
+            if from_date is not None:
+                params["from_date"] = from_date.isoformat()
+            if cursor:
+                params["cursor"] = cursor
+            page = self.http.request("GET", "/payments", params=params)
+            yield from page.get("data", [])
+            cursor = page.get("nextCursor")
+            if not cursor:
+                return
+
+    def get_payment(self, payment_id: str) -> dict:
+        return self.http.request("GET", f"/payments/{payment_id}")
+
+    def refund_payment(self, payment_id: str, amount: int | None = None, reason: str = "",
+                       idempotency_key: str | None = None) -> dict:
+        body = {"reason": reason} | ({"amount": amount} if amount is not None else {})
+        return self.http.request("POST", f"/payments/{payment_id}/refund", json=body,
+                                 idempotency_key=idempotency_key or f"refund:{payment_id}")
+
+    def list_payment_instruments(self, customer_id: str) -> list[dict]:
+        return self.http.request("GET", "/payment-instruments", params={"customer_id": customer_id}).get("data", [])
+
+    def set_default_instrument(self, token: str, idempotency_key: str | None = None) -> dict:
+        return self.http.request("POST", f"/payment-instruments/{token}/default", json={},
+                                 idempotency_key=idempotency_key)

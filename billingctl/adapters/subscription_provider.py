@@ -1,0 +1,106 @@
+"""Client of the subscription provider (/api/v2): bearer API key, form-encoded POSTs, responses
+wrapped by object name, pagination as a generator (limit 100)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import datetime
+
+from billingctl.adapters.http import ResilientClient
+
+PAGE_LIMIT = 100
+
+
+def _ts(value: datetime | int | None) -> int | None:
+    if value is None:
+        return None
+    return int(value.timestamp()) if isinstance(value, datetime) else int(value)
+
+
+class SubscriptionProviderClient:
+    dependency = "subscription_provider"
+
+    def __init__(self, http: ResilientClient):
+        self.http = http
+
+    # -- plumbing ---------------------------------------------------------------------------
+    def _get(self, path: str, params: dict | None = None) -> dict:
+        return self.http.request("GET", f"/api/v2{path}", params=params)
+
+    def _post(self, path: str, data: dict | None = None, idempotency_key: str | None = None) -> dict:
+        return self.http.request("POST", f"/api/v2{path}", data=data or {}, idempotency_key=idempotency_key)
+
+    def paginate(self, path: str, params: dict | None = None, wrapper: str | None = None) -> Iterator[dict]:
+        """Every object of a list endpoint, page after page; callers never see offsets."""
+        params = {k: v for k, v in (params or {}).items() if v is not None}
+        params["limit"] = PAGE_LIMIT
+        while True:
+            page = self._get(path, params)
+            for entry in page.get("list", []):
+                yield entry[wrapper] if wrapper else entry
+            offset = page.get("next_offset")
+            if not offset:
+                return
+            params["offset"] = offset
+
+    # -- subscriptions ------------------------------------------------------------------------
+    def get_subscription(self, subscription_id: str) -> dict:
+        return self._get(f"/subscriptions/{subscription_id}")
+
+    def list_subscriptions(self, updated_after: datetime | int | None = None) -> Iterator[dict]:
+        return self.paginate("/subscriptions", {"updated_at[after]": _ts(updated_after),
+                                                "sort_by[asc]": "updated_at"}, wrapper=None)
+
+    def create_subscription_for_items(self, customer_id: str, item_price_id: str, start_date: datetime | int,
+                                      idempotency_key: str | None = None) -> dict:
+        return self._post(f"/customers/{customer_id}/subscription_for_items",
+                          {"subscription_items[item_price_id][0]": item_price_id, "start_date": _ts(start_date)},
+                          idempotency_key)
+
+    def change_term_end(self, subscription_id: str, term_ends_at: datetime | int,
+                        idempotency_key: str | None = None) -> dict:
+        return self._post(f"/subscriptions/{subscription_id}/change_term_end",
+                          {"term_ends_at": _ts(term_ends_at)}, idempotency_key)
+
+    def cancel_subscription(self, subscription_id: str, idempotency_key: str | None = None) -> dict:
+        return self._post(f"/subscriptions/{subscription_id}/cancel_for_items", {}, idempotency_key)
+
+    # -- events -------------------------------------------------------------------------------
+    def list_events(self, occurred_after: datetime | int | None = None) -> Iterator[dict]:
+        return self.paginate("/events", {"occurred_at[after]": _ts(occurred_after),
+                                         "sort_by[asc]": "occurred_at"}, wrapper="event")
+
+    def events_page(self, occurred_after: datetime | int | None = None, offset: str | None = None) -> dict:
+        """One page of events (the poller keeps its own cursor)."""
+        params = {"occurred_at[after]": _ts(occurred_after), "sort_by[asc]": "occurred_at",
+                  "limit": PAGE_LIMIT, "offset": offset}
+        return self._get("/events", {k: v for k, v in params.items() if v is not None})
+
+    # -- invoices -----------------------------------------------------------------------------
+    def get_invoice(self, invoice_id: str) -> dict:
+        return self._get(f"/invoices/{invoice_id}")
+
+    def list_invoices(self, status: str | None = None, subscription_id: str | None = None,
+                      updated_after: datetime | int | None = None) -> Iterator[dict]:
+        return self.paginate("/invoices", {"status[is]": status, "subscription_id[is]": subscription_id,
+                                           "updated_at[after]": _ts(updated_after)}, wrapper="invoice")
+
+    def void_invoice(self, invoice_id: str, idempotency_key: str | None = None) -> dict:
+        return self._post(f"/invoices/{invoice_id}/void", {}, idempotency_key)
+
+    def record_payment(self, invoice_id: str, amount: int, reference_number: str,
+                       idempotency_key: str | None = None) -> dict:
+        return self._post(f"/invoices/{invoice_id}/record_payment",
+                          {"transaction[amount]": amount, "transaction[reference_number]": reference_number,
+                           "transaction[payment_method]": "other"},
+                          idempotency_key or f"record_payment:{invoice_id}:{reference_number}")
+
+    # -- catalog and customers ----------------------------------------------------------------
+    def get_item_price(self, item_price_id: str) -> dict:
+        return self._get(f"/item_prices/{item_price_id}")["item_price"]
+
+    def list_item_prices(self) -> Iterator[dict]:
+        return self.paginate("/item_prices", {}, wrapper="item_price")
+
+    def get_customer(self, customer_id: str) -> dict:
+        return self._get(f"/customers/{customer_id}")["customer"]

@@ -1,0 +1,114 @@
+"""`billingctl sandbox`: drive the local simulators of the provider and the orchestrator."""
+
+from __future__ import annotations
+
+import typer
+
+from billingctl.cli.context import command, get_ctx
+
+app = typer.Typer(help="The local sandbox of the subscription provider and the payment orchestrator.",
+                  no_args_is_help=True)
+
+FAULT_KINDS = ("429", "500", "503", "401", "timeout", "reset", "malformed", "slow", "error_after_effect")
+
+
+def _sandbox():
+    from billingctl.domain.errors import Refused
+
+    cli = get_ctx()
+    settings = cli.container.settings
+    if settings.is_production:
+        raise Refused("the sandbox is not available with BILLING_ENV=production")
+    return cli, cli.container.sandbox
+
+
+@command(app, "serve")
+def serve(port: int = typer.Option(8900, "--port"), host: str = typer.Option("127.0.0.1", "--host")):
+    """Serve both simulators on loopback: /provider/api/v2/… and /orchestrator/…"""
+    from werkzeug.serving import run_simple
+
+    from billingctl.sandbox.apps import create_combined_app
+
+    cli, sandbox = _sandbox()
+    cli.output.info(f"BILLING_PROVIDER_URL=http://{host}:{port}/provider "
+                    f"BILLING_ORCHESTRATOR_URL=http://{host}:{port}/orchestrator")
+    run_simple(host, port, create_combined_app(sandbox), threaded=True, use_reloader=False)
+
+
+@command(app, "catalog")
+def catalog():
+    """The sandbox's item prices (id, lane, amount, currency, credits)."""
+    cli, sandbox = _sandbox()
+    rows = [{"id": p["id"], "lane": p["metadata"]["lane"], "amount": p["price"], "currency": p["currency_code"],
+             "credits": p["metadata"]["credits"]} for p in sandbox.store.all("item_price")]
+    cli.output.table(rows, title="sandbox catalog")
+
+
+@command(app, "pay")
+def pay(order_id: str = typer.Argument(..., help="The checkout's order id (the invoice id)."),
+        processor: str = typer.Option(None, "--processor", help="Settle on this processor."),
+        drop_webhook: bool = typer.Option(False, "--drop-webhook", help="Do not deliver the payments webhook."),
+        duplicates: int = typer.Option(1, "--duplicates", min=1, help="Deliver the webhook N times."),
+        wallet: bool = typer.Option(False, "--wallet", help="Pay with a wallet instead of a card."),
+        no_provider_report: bool = typer.Option(False, "--no-provider-report",
+                                                help="The workflow does not report to the provider.")):
+    """Settle a checkout in the sandbox orchestrator and deliver (or drop) its webhook."""
+    cli, sandbox = _sandbox()
+    if cli.dry_run:
+        cli.output.result({"dry_run": True, "order_id": order_id, "processor": processor})
+        return
+    payment = sandbox.pay(order_id, processor=processor, method="PAYPAL" if wallet else "PAYMENT_CARD",
+                          report_to_provider=not no_provider_report, drop_webhook=drop_webhook, duplicates=duplicates)
+    cli.output.result(payment, human=f"{payment['id']} {payment['status']} on {payment['processor']['name']}")
+
+
+@command(app, "refund")
+def refund(payment_id: str, amount: int = typer.Option(None, "--amount")):
+    """Refund a payment at the orchestrator (the provider emits payment_refunded)."""
+    cli, sandbox = _sandbox()
+    payment = sandbox.refund(payment_id, amount)
+    cli.output.result(payment, human=f"{payment_id} refunded {payment['processor']['amountRefunded']}")
+
+
+@command(app, "instrument")
+def instrument(customer_id: str, kind: str = typer.Option("PAYMENT_CARD", "--type", help="PAYMENT_CARD or PAYPAL."),
+               expired: bool = typer.Option(False, "--expired"), deleted: bool = typer.Option(False, "--deleted"),
+               default: bool = typer.Option(False, "--default")):
+    """Vault an instrument for a customer (wallet-only customers, expired and deleted cards)."""
+    cli, sandbox = _sandbox()
+    cli.output.result(sandbox.add_instrument(customer_id, kind, expired=expired, deleted=deleted, default=default))
+
+
+@command(app, "fault")
+def fault(system: str = typer.Argument(..., help="provider or orchestrator"),
+          kind: str = typer.Argument(..., help=", ".join(FAULT_KINDS)),
+          path: str = typer.Option("", "--path", help="Only requests whose path contains this."),
+          method: str = typer.Option("*", "--method"),
+          count: int = typer.Option(1, "--count", help="How many requests; -1 for every one."),
+          retry_after: float = typer.Option(None, "--retry-after"),
+          delay: float = typer.Option(0.0, "--delay")):
+    """Inject a fault into the next matching requests."""
+    from billingctl.domain.errors import InvalidInput
+
+    cli, sandbox = _sandbox()
+    if system not in ("provider", "orchestrator") or kind not in FAULT_KINDS:
+        raise InvalidInput(f"system must be provider or orchestrator and kind one of {', '.join(FAULT_KINDS)}")
+    fault_id = sandbox.store.add_fault(system, kind, method=method, path=path, count=count,
+                                       retry_after=retry_after, delay=delay)
+    cli.output.result({"fault_id": fault_id, "system": system, "kind": kind, "count": count})
+
+
+@command(app, "clear-faults")
+def clear_faults():
+    """Remove every injected fault."""
+    cli, sandbox = _sandbox()
+    sandbox.store.clear_faults()
+    cli.output.result({"cleared": True})
+
+
+@command(app, "clock")
+def clock(advance: float = typer.Argument(0.0, help="Seconds to move the sandbox clock forward.")):
+    """Show or move the sandbox's clock."""
+    cli, sandbox = _sandbox()
+    now = sandbox.store.advance_clock(advance) if advance else sandbox.store.now()
+    cli.output.result({"now": now})

@@ -1,0 +1,140 @@
+"""The sandbox's own state: JSON documents in its own SQLite file, so separate CLI runs see one
+provider and one orchestrator. Also the controllable clock and the fault table."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS objects (kind TEXT, id TEXT, seq INTEGER, data TEXT, PRIMARY KEY (kind, id));
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS faults (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, method TEXT,
+    path TEXT, kind TEXT, remaining INTEGER, retry_after REAL, delay REAL);
+CREATE TABLE IF NOT EXISTS idempotency (key TEXT PRIMARY KEY, status INTEGER, body TEXT);
+"""
+
+_locks: dict[str, threading.RLock] = {}
+
+
+class SandboxStore:
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self._lock = _locks.setdefault(self.path, threading.RLock())
+        self._local = threading.local()
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(self.path, timeout=30)
+        db.executescript(SCHEMA)
+        db.close()
+
+    @contextmanager
+    def tx(self):
+        """One write transaction; nested calls in the same thread join the outer one."""
+        current = getattr(self._local, "db", None)
+        if current is not None:
+            yield current
+            return
+        with self._lock:
+            db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+            db.row_factory = sqlite3.Row
+            self._local.db = db
+            try:
+                db.execute("PRAGMA busy_timeout=30000")
+                db.execute("BEGIN IMMEDIATE")
+                yield db
+                db.execute("COMMIT")
+            except BaseException:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                raise
+            finally:
+                self._local.db = None
+                db.close()
+
+    # -- clock: real time plus an offset that tests and `sandbox clock` move -------------------
+    def now(self) -> float:
+        return time.time() + float(self.meta("clock_offset") or 0)
+
+    def advance_clock(self, seconds: float) -> float:
+        with self.tx():
+            self.set_meta("clock_offset", float(self.meta("clock_offset") or 0) + seconds)
+        return self.now()
+
+    def meta(self, key: str, default=None):
+        with self.tx() as db:
+            row = db.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
+        return json.loads(row["value"]) if row else default
+
+    def set_meta(self, key: str, value) -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def next_id(self, prefix: str) -> str:
+        with self.tx():
+            n = int(self.meta(f"seq:{prefix}") or 0) + 1
+            self.set_meta(f"seq:{prefix}", n)
+        return f"{prefix}_{n:06d}"
+
+    # -- documents -----------------------------------------------------------------------------
+    def get(self, kind: str, obj_id: str) -> dict | None:
+        with self.tx() as db:
+            row = db.execute("SELECT data FROM objects WHERE kind=? AND id=?", (kind, obj_id)).fetchone()
+        return json.loads(row["data"]) if row else None
+
+    def put(self, kind: str, obj_id: str, data: dict) -> dict:
+        with self.tx() as db:
+            row = db.execute("SELECT seq FROM objects WHERE kind=? AND id=?", (kind, obj_id)).fetchone()
+            if row:
+                db.execute("UPDATE objects SET data=? WHERE kind=? AND id=?", (json.dumps(data), kind, obj_id))
+            else:
+                seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM objects WHERE kind=?", (kind,)).fetchone()[0]
+                db.execute("INSERT INTO objects (kind, id, seq, data) VALUES (?, ?, ?, ?)",
+                           (kind, obj_id, seq, json.dumps(data)))
+        return data
+
+    def all(self, kind: str) -> list[dict]:
+        with self.tx() as db:
+            rows = db.execute("SELECT data FROM objects WHERE kind=? ORDER BY seq", (kind,)).fetchall()
+        return [json.loads(r["data"]) for r in rows]
+
+    # -- idempotency keys: a repeated logical POST gets the first answer ---------------------
+    def idempotent_result(self, key: str) -> tuple[int, dict] | None:
+        with self.tx() as db:
+            row = db.execute("SELECT status, body FROM idempotency WHERE key=?", (key,)).fetchone()
+        return (row["status"], json.loads(row["body"])) if row else None
+
+    def save_idempotent_result(self, key: str, status: int, body: dict) -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR IGNORE INTO idempotency (key, status, body) VALUES (?, ?, ?)",
+                       (key, status, json.dumps(body)))
+
+    # -- faults ----------------------------------------------------------------------------------
+    def add_fault(self, system: str, kind: str, *, method: str = "*", path: str = "", count: int = 1,
+                  retry_after: float | None = None, delay: float = 0.0) -> int:
+        with self.tx() as db:
+            cur = db.execute("INSERT INTO faults (system, method, path, kind, remaining, retry_after, delay) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                             (system, method.upper(), path, kind, count, retry_after, delay))
+            return cur.lastrowid
+
+    def clear_faults(self) -> None:
+        with self.tx() as db:
+            db.execute("DELETE FROM faults")
+
+    def take_fault(self, system: str, method: str, path: str, kinds: tuple[str, ...]) -> dict | None:
+        """The first matching fault, consumed once (remaining < 0 means forever)."""
+        with self.tx() as db:
+            rows = db.execute("SELECT * FROM faults WHERE system=? AND remaining != 0 ORDER BY id", (system,)).fetchall()
+            for row in rows:
+                if row["kind"] not in kinds:
+                    continue
+                if row["method"] not in ("*", method.upper()) or row["path"] not in path:
+                    continue
+                if row["remaining"] > 0:
+                    db.execute("UPDATE faults SET remaining = remaining - 1 WHERE id=?", (row["id"],))
+                return dict(row)
+        return None

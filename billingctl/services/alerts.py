@@ -1,0 +1,113 @@
+"""Alerts, user notifications and analytics events through one outbox: enqueued in the caller's
+transaction (deduplicated on a key), delivered by `deliver_outbox` with retries, never lost when a
+sink is down; a sink without a URL keeps its messages pending and logged."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from datetime import timedelta
+
+from sqlalchemy import and_, or_, select, update
+
+from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.tables import alert_outbox
+from billingctl.adapters.sinks import SINK_SETTINGS, HttpSink, chat_message
+from billingctl.domain.errors import InvalidInput
+
+log = logging.getLogger("billingctl.alerts")
+
+CLAIM_SECONDS = 60
+MAX_BACKOFF_SECONDS = 1800
+
+
+def _key(sink: str, payload: dict) -> str:
+    return f"{sink}:" + hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def enqueue(uow, clock, sink: str, payload: dict, dedupe_key: str | None = None) -> bool:
+    """Queue one message; True when new, False when its dedupe key was already queued."""
+    if sink not in SINK_SETTINGS:
+        raise InvalidInput(f"unknown sink {sink!r}")
+    key = dedupe_key or _key(sink, payload)
+    inserted = insert_ignore(uow, alert_outbox, {"sink": sink, "dedupe_key": key, "payload": payload,
+                                                 "status": "pending", "created_at": clock.now()}, ["dedupe_key"])
+    log.log(logging.WARNING if sink == "chat" and inserted else logging.INFO,
+            "outbox %s: %s", sink, payload.get("text") or payload.get("message") or payload.get("event", ""),
+            extra={"sink": sink, "dedupe_key": key, "new": inserted})
+    return inserted
+
+
+def raise_alert(uow, clock, text: str, dedupe_key: str | None = None, **fields) -> bool:
+    return enqueue(uow, clock, "chat", chat_message(text, **fields), dedupe_key)
+
+
+def send_alert(container, message: str, user_id: str | None = None, dedupe_key: str | None = None) -> dict:
+    """POST /internal/notifications/alert and `billingctl alerts send`: a chat alert, or a user
+    notification when a user is named. Queued, then one delivery attempt."""
+    message = (message or "").strip()
+    if not message:
+        raise InvalidInput("message is required")
+    with container.uow() as uow:
+        if user_id:
+            new = enqueue(uow, container.clock, "notify", {"user_id": user_id, "message": message}, dedupe_key)
+        else:
+            new = raise_alert(uow, container.clock, message, dedupe_key)
+        uow.commit()
+    delivery = deliver_outbox(container)
+    return {"queued": new, "sink": "notify" if user_id else "chat", "delivery": delivery}
+
+
+def deliver_outbox(container, limit: int = 100) -> dict:
+    """Deliver what is due. A claim (conditional update) keeps two runners from sending one message."""
+    now = container.clock.now()
+    sinks = {name: HttpSink(name, getattr(container.settings, attr)) for name, attr in SINK_SETTINGS.items()}
+    due = and_(alert_outbox.c.status.in_(("pending", "sending")),
+               or_(alert_outbox.c.next_attempt_at.is_(None), alert_outbox.c.next_attempt_at <= now))
+    with container.uow() as uow:
+        rows = uow.execute(select(alert_outbox).where(due).order_by(alert_outbox.c.id).limit(limit)).mappings().all()
+    result = {"delivered": 0, "failed": 0, "unconfigured": 0}
+    for row in rows:
+        sink = sinks[row["sink"]]
+        if not sink.configured:
+            result["unconfigured"] += 1
+            continue
+        with container.uow() as uow:
+            claimed = uow.execute(
+                update(alert_outbox)
+                .where(alert_outbox.c.id == row["id"], alert_outbox.c.attempts == row["attempts"], due)
+                .values(status="sending", attempts=row["attempts"] + 1,
+                        next_attempt_at=now + timedelta(seconds=CLAIM_SECONDS))
+            ).rowcount
+            uow.commit()
+        if claimed != 1:
+            continue
+        try:
+            sink.send(row["payload"], row["dedupe_key"])
+        except Exception as exc:
+            backoff = min(MAX_BACKOFF_SECONDS, 30 * 2 ** row["attempts"])
+            with container.uow() as uow:
+                uow.execute(update(alert_outbox).where(alert_outbox.c.id == row["id"]).values(
+                    status="pending", last_error=str(exc)[:500], next_attempt_at=now + timedelta(seconds=backoff)))
+                uow.commit()
+            result["failed"] += 1
+            log.warning("outbox delivery failed: %s", exc, extra={"sink": row["sink"], "dedupe_key": row["dedupe_key"]})
+            continue
+        with container.uow() as uow:
+            uow.execute(update(alert_outbox).where(alert_outbox.c.id == row["id"]).values(
+                status="delivered", delivered_at=container.clock.now(), last_error=None))
+            uow.commit()
+        result["delivered"] += 1
+    with container.uow() as uow:
+        result["pending"] = len(uow.execute(select(alert_outbox.c.id).where(
+            alert_outbox.c.status.in_(("pending", "sending")))).all())
+    return result
+
+
+def list_outbox(container, status: str | None = None, limit: int = 50) -> list[dict]:
+    query = select(alert_outbox).order_by(alert_outbox.c.id.desc()).limit(limit)
+    if status:
+        query = query.where(alert_outbox.c.status == status)
+    with container.uow() as uow:
+        return [dict(r) for r in uow.execute(query).mappings()]
