@@ -22,6 +22,17 @@ def _sandbox():
     return cli, cli.container.sandbox
 
 
+def _call(fn, *args, **kwargs):
+    """Sandbox refusals are the operator's input problem: not found (3) or refused (3)."""
+    from billingctl.domain.errors import NotFound, Refused
+    from billingctl.sandbox.model import SandboxError
+
+    try:
+        return fn(*args, **kwargs)
+    except SandboxError as exc:
+        raise (NotFound if exc.status == 404 else Refused)(str(exc)) from None
+
+
 @command(app, "serve")
 def serve(port: int = typer.Option(8900, "--port"), host: str = typer.Option("127.0.0.1", "--host")):
     """Serve both simulators on loopback: /provider/api/v2/… and /orchestrator/…"""
@@ -57,8 +68,8 @@ def pay(order_id: str = typer.Argument(..., help="The checkout's order id (the i
     if cli.dry_run:
         cli.output.result({"dry_run": True, "order_id": order_id, "processor": processor})
         return
-    payment = sandbox.pay(order_id, processor=processor, method="PAYPAL" if wallet else "PAYMENT_CARD",
-                          report_to_provider=not no_provider_report, drop_webhook=drop_webhook, duplicates=duplicates)
+    payment = _call(sandbox.pay, order_id, processor=processor, method="PAYPAL" if wallet else "PAYMENT_CARD",
+                    report_to_provider=not no_provider_report, drop_webhook=drop_webhook, duplicates=duplicates)
     cli.output.result(payment, human=f"{payment['id']} {payment['status']} on {payment['processor']['name']}")
 
 
@@ -66,7 +77,7 @@ def pay(order_id: str = typer.Argument(..., help="The checkout's order id (the i
 def refund(payment_id: str, amount: int = typer.Option(None, "--amount")):
     """Refund a payment at the orchestrator (the provider emits payment_refunded)."""
     cli, sandbox = _sandbox()
-    payment = sandbox.refund(payment_id, amount)
+    payment = _call(sandbox.refund, payment_id, amount)
     cli.output.result(payment, human=f"{payment_id} refunded {payment['processor']['amountRefunded']}")
 
 

@@ -54,8 +54,9 @@ def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
         if 200 <= response.status_code < 300 and request.method == "POST":
             fault = store.take_fault(system, request.method, request.path, ("error_after_effect",))
             if fault is not None:
-                return jsonify({"message": "internal error", "type": "api_error",
-                                "api_error_code": "internal_error"}), 500
+                failed = jsonify({"message": "internal error", "type": "api_error", "api_error_code": "internal_error"})
+                failed.status_code = 500
+                return failed
         return response
 
 

@@ -128,7 +128,8 @@ class SandboxStore:
     def take_fault(self, system: str, method: str, path: str, kinds: tuple[str, ...]) -> dict | None:
         """The first matching fault, consumed once (remaining < 0 means forever)."""
         with self.tx() as db:
-            rows = db.execute("SELECT * FROM faults WHERE system=? AND remaining != 0 ORDER BY id", (system,)).fetchall()
+            rows = db.execute("SELECT * FROM faults WHERE system=? AND remaining != 0 ORDER BY id",
+                              (system,)).fetchall()
             for row in rows:
                 if row["kind"] not in kinds:
                     continue

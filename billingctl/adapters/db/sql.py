@@ -11,5 +11,7 @@ def insert_ignore(uow, table: Table, values: dict, conflict: list[str]) -> bool:
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert
-    statement = insert(table).values(**values).on_conflict_do_nothing(index_elements=conflict)
-    return uow.execute(statement).rowcount == 1
+    key = list(table.primary_key.columns)[0]
+    statement = insert(table).values(**values).on_conflict_do_nothing(index_elements=conflict).returning(key)
+    # RETURNING, not rowcount: psycopg reports -1 for a statement that may return rows.
+    return uow.execute(statement).first() is not None

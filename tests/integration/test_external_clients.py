@@ -1,0 +1,226 @@
+"""The provider and orchestrator clients against the sandbox over HTTP (WSGI transport and a real
+loopback server): pagination, retries, Retry-After, idempotency keys, typed errors, the breaker."""
+
+import pytest
+
+from billingctl.bootstrap import Container
+from billingctl.domain import errors as e
+from billingctl.domain.clock import ManualClock
+from billingctl.sandbox.apps import create_combined_app
+from billingctl.sandbox.model import Sandbox
+from billingctl.sandbox.store import SandboxStore
+from tests.helpers import LoopbackServer
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def ext(make_settings, tmp_path):
+    """A container whose clients reach the in-process sandbox; no sleeping between retries."""
+
+    def build(**overrides):
+        settings = make_settings(database_url=f"sqlite:///{tmp_path / 'ext.db'}", **overrides)
+        container = Container(settings, clock=ManualClock())
+        sleeps = []
+        container.provider.http.sleep = sleeps.append
+        container.orchestrator.http.sleep = sleeps.append
+        container.sleeps = sleeps
+        return container
+
+    return build
+
+
+def test_pagination_walks_every_page(ext):
+    c = ext()
+    for i in range(150):
+        c.sandbox.create_subscription_for_items(f"user_{i}", "credits-pro-USD-monthly", None)
+    sent = c.provider.http.requests_sent
+    ids = [row["subscription"]["id"] for row in c.provider.list_subscriptions()]
+    assert len(ids) == len(set(ids)) == 150
+    assert c.provider.http.requests_sent - sent == 2  # limit 100: two pages
+
+
+def test_429_with_retry_after_is_waited_out_and_counted(ext):
+    c = ext()
+    c.sandbox.store.add_fault("provider", "429", count=2, retry_after=1.5)
+    price = c.provider.get_item_price("credits-pro-USD-monthly")
+    assert price["metadata"] == {"credits": 2000, "lane": "sfw"}
+    assert c.sleeps == [1.5, 1.5]
+    assert c.metrics.sample("billing_provider_rate_limit_errors_total") == 2
+
+
+def test_429_past_the_attempt_budget_raises_the_rate_limit_error(ext):
+    c = ext(http_max_attempts=3)
+    c.sandbox.store.add_fault("provider", "429", count=-1, retry_after=0)
+    with pytest.raises(e.RateLimited) as info:
+        c.provider.get_item_price("credits-pro-USD-monthly")
+    assert info.value.message == "Please try after some time"
+    assert c.metrics.sample("billing_provider_rate_limit_errors_total") == 3
+
+
+@pytest.mark.parametrize("kind", ["500", "503", "timeout", "reset", "malformed"])
+def test_server_errors_and_timeouts_are_retried(ext, kind):
+    c = ext()
+    c.sandbox.store.add_fault("provider", kind, count=2)
+    sent = c.provider.http.requests_sent
+    assert c.provider.get_item_price("credits-basic-USD-monthly")["price"] == 999
+    assert c.provider.http.requests_sent - sent == 3
+    assert len(c.sleeps) == 2 and all(0 <= s <= c.settings.http_backoff_max_seconds for s in c.sleeps)
+
+
+def test_other_4xx_are_not_retried(ext):
+    c = ext()
+    sub = c.sandbox.create_subscription_for_items("u", "credits-pro-USD-monthly", None)["subscription"]
+    c.provider.cancel_subscription(sub["id"])
+    sent = c.provider.http.requests_sent
+    with pytest.raises(e.ExternalNotFound):
+        c.provider.get_subscription("sub_missing")
+    with pytest.raises(e.ExternalInvalidRequest):
+        c.provider.cancel_subscription(sub["id"])  # already cancelled: 400
+    assert c.provider.http.requests_sent - sent == 2
+    assert c.sleeps == []
+
+
+def test_one_idempotency_key_for_every_retry_of_one_post(ext):
+    c = ext()
+    seen = []
+    c.provider.http.client.event_hooks["request"].append(lambda req: seen.append(req.headers.get("Idempotency-Key")))
+    sub = c.sandbox.create_subscription_for_items("u", "credits-pro-USD-monthly", 4_000_000_000)["subscription"]
+    c.sandbox.store.add_fault("provider", "503", path="change_term_end", count=2)
+    c.provider.change_term_end(sub["id"], 4_100_000_000)
+    c.provider.change_term_end(sub["id"], 4_200_000_000)
+    assert len(seen) == 4
+    assert seen[0] == seen[1] == seen[2] and seen[3] != seen[0]
+
+
+def test_orchestrator_uses_its_own_headers_and_keeps_the_key(ext):
+    c = ext()
+    seen = []
+    c.orchestrator.http.client.event_hooks["request"].append(lambda req: seen.append(dict(req.headers)))
+    c.sandbox.store.add_fault("orchestrator", "500", path="/client-session", count=1)
+    session = c.orchestrator.create_client_session(order_id="inv_x", customer_id="u", amount=999,
+                                                   currency_code="USD", metadata={"lane": "sfw"})
+    assert session["orderId"] == "inv_x"
+    assert seen[0]["x-idempotency-key"] == seen[1]["x-idempotency-key"]
+    assert seen[0]["x-api-key"] and seen[0]["x-api-version"]
+
+
+def test_a_cancel_that_errors_after_taking_effect_is_its_own_error(ext):
+    c = ext()
+    sub = c.sandbox.create_subscription_for_items("u", "credits-pro-USD-monthly", None)["subscription"]
+    c.sandbox.store.add_fault("provider", "error_after_effect", path="cancel_for_items", count=-1)
+    with pytest.raises(e.OutcomeUnknown):
+        c.provider.cancel_subscription(sub["id"])
+    # It did take effect: the caller compares with the provider.
+    assert c.provider.get_subscription(sub["id"])["subscription"]["status"] == "cancelled"
+
+
+def test_an_idempotent_retry_recovers_from_one_error_after_effect(ext):
+    c = ext()
+    sub = c.sandbox.create_subscription_for_items("u", "credits-pro-USD-monthly", None)["subscription"]
+    c.sandbox.store.add_fault("provider", "error_after_effect", path="cancel_for_items", count=1)
+    assert c.provider.cancel_subscription(sub["id"])["subscription"]["status"] == "cancelled"
+
+
+def test_breaker_opens_fails_fast_and_recovers_through_half_open(ext):
+    c = ext(breaker_min_calls=4, breaker_cooldown_seconds=30, http_max_attempts=1)
+    c.sandbox.store.add_fault("provider", "500", count=-1)
+    for _ in range(4):
+        with pytest.raises(e.ExternalServerError):
+            c.provider.get_item_price("credits-pro-USD-monthly")
+    sent = c.provider.http.requests_sent
+    with pytest.raises(e.CircuitOpen) as info:
+        c.provider.get_item_price("credits-pro-USD-monthly")
+    assert info.value.message == "Circuit breaker is open"
+    assert c.provider.http.requests_sent == sent  # failed fast: nothing sent
+    snap = c.breakers["subscription_provider"].snapshot()
+    assert snap["state"] == "open" and snap["error_rate"] == 1.0
+    assert c.metrics.sample("billing_circuit_breaker_state", {"dependency": "subscription_provider"}) == 2
+
+    c.clock.advance(31)
+    assert c.breakers["subscription_provider"].state() == "half_open"
+    c.sandbox.store.clear_faults()
+    assert c.provider.get_item_price("credits-pro-USD-monthly")["id"] == "credits-pro-USD-monthly"
+    assert c.breakers["subscription_provider"].snapshot()["state"] == "closed"
+
+
+def test_a_failed_half_open_probe_reopens(ext):
+    c = ext(breaker_min_calls=2, breaker_cooldown_seconds=10, http_max_attempts=1)
+    c.sandbox.store.add_fault("provider", "503", count=-1)
+    for _ in range(2):
+        with pytest.raises(e.ExternalServerError):
+            c.provider.get_item_price("x")
+    c.clock.advance(11)
+    with pytest.raises(e.ExternalServerError):
+        c.provider.get_item_price("x")  # the probe fails
+    with pytest.raises(e.CircuitOpen):
+        c.provider.get_item_price("x")
+
+
+def test_an_invalid_key_opens_the_breaker(ext):
+    c = ext(breaker_min_calls=3, provider_api_key="rotated-away")
+    c.sandbox.store.set_meta("revoked_provider_keys", ["rotated-away"])
+    for _ in range(3):
+        with pytest.raises(e.ExternalAuthError):
+            c.provider.get_item_price("credits-pro-USD-monthly")
+    with pytest.raises(e.CircuitOpen):
+        c.provider.get_item_price("credits-pro-USD-monthly")
+
+
+def test_breaker_state_is_shared_through_redis(ext, redis_url):
+    a = ext(redis_url=redis_url, breaker_min_calls=2, http_max_attempts=1)
+    b = ext(redis_url=redis_url, breaker_min_calls=2, http_max_attempts=1)
+    a.sandbox.store.add_fault("provider", "500", count=-1)
+    for _ in range(2):
+        with pytest.raises(e.ExternalServerError):
+            a.provider.get_item_price("x")
+    with pytest.raises(e.CircuitOpen):
+        b.provider.get_item_price("x")
+
+
+def test_circuit_breaker_endpoint_reports_each_dependency(ext):
+    from webhooks_app import create_internal_app
+
+    c = ext(breaker_min_calls=2, http_max_attempts=1)
+    c.sandbox.store.add_fault("orchestrator", "500", count=-1)
+    for _ in range(2):
+        with pytest.raises(e.ExternalServerError):
+            c.orchestrator.get_payment("pay_x")
+    client = create_internal_app(container=c).test_client()
+    body = client.get("/internal/health/circuit-breaker",
+                      headers={"Authorization": "Bearer test-internal-token"}).get_json()
+    assert set(body) == {"subscription_provider", "orchestrator"}
+    assert body["orchestrator"]["state"] == "open" and body["orchestrator"]["error_rate"] == 1.0
+    assert body["subscription_provider"] == {"state": "closed", "error_rate": 0.0, "calls": 0, "failures": 0}
+
+
+def test_clients_over_a_real_loopback_server(make_settings, tmp_path):
+    sandbox = Sandbox(SandboxStore(tmp_path / "served.db"))
+    with LoopbackServer(create_combined_app(sandbox)) as server:
+        c = Container(make_settings(database_url=f"sqlite:///{tmp_path / 'x.db'}",
+                                    provider_url=f"{server.url}/provider", provider_api_key="k",
+                                    orchestrator_url=f"{server.url}/orchestrator", orchestrator_api_key="k",
+                                    http_timeout_seconds=0.5))
+        c.provider.http.sleep = lambda s: None
+        for i in range(120):
+            sandbox.create_subscription_for_items(f"user_{i}", "credits-basic-USD-monthly", None)
+        assert len(list(c.provider.list_subscriptions())) == 120
+        sandbox.store.add_fault("provider", "timeout", count=1, delay=1.5)
+        assert c.provider.get_item_price("credits-basic-USD-monthly")["price"] == 999
+        assert c.metrics.sample("billing_external_errors_total",
+                                {"dependency": "subscription_provider", "error": "external_unavailable"}) == 1
+        session = c.orchestrator.create_client_session(order_id="inv_1", customer_id="user_1", amount=999,
+                                                       currency_code="USD", metadata={"lane": "sfw"})
+        payment = sandbox.pay(session["orderId"])
+        assert c.orchestrator.get_payment(payment["id"])["status"] == "SETTLED"
+        assert [p["id"] for p in c.orchestrator.list_payments("SETTLED")] == [payment["id"]]
+        c.close()
+
+
+def test_rate_limit_message_matches_the_contract(ext):
+    c = ext(http_max_attempts=1)
+    c.sandbox.store.add_fault("provider", "429", count=1, retry_after=0)
+    with pytest.raises(e.RateLimited) as info:
+        c.provider.get_customer("nobody")
+    assert info.value.details["api_error_code"] == "api_request_limit_exceeded"
+    assert info.value.message == "Please try after some time"

@@ -1,0 +1,74 @@
+"""The client-side budget is per API key and shared by every process through Redis."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from billingctl.adapters.ratelimit import RateLimiter, key_for
+from billingctl.domain.errors import RateLimited
+
+pytestmark = pytest.mark.integration
+
+WORKER = textwrap.dedent("""
+    import json, sys, time
+    from billingctl.bootstrap import Container
+    from billingctl.settings import load_settings
+    settings = load_settings(redis_url=sys.argv[1], sandbox_db=sys.argv[2], database_url=sys.argv[3],
+                             provider_api_key="shared-key", provider_rate_limit=4,
+                             provider_rate_window_seconds=2, provider_rate_max_wait_seconds=30)
+    c = Container(settings)
+    stamps = []
+    c.provider.http.client.event_hooks["request"].append(lambda req: stamps.append(time.time()))
+    for _ in range(int(sys.argv[4])):
+        c.provider.get_item_price("credits-pro-USD-monthly")
+    print(json.dumps(stamps))
+""")
+
+
+def test_two_processes_never_exceed_the_shared_budget(redis_url, tmp_path):
+    procs = [
+        subprocess.Popen([sys.executable, "-c", WORKER, redis_url, str(tmp_path / f"sbx{i}.db"),
+                          f"sqlite:///{tmp_path / f'db{i}.db'}", "6"], stdout=subprocess.PIPE, text=True)
+        for i in range(2)
+    ]
+    stamps = sorted(t for p in procs for t in json.loads(p.communicate(timeout=120)[0]))
+    assert all(p.returncode == 0 for p in procs)
+    assert len(stamps) == 12
+    # In any rolling 2 s window at most 4 requests: the 5th after any request is >= 2 s later.
+    gaps = [stamps[i + 4] - stamps[i] for i in range(len(stamps) - 4)]
+    assert min(gaps) >= 2.0 - 0.05, gaps
+
+
+def test_a_caller_that_cannot_wait_gets_the_rate_limit_error():
+    limiter = RateLimiter(2, 60, key_for("k", "subscription_provider"), max_wait=0)
+    limiter.acquire()
+    limiter.acquire()
+    with pytest.raises(RateLimited) as info:
+        limiter.acquire()
+    assert info.value.details["client_side"] is True
+
+
+def test_the_limiter_waits_within_its_bound():
+    waited = []
+    limiter = RateLimiter(1, 1, key_for("k2", "subscription_provider"), max_wait=5, sleep=waited.append)
+    limiter.acquire()
+    # The fake sleep does not pass time, so the limiter keeps waiting until the bound: it asked to wait.
+    limiter.max_wait = 0.05
+    with pytest.raises(RateLimited):
+        limiter.acquire()
+    assert waited and all(0 < w <= 1.0 for w in waited)
+
+
+def test_the_key_is_hashed_never_stored():
+    assert "secret-api-key" not in key_for("secret-api-key", "subscription_provider")
+    assert key_for("a", "subscription_provider") != key_for("b", "subscription_provider")
+
+
+def test_redis_down_falls_back_to_the_in_process_budget():
+    limiter = RateLimiter(1, 60, key_for("k3", "p"), redis_url="redis://127.0.0.1:1/0", max_wait=0)
+    limiter.acquire()
+    with pytest.raises(RateLimited):
+        limiter.acquire()
