@@ -63,6 +63,18 @@ class Container:
             self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2, health_check_interval=30
         )
 
+    @cached_property
+    def locks(self):
+        from billingctl.adapters.locks import LockManager
+
+        return LockManager(self.redis)
+
+    @cached_property
+    def cache(self):
+        from billingctl.adapters.cache import Cache
+
+        return Cache(self.redis)
+
     # ---- external systems ------------------------------------------------------------------
     @cached_property
     def sandbox(self):

@@ -5,9 +5,11 @@ shared rate limiter and a circuit breaker per dependency."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import httpx
@@ -112,6 +114,18 @@ class ResilientClient:
         self.sleep = sleep
         self.idempotency_header = idempotency_header
         self.requests_sent = 0  # counted for the provider-call budget benchmark
+        self._local = threading.local()
+
+    @contextmanager
+    def attempts(self, max_attempts: int):
+        """Bound the retries of calls made in this block (a webhook must answer quickly; a job
+        picks up what did not finish)."""
+        previous = getattr(self._local, "max_attempts", None)
+        self._local.max_attempts = max_attempts
+        try:
+            yield
+        finally:
+            self._local.max_attempts = previous
 
     def request(self, method: str, path: str, *, params=None, data=None, json=None,
                 idempotency_key: str | None = None, headers: dict | None = None):
@@ -120,7 +134,7 @@ class ResilientClient:
             # Minted once, before the retry loop: every attempt of this logical POST carries it.
             headers[self.idempotency_header] = idempotency_key or uuid.uuid4().hex
         retrying = Retrying(
-            stop=stop_after_attempt(self.policy.max_attempts),
+            stop=stop_after_attempt(getattr(self._local, "max_attempts", None) or self.policy.max_attempts),
             wait=_Wait(self.policy),
             retry=retry_if_exception(is_retryable),
             sleep=self.sleep,

@@ -38,9 +38,11 @@ class OrchestratorClient:
         return self.http.request("POST", "/payments", json=body, idempotency_key=idempotency_key)
 
     def list_payments(self, status: str = "SETTLED", from_date: datetime | None = None,
-                      cursor: str | None = None, limit: int = 100) -> Iterator[dict]:
+                      cursor: str | None = None, limit: int = 100, customer_id: str | None = None) -> Iterator[dict]:
         while True:
             params = {"status": status, "limit": limit}
+            if customer_id:
+                params["customer_id"] = customer_id
             if from_date is not None:
                 params["from_date"] = from_date.isoformat()
             if cursor:

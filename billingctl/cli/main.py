@@ -39,13 +39,14 @@ def version():
 
 
 def _register() -> None:
-    from billingctl.cli import alerts, db, demo, health, sandbox
+    from billingctl.cli import alerts, db, demo, health, payments, sandbox
 
     app.add_typer(db.app, name="db")
     app.add_typer(alerts.app, name="alerts")
     app.add_typer(sandbox.app, name="sandbox")
     health.register(app)
     demo.register(app)
+    payments.register(app)
 
 
 _register()

@@ -21,6 +21,7 @@ def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
 
     @app.before_request
     def _fault_before():
+        store.log_request(system, request.method, request.path)
         fault = store.take_fault(system, request.method, request.path, BEFORE_KINDS)
         if fault is None:
             return None
@@ -233,6 +234,8 @@ def create_orchestrator_app(sandbox: Sandbox) -> Flask:
 
             since = datetime.fromisoformat(from_date).timestamp()
         items = sandbox.payments(status, since)
+        if request.args.get("customer_id"):
+            items = [p for p in items if p["customerId"] == request.args["customer_id"]]
         limit = min(int(request.args.get("limit", 100)), 100)
         offset = int(request.args.get("cursor") or 0)
         result = {"data": items[offset: offset + limit]}

@@ -16,6 +16,7 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS faults (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, method TEXT,
     path TEXT, kind TEXT, remaining INTEGER, retry_after REAL, delay REAL);
 CREATE TABLE IF NOT EXISTS idempotency (key TEXT PRIMARY KEY, status INTEGER, body TEXT);
+CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, method TEXT, path TEXT);
 """
 
 _locks: dict[str, threading.RLock] = {}
@@ -111,6 +112,16 @@ class SandboxStore:
         with self.tx() as db:
             db.execute("INSERT OR IGNORE INTO idempotency (key, status, body) VALUES (?, ?, ?)",
                        (key, status, json.dumps(body)))
+
+    # -- request log: what the billing service asked of each system (tests, the call budget) -------
+    def log_request(self, system: str, method: str, path: str) -> None:
+        with self.tx() as db:
+            db.execute("INSERT INTO requests (system, method, path) VALUES (?, ?, ?)", (system, method, path))
+
+    def count_requests(self, system: str, method: str | None = None, path_contains: str = "") -> int:
+        with self.tx() as db:
+            rows = db.execute("SELECT method, path FROM requests WHERE system=?", (system,)).fetchall()
+        return sum(1 for r in rows if (method is None or r["method"] == method) and path_contains in r["path"])
 
     # -- faults ----------------------------------------------------------------------------------
     def add_fault(self, system: str, kind: str, *, method: str = "*", path: str = "", count: int = 1,

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-21 21:05:08.478097
+Create Date: 2026-11-21
 """
 from alembic import op
 import sqlalchemy as sa
@@ -248,8 +248,11 @@ def upgrade() -> None:
     sa.Column('amount', sa.BigInteger(), nullable=True),
     sa.Column('currency_code', sa.String(length=3), nullable=True),
     sa.Column('credits', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+    sa.Column('processor', sa.String(length=64), nullable=True),
+    sa.Column('recorded_via', sa.String(length=32), nullable=True),
     sa.Column('settled_at', sa.DateTime(timezone=True), nullable=True),
     sa.Column('created_at', sa.DateTime(timezone=True), nullable=False),
+    sa.Column('provider_recorded_at', sa.DateTime(timezone=True), nullable=True),
     sa.ForeignKeyConstraint(['user_id'], ['users.id'], name=op.f('fk_purchase_user_id_users')),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_purchase')),
     sa.UniqueConstraint('transaction_id', name=op.f('uq_purchase_transaction_id'))

@@ -64,5 +64,15 @@ def notifications_alert():
     return jsonify(result), 202
 
 
+@bp.post("/internal/billing/activate")
+def billing_activate():
+    from billingctl.services.payments import activate_subscription
+
+    subscription_id = json_body().get("subscription_id")
+    if not isinstance(subscription_id, str) or not subscription_id:
+        raise InvalidInput("subscription_id is required")
+    return jsonify(activate_subscription(container(), subscription_id))
+
+
 def register(app: Flask) -> None:
     app.register_blueprint(bp)

@@ -9,5 +9,6 @@ from flask import Flask
 
 
 def register(app: Flask) -> None:
-    # Routes are added by the blueprints of the payment, checkout and public-surface modules.
-    return None
+    from webhooks_app.blueprints import webhooks
+
+    webhooks.register(app)

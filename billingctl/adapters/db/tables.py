@@ -129,8 +129,12 @@ purchase = Table(
     Column("amount", BigInteger),
     Column("currency_code", String(3)),
     Column("credits", BigInteger, nullable=False, server_default=text("0")),
+    Column("processor", String(64)),
+    Column("recorded_via", String(32)),
     _ts("settled_at"),
     _ts("created_at", nullable=False),
+    # When the payment was recorded on the provider's invoice (NULL: still to do).
+    _ts("provider_recorded_at"),
 )
 
 fraud_event = Table(

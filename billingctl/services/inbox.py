@@ -1,0 +1,29 @@
+"""The one event inbox, unique on (source, event_id): webhooks and pollers of every source write
+here, and each event is processed exactly once whichever path saw it first."""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+
+from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.tables import event_inbox
+
+
+def accept(uow, clock, source: str, event_id: str, event_type: str, payload: dict, occurred_at=None) -> str:
+    """Store the event; returns its status ('pending' for new or unfinished work, 'processed', 'parked')."""
+    insert_ignore(uow, event_inbox, {"source": source, "event_id": event_id, "event_type": event_type,
+                                     "payload": payload, "occurred_at": occurred_at, "status": "pending",
+                                     "received_at": clock.now()}, ["source", "event_id"])
+    return uow.execute(select(event_inbox.c.status).where(
+        event_inbox.c.source == source, event_inbox.c.event_id == event_id)).scalar_one()
+
+
+def finish(uow, clock, source: str, event_id: str, error: str | None = None, max_attempts: int = 10) -> str:
+    """Mark one processing attempt: processed, or still pending, or parked after max_attempts."""
+    row = uow.execute(select(event_inbox.c.attempts).where(
+        event_inbox.c.source == source, event_inbox.c.event_id == event_id)).one()
+    attempts = row.attempts + 1
+    status = "processed" if error is None else ("parked" if attempts >= max_attempts else "pending")
+    uow.execute(update(event_inbox).where(event_inbox.c.source == source, event_inbox.c.event_id == event_id).values(
+        status=status, attempts=attempts, last_error=error, processed_at=clock.now() if error is None else None))
+    return status

@@ -1,0 +1,300 @@
+"""Unified payment recording and subscription activation (spec sections 1, 2, 3 and 4).
+
+`record_payment` is the one service every path uses when it learns of a settled payment (the
+orchestrator webhook, the event poller, the settled-payments poller, the workflow-completion
+callback, the CLI). In one database transaction it writes the purchase (unique transaction_id =
+the orchestrator payment id), the transaction, and the plan's credits through a ledger row whose
+unique source key makes a second application impossible; then, under a per-subscription lock, it
+records the payment on the provider's invoice and activates the pending subscription."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import select, update
+
+from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.tables import (
+    checkout_session,
+    credit_ledger,
+    invoice,
+    purchase,
+    subscription,
+    transaction,
+    users,
+)
+from billingctl.domain import errors as e
+from billingctl.services import catalog
+from billingctl.services.processor_lock import lock_after_settle
+
+log = logging.getLogger("billingctl.payments")
+
+# Orchestrator payment status -> local transaction status.
+TRANSACTION_STATUS = {"PENDING": "pending", "AUTHORIZED": "authorized", "SETTLING": "authorized",
+                      "SETTLED": "captured", "DECLINED": "failed", "FAILED": "failed", "CANCELLED": "failed"}
+
+
+@dataclass
+class PaymentFacts:
+    payment_id: str
+    user_id: str
+    subscription_id: str
+    invoice_id: str | None
+    item_price_id: str
+    lane: str
+    amount: int
+    currency_code: str
+    credits: int
+    processor: str | None
+    merchant_id: str | None
+    settled_at: datetime | None
+
+
+def parse_time(value) -> datetime | None:
+    if value in (None, ""):
+        return None
+    if isinstance(value, int | float) or (isinstance(value, str) and value.replace(".", "", 1).isdigit()):
+        return datetime.fromtimestamp(float(value), UTC)
+    parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def facts_from_payment(container, payment: dict) -> PaymentFacts:
+    """What recording needs, from the payment plus our own checkout record; the provider is asked
+    only for what we do not hold locally."""
+    from billingctl.adapters.orchestrator import processor_of
+
+    if not isinstance(payment, dict) or not payment.get("id"):
+        raise e.InvalidInput("payment id is missing")
+    if payment.get("status") != "SETTLED":
+        raise e.InvalidInput(f"payment {payment['id']} is {payment.get('status')}, not SETTLED")
+    metadata = payment.get("metadata") or {}
+    invoice_id = payment.get("orderId") or None
+    subscription_id = metadata.get("subscription_id") or None
+    item_price_id = metadata.get("item_price_id") or None
+    user_id = payment.get("customerId") or metadata.get("user_id")
+    if invoice_id and not (subscription_id and item_price_id):
+        with container.uow() as uow:
+            row = uow.execute(select(checkout_session).where(checkout_session.c.invoice_id == invoice_id)).first()
+        if row is not None:
+            subscription_id = subscription_id or row.subscription_id
+            item_price_id = item_price_id or row.item_price_id
+            user_id = user_id or row.user_id
+    if not subscription_id and invoice_id:
+        subscription_id = container.provider.get_invoice(invoice_id)["invoice"]["subscription_id"]
+    if not subscription_id:
+        raise e.InvalidInput(f"payment {payment['id']} names no subscription or invoice")
+    if not item_price_id:
+        with container.uow() as uow:
+            item_price_id = uow.execute(select(subscription.c.item_price_id).where(
+                subscription.c.id == subscription_id)).scalar()
+    if not item_price_id:
+        remote = container.provider.get_subscription(subscription_id)["subscription"]
+        item_price_id = remote["subscription_items"][0]["item_price_id"]
+        user_id = user_id or remote["customer_id"]
+    if not user_id:
+        raise e.InvalidInput(f"payment {payment['id']} names no customer")
+    plan = catalog.plan(container, item_price_id)
+    processor, merchant_id = processor_of(payment)
+    return PaymentFacts(
+        payment_id=payment["id"], user_id=str(user_id), subscription_id=subscription_id, invoice_id=invoice_id,
+        item_price_id=item_price_id, lane=metadata.get("lane") or plan.lane, amount=int(payment.get("amount") or 0),
+        currency_code=payment.get("currencyCode") or plan.currency_code, credits=plan.credits, processor=processor,
+        merchant_id=merchant_id, settled_at=parse_time(payment.get("date")))
+
+
+def record_payment(container, payment: dict, path: str, followups: bool = True) -> dict:
+    """Record a settled payment exactly once, then record it at the provider and activate."""
+    facts = facts_from_payment(container, payment)
+    with container.locks.hold(f"subscription:{facts.subscription_id}"):
+        result = _record_locally(container, facts, path)
+        if followups:
+            result.update(complete_followups(container, facts.subscription_id))
+    return result
+
+
+def _record_locally(container, facts: PaymentFacts, path: str) -> dict:
+    now = container.clock.now()
+    with container.uow() as uow:
+        insert_ignore(uow, users, {"id": facts.user_id, "created_at": now, "credits": 0}, ["id"])
+        new = insert_ignore(uow, purchase, {
+            "invoice_id": facts.invoice_id, "transaction_id": facts.payment_id,
+            "subscription_id": facts.subscription_id, "user_id": facts.user_id, "item_price_id": facts.item_price_id,
+            "amount": facts.amount, "currency_code": facts.currency_code, "credits": facts.credits,
+            "processor": facts.processor, "recorded_via": path, "settled_at": facts.settled_at, "created_at": now,
+        }, ["transaction_id"])
+        if not new:
+            return {"payment_id": facts.payment_id, "outcome": "duplicate", "subscription_id": facts.subscription_id,
+                    "user_id": facts.user_id, "credits_applied": 0}
+        _upsert_transaction(uow, facts.payment_id, "captured", now, amount=facts.amount,
+                            currency_code=facts.currency_code, customer_id=facts.user_id, invoice_id=facts.invoice_id,
+                            subscription_id=facts.subscription_id, processor=facts.processor,
+                            processor_merchant_id=facts.merchant_id)
+        credited = apply_credits(uow, facts.user_id, facts.credits, f"payment:{facts.payment_id}", "payment",
+                                 facts.payment_id, now)
+        if facts.invoice_id:
+            insert_ignore(uow, invoice, {"id": facts.invoice_id, "created_at": now}, ["id"])
+            uow.execute(update(invoice).where(invoice.c.id == facts.invoice_id).values(
+                subscription_id=facts.subscription_id, customer_id=facts.user_id, total_amount=facts.amount,
+                currency_code=facts.currency_code, status="paid", paid_at=facts.settled_at or now))
+        insert_ignore(uow, subscription, {"id": facts.subscription_id, "status": "future", "customer_id": facts.user_id,
+                                          "created_at": now, "coupon_ids": [], "item_price_id": facts.item_price_id,
+                                          "lane": facts.lane}, ["id"])
+        uow.execute(update(subscription).where(subscription.c.id == facts.subscription_id,
+                                               subscription.c.status != "active",
+                                               subscription.c.activation_pending_since.is_(None))
+                    .values(activation_pending_since=now))
+        lock = lock_after_settle(uow, container, user_id=facts.user_id, payment_lane=facts.lane,
+                                 processor=facts.processor, merchant_id=facts.merchant_id)
+        uow.commit()
+    if facts.settled_at is not None:
+        container.metrics.payment_recording_latency.observe(max(0.0, (now - facts.settled_at).total_seconds()))
+    container.metrics.payments_recorded.labels(path=path).inc()
+    log.info("payment recorded", extra={"payment_id": facts.payment_id, "user_id": facts.user_id, "path": path,
+                                        "credits": facts.credits, "lock_outcome": lock.outcome})
+    return {"payment_id": facts.payment_id, "outcome": "recorded", "subscription_id": facts.subscription_id,
+            "user_id": facts.user_id, "credits_applied": facts.credits if credited else 0,
+            "lock": asdict(lock)}
+
+
+def apply_credits(uow, user_id: str, amount: int, source_key: str, reason: str, payment_id: str | None, now) -> bool:
+    """One ledger row per source key; users.credits moves only when the row is new."""
+    new = insert_ignore(uow, credit_ledger, {"user_id": user_id, "amount": amount, "source_key": source_key,
+                                             "reason": reason, "payment_id": payment_id, "created_at": now},
+                        ["source_key"])
+    if new and amount:
+        uow.execute(update(users).where(users.c.id == user_id).values(credits=users.c.credits + amount))
+    return new
+
+
+def _upsert_transaction(uow, transaction_id: str, status: str, now, **values) -> None:
+    values = {k: v for k, v in values.items() if v is not None}
+    inserted = insert_ignore(uow, transaction, {"transaction_id": transaction_id, "status": status, "created_at": now,
+                                                "amount": values.pop("amount", 0), **values}, ["transaction_id"])
+    if not inserted:
+        # A captured payment never goes back to authorized or failed.
+        uow.execute(update(transaction).where(transaction.c.transaction_id == transaction_id,
+                                              transaction.c.status != "captured")
+                    .values(status=status, updated_at=now, **values))
+
+
+def update_transaction_status(container, payment: dict) -> dict:
+    """PAYMENT.STATUS other than SETTLED: keep the transaction row's status (includes failed)."""
+    status = TRANSACTION_STATUS.get(payment.get("status"), "pending")
+    now = container.clock.now()
+    from billingctl.adapters.orchestrator import processor_of
+
+    processor, mid = processor_of(payment)
+    with container.uow() as uow:
+        _upsert_transaction(uow, payment["id"], status, now, amount=int(payment.get("amount") or 0),
+                            currency_code=payment.get("currencyCode"), customer_id=payment.get("customerId"),
+                            invoice_id=payment.get("orderId"), processor=processor, processor_merchant_id=mid)
+        uow.commit()
+    return {"payment_id": payment["id"], "outcome": "status_updated", "status": status}
+
+
+# ---- follow-ups at the provider: record on the invoice, activate --------------------------------
+
+def complete_followups(container, subscription_id: str) -> dict:
+    """Record every unreported purchase of the subscription on its invoice, then activate it.
+    Failures leave the work pending (listed by `health`, retried by the activations job)."""
+    result = {"provider_recorded": True, "activation": None}
+    with container.uow() as uow:
+        pending = uow.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
+                                                     purchase.c.provider_recorded_at.is_(None))).mappings().all()
+    for row in pending:
+        if not row["invoice_id"]:
+            continue
+        try:
+            container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
+        except e.ExternalInvalidRequest as exc:
+            # Already paid (by the orchestrator's workflow with this reference) or void: nothing to record.
+            log.info("invoice already settled at the provider: %s", exc.message,
+                     extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
+        except e.ExternalError as exc:
+            result["provider_recorded"] = False
+            log.warning("recording at the provider failed; will retry: %s", exc.message,
+                        extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
+            continue
+        with container.uow() as uow:
+            uow.execute(update(purchase).where(purchase.c.id == row["id"]).values(
+                provider_recorded_at=container.clock.now()))
+            uow.commit()
+    try:
+        result["activation"] = activate_subscription(container, subscription_id, _locked=True)["outcome"]
+    except e.PaymentNotRecorded:
+        raise
+    except e.BillingError as exc:
+        result["activation"] = "pending"
+        result["activation_error"] = exc.message
+    return result
+
+
+def activate_subscription(container, subscription_id: str, _locked: bool = False) -> dict:
+    """future -> active: only when a purchase exists; the provider's term-end change, then the local copy."""
+    if not _locked:
+        with container.locks.hold(f"subscription:{subscription_id}"):
+            return activate_subscription(container, subscription_id, _locked=True)
+    with container.uow() as uow:
+        bought = uow.execute(select(purchase.c.item_price_id).where(
+            purchase.c.subscription_id == subscription_id).order_by(purchase.c.id)).first()
+        local = uow.execute(select(subscription).where(subscription.c.id == subscription_id)).mappings().first()
+    if bought is None:
+        raise e.PaymentNotRecorded(
+            f"no purchase exists for subscription {subscription_id}: the payment was never recorded")
+    if local is not None and local["status"] == "active":
+        return {"subscription_id": subscription_id, "outcome": "already_active", "status": "active"}
+    now = container.clock.now()
+    period = catalog.plan(container, bought.item_price_id).period_days if bought.item_price_id else 30
+    try:
+        remote = container.provider.change_term_end(subscription_id, now + timedelta(days=period))["subscription"]
+    except e.ExternalError as exc:
+        container.metrics.activation_errors.inc()
+        with container.uow() as uow:
+            uow.execute(update(subscription).where(subscription.c.id == subscription_id).values(
+                activation_error=exc.message[:500]))
+            uow.commit()
+        log.error("activation failed: %s", exc.message, extra={"subscription_id": subscription_id})
+        raise
+    with container.uow() as uow:
+        uow.execute(update(subscription).where(subscription.c.id == subscription_id).values(
+            status=remote["status"], current_term_end=parse_time(remote.get("current_term_end")),
+            start_date=parse_time(remote.get("start_date")), activation_pending_since=None, activation_error=None,
+            synced_at=now))
+        uow.commit()
+    log.info("subscription activated", extra={"subscription_id": subscription_id})
+    return {"subscription_id": subscription_id, "outcome": "activated", "status": remote["status"]}
+
+
+def pending_activations(container) -> list[dict]:
+    with container.uow() as uow:
+        rows = uow.execute(select(subscription.c.id, subscription.c.customer_id,
+                                  subscription.c.activation_pending_since, subscription.c.activation_error)
+                           .where(subscription.c.activation_pending_since.is_not(None))
+                           .order_by(subscription.c.activation_pending_since)).mappings().all()
+    return [dict(r) for r in rows]
+
+
+def retry_pending(container) -> dict:
+    """The activations job: finish every pending follow-up, each isolated from the others."""
+    done, failed = 0, 0
+    for row in pending_activations(container):
+        with container.locks.hold(f"subscription:{row['id']}"):
+            try:
+                outcome = complete_followups(container, row["id"])
+            except e.BillingError as exc:
+                log.warning("pending activation still failing: %s", exc.message, extra={"subscription_id": row["id"]})
+                failed += 1
+                continue
+        if outcome["activation"] in ("activated", "already_active") and outcome["provider_recorded"]:
+            done += 1
+        else:
+            failed += 1
+    return {"completed": done, "failed": failed}
+
+
+def record_payment_by_id(container, payment_id: str, path: str = "cli") -> dict:
+    payment = container.orchestrator.get_payment(payment_id)
+    return record_payment(container, payment, path)

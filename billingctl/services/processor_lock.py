@@ -1,0 +1,245 @@
+"""The per-user, per-lane processor lock (spec section 2, "Processor lock" rules 1-11).
+
+After a settle the processor that actually settled is locked on its lane (on NSFW with the merchant
+account), first write wins, permanently. Every gated settle records exactly one outcome in
+billing_processor_lock_outcome_total{lane, psp, outcome}."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import and_, or_, select, update
+
+from billingctl.adapters.db.tables import audit_log, transaction, user_credits
+from billingctl.domain.errors import InvalidInput, NotFound, Refused
+from billingctl.domain.plans import LANES, is_unlocked, lane_of_processor, processor_column
+
+log = logging.getLogger("billingctl.processor_lock")
+
+SUCCESSFUL_TRANSACTION = ("captured", "settled")
+
+
+@dataclass
+class LockResult:
+    lane: str
+    outcome: str
+    psp: str
+    locked_processor: str | None
+
+
+def _live(user_id: str):
+    # Rule 4: soft-deleted rows are excluded from the lock writers (and readers).
+    return and_(user_credits.c.user_id == user_id, user_credits.c.deleted_at.is_(None))
+
+
+def read_lock(uow, user_id: str) -> dict | None:
+    row = uow.execute(select(user_credits).where(_live(user_id))).mappings().first()
+    return dict(row) if row else None
+
+
+def ensure_row(uow, user_id: str, now) -> None:
+    from sqlalchemy import text
+
+    if uow.dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    uow.execute(insert(user_credits).values(user_id=user_id, created_at=now).on_conflict_do_nothing(
+        index_elements=["user_id"], index_where=text("deleted_at IS NULL")))
+
+
+def _count(metrics, lane: str, psp: str, outcome: str) -> None:
+    metrics.processor_lock_outcome.labels(lane=lane, psp=psp, outcome=outcome).inc()
+
+
+def lock_after_settle(uow, container, *, user_id: str, payment_lane: str, processor: str | None,
+                      merchant_id: str | None) -> LockResult:
+    """Gate one settle. Runs inside the recording transaction, in a savepoint: a failure here is
+    counted as assign_error and never undoes the recording."""
+    metrics, table = container.metrics, container.settings.processor_lanes
+    if not processor:
+        _count(metrics, payment_lane, "none", "assign_error")
+        log.error("settle without a processor name; nothing to lock", extra={"user_id": user_id})
+        return LockResult(payment_lane, "assign_error", "none", None)
+    lane = lane_of_processor(processor, table)
+    if lane is None:
+        # Rule 10: an unknown name locks nothing; locked users are unaffected.
+        _count(metrics, payment_lane, "other", "unknown_processor")
+        log.error("settled processor is unknown to every lane",
+                  extra={"user_id": user_id, "processor": processor, "lane": payment_lane})
+        return LockResult(payment_lane, "unknown_processor", "other", None)
+    try:
+        with uow.conn.begin_nested():
+            return _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id)
+    except Exception as exc:
+        _count(metrics, lane, processor, "assign_error")
+        log.error("processor lock write failed: %s", type(exc).__name__,
+                  extra={"user_id": user_id, "lane": lane, "processor": processor})
+        return LockResult(lane, "assign_error", processor, None)
+
+
+def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -> LockResult:
+    metrics = container.metrics
+    column = processor_column(lane)
+    ensure_row(uow, user_id, container.clock.now())
+    current = read_lock(uow, user_id) or {}
+    if lane != payment_lane:
+        # Rule 9: the settled processor belongs to the other lane's table. It is never written into
+        # this lane's lock (tokens are processor-homed), and on a locked user it is only worth a debug line.
+        locked = current.get(processor_column(payment_lane))
+        if not is_unlocked(locked):
+            log.debug("cross-lane settle on a locked user",
+                      extra={"user_id": user_id, "lane": payment_lane, "processor": processor})
+            _count(metrics, payment_lane, processor, "already_locked")
+            return LockResult(payment_lane, "already_locked", processor, locked)
+        log.warning("cross-lane settle on an unlocked user; not locked",
+                    extra={"user_id": user_id, "lane": payment_lane, "processor": processor})
+        _count(metrics, payment_lane, processor, "assign_error")
+        return LockResult(payment_lane, "assign_error", processor, None)
+
+    stored = current.get(column)
+    if is_unlocked(stored):
+        # Rule 3: first write wins: the update only applies while the lane is still unlocked.
+        values = {column: processor}
+        if lane == "nsfw":
+            values["nsfw_processor_mid"] = merchant_id
+        won = uow.execute(update(user_credits).where(
+            _live(user_id), or_(user_credits.c[column].is_(None), user_credits.c[column] == "")
+        ).values(**values)).rowcount == 1
+        if won:
+            _count(metrics, lane, processor, "locked")
+            log.info("processor locked", extra={"user_id": user_id, "lane": lane, "processor": processor})
+            return LockResult(lane, "locked", processor, processor)
+        winner = (read_lock(uow, user_id) or {}).get(column)
+        _count(metrics, lane, processor, "lost_race")
+        return LockResult(lane, "lost_race", processor, winner)
+
+    _count(metrics, lane, processor, "already_locked")
+    if stored != processor:
+        # Rule 8: drift within the lane (NSFW: tokens are processor-homed; SFW: expected fallback).
+        log.warning("settled processor differs from locked psp",
+                    extra={"user_id": user_id, "lane": lane, "locked_psp": stored, "settled_psp": processor})
+        metrics.processor_lock_drift.labels(lane=lane, locked_psp=stored, settled_psp=processor).inc()
+    return LockResult(lane, "already_locked", processor, stored)
+
+
+# ---- operator actions ------------------------------------------------------------------------
+
+def _check_lane(lane: str) -> str:
+    if lane not in LANES:
+        raise InvalidInput(f"lane must be one of {', '.join(LANES)}")
+    return lane
+
+
+def show(container, user_id: str) -> dict:
+    with container.uow() as uow:
+        row = read_lock(uow, user_id)
+    if row is None:
+        raise NotFound(f"user {user_id} has no lane record")
+    return {"user_id": user_id, "sfw_processor": row["sfw_processor"] or None,
+            "nsfw_processor": row["nsfw_processor"] or None, "nsfw_processor_mid": row["nsfw_processor_mid"] or None}
+
+
+def clear(container, user_id: str, lane: str, reason: str, actor: str, dry_run: bool = False) -> dict:
+    """Rule 6: clear a wrong lock only if the user never transacted successfully on the stored processor."""
+    _check_lane(lane)
+    if not reason or not reason.strip():
+        raise InvalidInput("a reason is required")
+    column = processor_column(lane)
+    with container.uow() as uow:
+        row = read_lock(uow, user_id)
+        if row is None or is_unlocked(row[column]):
+            raise Refused(f"user {user_id} is not locked on {lane}")
+        stored = row[column]
+        successes = uow.execute(select(transaction.c.transaction_id).where(
+            transaction.c.customer_id == user_id, transaction.c.processor == stored,
+            transaction.c.status.in_(SUCCESSFUL_TRANSACTION))).all()
+        if successes:
+            raise Refused(f"user {user_id} has {len(successes)} successful transaction(s) on {stored}; "
+                          "the lock stays")
+        plan = {"user_id": user_id, "lane": lane, "cleared_processor": stored,
+                "cleared_mid": row["nsfw_processor_mid"] if lane == "nsfw" else None}
+        if dry_run:
+            return {**plan, "dry_run": True}
+        values = {column: None}
+        if lane == "nsfw":
+            values["nsfw_processor_mid"] = None  # cleared together with the processor
+        uow.execute(update(user_credits).where(_live(user_id), user_credits.c[column] == stored).values(**values))
+        uow.execute(audit_log.insert().values(actor=actor, action="lock.clear", target=user_id, reason=reason,
+                                              details=plan, created_at=container.clock.now()))
+        uow.commit()
+    return plan
+
+
+def repair(container, user_id: str, lane: str, actor: str = "operator") -> dict:
+    """Rule 11: re-lock from the orchestrator's payment history; one outcome per repair."""
+    from billingctl.adapters.orchestrator import processor_of
+
+    _check_lane(lane)
+    column = processor_column(lane)
+    with container.uow() as uow:
+        row = read_lock(uow, user_id)
+    if row is not None and not is_unlocked(row[column]):
+        raise Refused(f"user {user_id} is already locked on {lane} to {row[column]}")
+    try:
+        history = [p for p in container.orchestrator.list_payments("SETTLED", customer_id=user_id)
+                   if lane_of_processor(processor_of(p)[0], container.settings.processor_lanes) == lane]
+    except Exception as exc:
+        container.metrics.processor_repair_outcome.labels(lane=lane, outcome="unavailable").inc()
+        return {"user_id": user_id, "lane": lane, "outcome": "unavailable", "error": getattr(exc, "message", str(exc))}
+    if not history:
+        container.metrics.processor_repair_outcome.labels(lane=lane, outcome="no_history").inc()
+        return {"user_id": user_id, "lane": lane, "outcome": "no_history"}
+    first = sorted(history, key=lambda p: str(p.get("date")))[0]
+    processor, mid = processor_of(first)
+    try:
+        with container.uow() as uow:
+            ensure_row(uow, user_id, container.clock.now())
+            values = {column: processor} | ({"nsfw_processor_mid": mid} if lane == "nsfw" else {})
+            won = uow.execute(update(user_credits).where(
+                _live(user_id), or_(user_credits.c[column].is_(None), user_credits.c[column] == "")
+            ).values(**values)).rowcount == 1
+            details = {"lane": lane, "processor": processor, "payment": first["id"]}
+            uow.execute(audit_log.insert().values(actor=actor, action="lock.repair", target=user_id, reason=None,
+                                                  details=details, created_at=container.clock.now()))
+            uow.commit()
+    except Exception as exc:
+        container.metrics.processor_repair_outcome.labels(lane=lane, outcome="unavailable").inc()
+        return {"user_id": user_id, "lane": lane, "outcome": "unavailable", "error": type(exc).__name__}
+    if not won:
+        raise Refused(f"user {user_id} was locked on {lane} while repairing")
+    container.metrics.processor_repair_outcome.labels(lane=lane, outcome="locked").inc()
+    return {"user_id": user_id, "lane": lane, "outcome": "locked", "processor": processor, "from_payment": first["id"]}
+
+
+def backfill_mid(container, actor: str = "operator", dry_run: bool = False) -> dict:
+    """Rule 5: the only permitted backfill: the merchant account of legacy NMI-type users whose
+    merchant account is NULL or empty. Processor columns are never touched."""
+    legacy = container.settings.legacy_nmi_processor
+    with container.uow() as uow:
+        candidates = uow.execute(select(user_credits.c.id, user_credits.c.user_id).where(
+            user_credits.c.deleted_at.is_(None), user_credits.c.nsfw_processor == legacy,
+            or_(user_credits.c.nsfw_processor_mid.is_(None), user_credits.c.nsfw_processor_mid == ""))).all()
+        filled, missing = [], []
+        for row_id, user_id in candidates:
+            mid = uow.execute(select(transaction.c.processor_merchant_id).where(
+                transaction.c.customer_id == user_id, transaction.c.processor == legacy,
+                transaction.c.processor_merchant_id.is_not(None), transaction.c.processor_merchant_id != "",
+                transaction.c.status.in_(SUCCESSFUL_TRANSACTION),
+            ).order_by(transaction.c.created_at)).scalars().first()
+            if mid is None:
+                missing.append(user_id)
+                continue
+            filled.append({"user_id": user_id, "nsfw_processor_mid": mid})
+            if not dry_run:
+                uow.execute(update(user_credits).where(
+                    user_credits.c.id == row_id, user_credits.c.nsfw_processor == legacy,
+                    or_(user_credits.c.nsfw_processor_mid.is_(None), user_credits.c.nsfw_processor_mid == "")
+                ).values(nsfw_processor_mid=mid))
+        if not dry_run and filled:
+            uow.execute(audit_log.insert().values(actor=actor, action="lock.backfill-mid", target="*", reason=None,
+                                                  details={"filled": filled}, created_at=container.clock.now()))
+        if not dry_run:
+            uow.commit()
+    return {"dry_run": dry_run, "filled": filled, "without_history": missing}
