@@ -10,6 +10,7 @@ import base64
 import hashlib
 import hmac
 import json
+import logging
 import uuid
 from collections.abc import Callable
 
@@ -35,6 +36,7 @@ PROCESSORS = {
 # Lane workflows route a first payment: SFW to the regular processors, NSFW to the high-risk ones.
 WORKFLOW_DEFAULT = {"sfw": "SFW_STRIPE", "nsfw": "NSFW_SEGPAY"}
 TERM_SECONDS = 30 * 86400
+log = logging.getLogger("billingctl.sandbox")
 
 
 class SandboxError(Exception):
@@ -369,5 +371,6 @@ class Sandbox:
             "/webhooks/orchestrator/payments"
         try:
             return self.deliver(path, body, headers)
-        except Exception:
-            return None  # a dropped delivery: the pollers are the fallback
+        except Exception as exc:  # a dropped delivery: the pollers are the fallback
+            log.warning("sandbox webhook delivery failed: %s: %s", type(exc).__name__, exc)
+            return None

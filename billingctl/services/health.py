@@ -63,8 +63,18 @@ def check_breakers(container) -> list[Check]:
     return checks
 
 
+def check_pending_activations(container) -> Check:
+    from billingctl.services.payments import pending_activations
+
+    rows = pending_activations(container)
+    detail = "none" if not rows else f"{len(rows)} recorded payment(s) waiting for activation"
+    return Check("pending_activations", not rows, detail, {"subscriptions": [r["id"] for r in rows[:20]]})
+
+
 def health_report(container) -> dict:
     checks = [*check_database(container), check_redis(container), *check_breakers(container)]
+    if checks[0].ok and checks[1].ok:
+        checks.append(check_pending_activations(container))
     return {
         "ok": all(c.ok for c in checks),
         "checks": [asdict(c) for c in checks],

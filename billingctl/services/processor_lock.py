@@ -82,8 +82,10 @@ def lock_after_settle(uow, container, *, user_id: str, payment_lane: str, proces
 def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -> LockResult:
     metrics = container.metrics
     column = processor_column(lane)
-    ensure_row(uow, user_id, container.clock.now())
-    current = read_lock(uow, user_id) or {}
+    current = read_lock(uow, user_id)
+    if current is None:
+        ensure_row(uow, user_id, container.clock.now())
+        current = read_lock(uow, user_id) or {}
     if lane != payment_lane:
         # Rule 9: the settled processor belongs to the other lane's table. It is never written into
         # this lane's lock (tokens are processor-homed), and on a locked user it is only worth a debug line.

@@ -1,0 +1,1 @@
+"""Scheduled jobs: the schedule table and the lease-holding runner."""

@@ -1,0 +1,70 @@
+"""Operator commands for payments and locks, run as subprocesses on a shared sandbox."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from billingctl.bootstrap import Container
+from billingctl.services.checkout import create_checkout
+
+pytestmark = pytest.mark.e2e
+
+
+def billingctl(args, env):
+    return subprocess.run([sys.executable, "-m", "billingctl", *args], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], **env}, timeout=120)
+
+
+@pytest.fixture
+def env(settings):
+    return {"BILLING_DATABASE_URL": settings.database_url, "BILLING_SANDBOX_DB": settings.sandbox_db}
+
+
+def test_pay_record_activate_and_inspect(container, env):
+    co = create_checkout(container, "user_cli", "credits-pro-nsfw-USD-monthly")
+    refused = billingctl(["activate", co["subscription_id"]], env)
+    assert refused.returncode == 3
+    assert refused.stderr.strip() == (f"error: no purchase exists for subscription {co['subscription_id']}: "
+                                      "the payment was never recorded")
+    paid = json.loads(billingctl(["--json", "sandbox", "pay", co["order_id"], "--drop-webhook"], env).stdout)
+    recorded = json.loads(billingctl(["--json", "payments", "record", paid["id"]], env).stdout)
+    assert recorded["outcome"] == "recorded" and recorded["credits_applied"] == 3000
+    again = json.loads(billingctl(["--json", "payments", "record", paid["id"]], env).stdout)
+    assert again["outcome"] == "duplicate"
+    user = json.loads(billingctl(["--json", "users", "show", "user_cli"], env).stdout)
+    assert (user["credits"], user["ledger_sum"], user["nsfw_processor"]) == (3000, 3000, "NSFW_SEGPAY")
+    assert json.loads(billingctl(["--json", "activate", co["subscription_id"]], env).stdout)["outcome"] == \
+        "already_active"
+
+
+def test_lock_commands_exit_codes(container, env):
+    co = create_checkout(container, "user_l", "credits-pro-USD-monthly")
+    container.sandbox.pay(co["order_id"])
+    assert json.loads(billingctl(["--json", "lock", "show", "user_l"], env).stdout)["sfw_processor"] == "SFW_STRIPE"
+    assert billingctl(["lock", "show", "nobody"], env).returncode == 3
+    no_yes = billingctl(["lock", "clear", "user_l", "--lane", "sfw", "--reason", "test"], env)
+    assert no_yes.returncode == 3 and "--yes" in no_yes.stderr
+    refused = billingctl(["lock", "clear", "user_l", "--lane", "sfw", "--reason", "test", "--yes"], env)
+    assert refused.returncode == 3 and "successful transaction" in refused.stderr
+    assert billingctl(["lock", "clear", "user_l", "--lane", "purple", "--reason", "x", "--yes"], env).returncode == 2
+    assert json.loads(billingctl(["--json", "lock", "show", "user_l"], env).stdout)["sfw_processor"] == "SFW_STRIPE"
+    dry = json.loads(billingctl(["--json", "--dry-run", "lock", "backfill-mid"], env).stdout)
+    assert dry == {"dry_run": True, "filled": [], "without_history": []}
+    assert json.loads(billingctl(["--json", "lock", "repair", "user_q", "--lane", "nsfw"], env).stdout)["outcome"] == \
+        "no_history"
+
+
+def test_activate_pending_lists_and_retries(container, env):
+    co = create_checkout(container, "user_p", "credits-basic-USD-monthly")
+    container.sandbox.store.add_fault("provider", "503", path="change_term_end", count=1)
+    container.sandbox.pay(co["order_id"])
+    health = billingctl(["--json", "health"], env)
+    assert health.returncode == 3
+    assert any(c["name"] == "pending_activations" and not c["ok"] for c in json.loads(health.stdout)["checks"])
+    assert json.loads(billingctl(["--json", "activate", "--pending"], env).stdout) == {"completed": 1, "failed": 0}
+    assert billingctl(["--json", "health"], env).returncode == 0
+    c = Container(container.settings)
+    assert c.sandbox.subscription(co["subscription_id"])["status"] == "active"

@@ -1,0 +1,97 @@
+"""POST /webhooks/orchestrator/payments: authentication before anything is used; nothing written on failure."""
+
+import base64
+import hashlib
+import hmac
+import json
+import time
+
+import pytest
+from sqlalchemy import func, select
+
+from billingctl.adapters.db.tables import event_inbox, purchase, transaction
+from webhooks_app import create_public_app
+
+pytestmark = pytest.mark.e2e
+PATH = "/webhooks/orchestrator/payments"
+
+
+def sign(secret, body):
+    return base64.b64encode(hmac.new(secret.encode(), body, hashlib.sha256).digest()).decode()
+
+
+@pytest.fixture
+def client(container):
+    return create_public_app(container=container).test_client()
+
+
+def body_at(signed_at, status="SETTLED"):
+    return json.dumps({"eventType": "PAYMENT.STATUS", "signedAt": signed_at,
+                       "payment": {"id": "pay_w1", "status": status, "amount": 999, "customerId": "u",
+                                   "orderId": "inv_1"}}).encode()
+
+
+def nothing_written(container):
+    with container.uow() as uow:
+        return all(uow.execute(select(func.count()).select_from(t)).scalar_one() == 0
+                   for t in (event_inbox, purchase, transaction))
+
+
+@pytest.mark.parametrize(
+    ("case", "expected"),
+    [("missing signature", 401), ("bad signature", 401), ("other secret", 401), ("stale", 401), ("future", 401),
+     ("non-numeric", 401), ("missing signedAt", 401), ("malformed json", 400), ("not an object", 400),
+     ("no payment", 400)],
+)
+def test_bad_requests_are_refused_and_change_nothing(client, container, case, expected):
+    secret = container.settings.secret("orchestrator_webhook_secret")
+    now = int(time.time())
+    body = body_at(str(now))
+    headers = {"X-Signature-Primary": sign(secret, body)}
+    if case == "missing signature":
+        headers = {}
+    elif case == "bad signature":
+        headers = {"X-Signature-Primary": "AAAA" + headers["X-Signature-Primary"][4:]}
+    elif case == "other secret":
+        headers = {"X-Signature-Primary": sign("not-the-secret", body)}
+    elif case in ("stale", "future", "non-numeric", "missing signedAt"):
+        signed = {"stale": str(now - 301), "future": str(now + 301), "non-numeric": "12abc",
+                  "missing signedAt": None}[case]
+        body = body_at(signed)
+        headers = {"X-Signature-Primary": sign(secret, body)}
+    elif case in ("malformed json", "not an object", "no payment"):
+        body = {"malformed json": b"{not json", "not an object": b"[1, 2]",
+                "no payment": json.dumps({"eventType": "PAYMENT.STATUS", "signedAt": str(now)}).encode()}[case]
+        headers = {"X-Signature-Primary": sign(secret, body)}
+    response = client.post(PATH, data=body, headers=headers)
+    assert response.status_code == expected
+    assert set(response.get_json()) == {"error", "message"}
+    assert nothing_written(container)
+
+
+def test_the_secondary_signature_is_accepted_during_a_rotation(client, container):
+    secret = container.settings.secret("orchestrator_webhook_secret")
+    body = body_at(str(int(time.time())), status="AUTHORIZED")
+    response = client.post(PATH, data=body, headers={"X-Signature-Primary": sign("old-secret", body),
+                                                     "X-Signature-Secondary": sign(secret, body)})
+    assert response.status_code == 200
+
+
+def test_a_missing_secret_fails_closed(make_settings, db_url):
+    from billingctl.bootstrap import Container
+
+    c = Container(make_settings(database_url=db_url))
+    object.__setattr__(c.settings, "orchestrator_webhook_secret", None)
+    body = body_at(str(int(time.time())))
+    response = create_public_app(container=c).test_client().post(PATH, data=body,
+                                                                 headers={"X-Signature-Primary": sign("", body)})
+    assert response.status_code == 401
+
+
+def test_a_redelivered_event_is_a_no_op(client, container):
+    secret = container.settings.secret("orchestrator_webhook_secret")
+    body = body_at(str(int(time.time())), status="DECLINED")
+    first = client.post(PATH, data=body, headers={"X-Signature-Primary": sign(secret, body)})
+    second = client.post(PATH, data=body, headers={"X-Signature-Primary": sign(secret, body)})
+    assert first.get_json()["outcome"] == "status_updated"
+    assert second.get_json()["outcome"] == "duplicate"

@@ -1,0 +1,196 @@
+"""record_payment: exactly once from every path, concurrently, across processes; activation."""
+
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+
+import pytest
+from sqlalchemy import select
+
+from billingctl.adapters.db.tables import event_inbox, subscription, transaction
+from billingctl.bootstrap import Container
+from billingctl.domain import errors as e
+from billingctl.sandbox.model import sign_body
+from billingctl.services.payments import activate_subscription, record_payment, retry_pending
+from webhooks_app import create_internal_app, create_public_app
+
+pytestmark = pytest.mark.integration
+
+
+def test_webhook_records_credits_locks_and_activates(world):
+    co = world.checkout()
+    payment = world.sandbox.pay(co["order_id"])  # delivers the signed webhook to the public app
+    assert world.purchases(payment["id"]) == 1
+    assert world.credits() == 2000
+    assert world.provider_record_calls() == 1
+    with world.c.uow() as uow:
+        status = uow.execute(select(subscription.c.status).where(subscription.c.id == co["subscription_id"])).scalar()
+        txn = uow.execute(select(transaction.c.status, transaction.c.processor)).one()
+    assert status == "active"
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
+    assert tuple(txn) == ("captured", "SFW_STRIPE")
+    m = world.c.metrics
+    labels = {"lane": "sfw", "psp": "SFW_STRIPE", "outcome": "locked"}
+    assert m.sample("billing_processor_lock_outcome_total", labels) == 1
+    assert m.sample("payment_recording_latency_seconds_count") == 1
+
+
+def test_every_path_and_every_duplicate_records_once(world):
+    co = world.checkout()
+    payment = world.sandbox.pay(co["order_id"], duplicates=3)
+    for path in ("event_poller", "settled_poller", "workflow_callback", "cli"):
+        assert record_payment(world.c, payment, path)["outcome"] == "duplicate"
+    assert world.purchases() == 1
+    assert world.credits() == 2000
+    assert world.provider_record_calls() == 1
+    with world.c.uow() as uow:
+        assert len(uow.execute(select(event_inbox)).all()) == 1  # three deliveries, one inbox row
+
+
+def test_concurrent_paths_from_threads_record_once(world):
+    co = world.checkout()
+    payment = world.settle(co["order_id"])
+    body = world.sandbox.webhook_body("PAYMENT.STATUS", payment)
+    headers = {"X-Signature-Primary": sign_body(
+        world.c.settings.secret("orchestrator_webhook_secret"), body), "Content-Type": "application/json"}
+    app = create_public_app(container=world.c)
+    barrier = threading.Barrier(5)
+    errors = []
+
+    def webhook():
+        barrier.wait()
+        response = app.test_client().post("/webhooks/orchestrator/payments", data=body, headers=headers)
+        if response.status_code != 200:
+            errors.append(response.get_data(as_text=True))
+
+    def poller(path):
+        barrier.wait()
+        record_payment(world.c, payment, path)
+
+    threads = [threading.Thread(target=webhook) for _ in range(3)]
+    threads += [threading.Thread(target=poller, args=(p,)) for p in ("event_poller", "settled_poller")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    assert world.purchases() == 1
+    assert world.credits() == 2000
+    assert world.provider_record_calls() == 1
+
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    from billingctl.bootstrap import Container
+    from billingctl.settings import load_settings
+    from billingctl.services.payments import record_payment
+    c = Container(load_settings(database_url=sys.argv[1], redis_url=sys.argv[2], sandbox_db=sys.argv[3]))
+    payment = json.loads(sys.argv[4])
+    outcomes = [record_payment(c, payment, path)["outcome"] for path in ("event_poller", "settled_poller", "cli")]
+    print(json.dumps(outcomes))
+""")
+
+
+def test_two_os_processes_record_once(world, redis_url):
+    co = world.checkout()
+    payment = world.settle(co["order_id"])
+    s = world.c.settings
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, s.database_url, redis_url, s.sandbox_db,
+                               json.dumps(payment)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outputs
+    outcomes = sorted(o for out, _ in outputs for o in json.loads(out))
+    assert outcomes.count("recorded") == 1 and outcomes.count("duplicate") == 5
+    assert world.purchases() == 1
+    assert world.credits() == 2000
+    assert world.provider_record_calls() == 1
+
+
+def test_two_different_payments_of_one_user_racing_are_both_credited(world):
+    first, second = world.checkout(item_price_id="credits-basic-USD-monthly"), world.checkout()
+    payments = [world.settle(first["order_id"]), world.settle(second["order_id"])]
+    barrier = threading.Barrier(2)
+
+    def go(p):
+        barrier.wait()
+        record_payment(world.c, p, "webhook")
+
+    threads = [threading.Thread(target=go, args=(p,)) for p in payments]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert world.purchases() == 2
+    assert world.credits() == 1000 + 2000
+
+
+def test_redis_down_never_breaks_exactly_once(make_settings, db_url):
+    c = Container(make_settings(database_url=db_url, redis_url="redis://127.0.0.1:1/0"))
+    from tests.integration.conftest import World
+
+    world = World(c)
+    co = world.checkout()
+    payment = world.settle(co["order_id"])
+    assert record_payment(c, payment, "webhook")["outcome"] == "recorded"
+    assert record_payment(c, payment, "event_poller")["outcome"] == "duplicate"
+    assert world.credits() == 2000
+    c.close()
+
+
+def test_activation_requires_a_recorded_payment(world):
+    co = world.checkout()
+    with pytest.raises(e.PaymentNotRecorded) as info:
+        activate_subscription(world.c, co["subscription_id"])
+    assert "payment was never recorded" in info.value.message
+    client = create_internal_app(container=world.c).test_client()
+    response = client.post("/internal/billing/activate", json={"subscription_id": co["subscription_id"]},
+                           headers={"Authorization": "Bearer test-internal-token"})
+    assert response.status_code == 409 and response.get_json()["error"] == "payment_not_recorded"
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "future"
+
+
+def test_activating_an_active_subscription_is_a_no_op(world):
+    co = world.checkout()
+    world.sandbox.pay(co["order_id"])
+    calls = world.sandbox.store.count_requests("provider", "POST", "change_term_end")
+    assert activate_subscription(world.c, co["subscription_id"])["outcome"] == "already_active"
+    assert world.sandbox.store.count_requests("provider", "POST", "change_term_end") == calls
+
+
+def test_a_failed_activation_keeps_the_payment_and_is_retried(world):
+    from billingctl.services.health import health_report
+
+    co = world.checkout()
+    world.sandbox.store.add_fault("provider", "503", path="change_term_end", count=1)
+    payment = world.sandbox.pay(co["order_id"])  # the webhook makes one attempt per provider call
+    assert world.purchases(payment["id"]) == 1 and world.credits() == 2000
+    with world.c.uow() as uow:
+        row = uow.execute(select(subscription).where(subscription.c.id == co["subscription_id"])).mappings().one()
+    assert row["status"] == "future" and row["activation_pending_since"] is not None
+    checks = {ch["name"]: ch for ch in health_report(world.c)["checks"]}
+    assert checks["pending_activations"]["ok"] is False
+    assert world.c.metrics.sample("billing_activation_errors_total") == 1
+
+    assert retry_pending(world.c) == {"completed": 1, "failed": 0}
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
+    checks = {ch["name"]: ch for ch in health_report(world.c)["checks"]}
+    assert checks["pending_activations"]["ok"] is True
+    assert world.credits() == 2000
+
+
+def test_a_non_settled_status_updates_the_transaction(world):
+    client = create_public_app(container=world.c).test_client()
+    from billingctl.sandbox.model import sign_body
+
+    for status, expected in (("AUTHORIZED", "authorized"), ("DECLINED", "failed")):
+        body = world.sandbox.webhook_body("PAYMENT.STATUS", {"id": "pay_d1", "status": status, "amount": 999,
+                                                             "customerId": "user_a", "orderId": "inv_x"})
+        sig = sign_body(world.c.settings.secret("orchestrator_webhook_secret"), body)
+        assert client.post("/webhooks/orchestrator/payments", data=body,
+                           headers={"X-Signature-Primary": sig}).status_code == 200
+        with world.c.uow() as uow:
+            assert uow.execute(select(transaction.c.status)).scalar_one() == expected
+    assert world.purchases() == 0  # nothing recorded, no credits: no ledger row exists
