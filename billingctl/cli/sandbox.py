@@ -109,6 +109,23 @@ def fault(system: str = typer.Argument(..., help="provider or orchestrator"),
     cli.output.result({"fault_id": fault_id, "system": system, "kind": kind, "count": count})
 
 
+@command(app, "webhooks")
+def webhooks(action: str = typer.Argument(..., help="hold or release"),
+             order: str = typer.Option("reverse", "--order", help="release order: reverse or fifo")):
+    """Hold webhook deliveries, then release them out of order (reordered delivery)."""
+    from billingctl.domain.errors import InvalidInput
+
+    cli, sandbox = _sandbox()
+    if action == "hold":
+        sandbox.hold_webhooks(True)
+        cli.output.result({"holding": True})
+    elif action == "release" and order in ("reverse", "fifo"):
+        statuses = sandbox.release_webhooks(order)
+        cli.output.result({"released": len(statuses), "statuses": statuses})
+    else:
+        raise InvalidInput("action must be hold or release, and --order reverse or fifo")
+
+
 @command(app, "clear-faults")
 def clear_faults():
     """Remove every injected fault."""

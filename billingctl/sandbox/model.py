@@ -361,7 +361,28 @@ class Sandbox:
                 "version": "2.4", "signedAt": str(self.now()), "payment": payment}
         return json.dumps(body).encode()
 
+    def hold_webhooks(self, hold: bool = True) -> None:
+        """While held, deliveries queue up; `release_webhooks` sends them in a chosen order."""
+        self.store.set_meta("hold_webhooks", hold)
+
+    def release_webhooks(self, order: str = "reverse") -> list[int | None]:
+        held = self.store.meta("held_webhooks", [])
+        self.store.set_meta("held_webhooks", [])
+        self.store.set_meta("hold_webhooks", False)
+        if order == "reverse":
+            held.reverse()
+        return [self._deliver_signed(h["event_type"], h["payment"]) for h in held]
+
     def send_webhook(self, event_type: str, payment: dict) -> int | None:
+        if self.store.meta("hold_webhooks", False):
+            with self.store.tx():
+                held = self.store.meta("held_webhooks", [])
+                held.append({"event_type": event_type, "payment": payment})
+                self.store.set_meta("held_webhooks", held)
+            return None
+        return self._deliver_signed(event_type, payment)
+
+    def _deliver_signed(self, event_type: str, payment: dict) -> int | None:
         if self.deliver is None:
             return None
         body = self.webhook_body(event_type, payment)

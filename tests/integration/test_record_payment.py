@@ -194,3 +194,20 @@ def test_a_non_settled_status_updates_the_transaction(world):
         with world.c.uow() as uow:
             assert uow.execute(select(transaction.c.status)).scalar_one() == expected
     assert world.purchases() == 0  # nothing recorded, no credits: no ledger row exists
+
+
+def test_reordered_webhooks_still_record_once(world):
+    """A DECLINED status arriving after SETTLED never downgrades a captured transaction."""
+    co = world.checkout()
+    world.sandbox.hold_webhooks()
+    payment = world.sandbox.pay(co["order_id"], duplicates=2)
+    world.sandbox.send_webhook("PAYMENT.STATUS", {**payment, "status": "AUTHORIZED"})
+    assert world.purchases() == 0
+    statuses = world.sandbox.release_webhooks("reverse")  # AUTHORIZED first, then the two SETTLED
+    assert statuses == [200, 200, 200]
+    assert world.purchases() == 1 and world.credits() == 2000
+    with world.c.uow() as uow:
+        assert uow.execute(select(transaction.c.status)).scalar_one() == "captured"
+    world.sandbox.send_webhook("PAYMENT.STATUS", {**payment, "status": "DECLINED"})
+    with world.c.uow() as uow:
+        assert uow.execute(select(transaction.c.status)).scalar_one() == "captured"
