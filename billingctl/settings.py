@@ -106,6 +106,13 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("session_jwt_algorithms")
+    @classmethod
+    def _no_unsigned_tokens(cls, value: list[str]) -> list[str]:
+        if not value or any(a.lower() == "none" for a in value):
+            raise ValueError("must name signing algorithms; 'none' is never accepted")
+        return value
+
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, value: str) -> str:

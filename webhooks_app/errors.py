@@ -24,6 +24,7 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
     (e.NotFound, 404),
     (e.Refused, 409),
     (e.CircuitOpen, 503),
+    (e.ProcessorLockUnavailable, 503),
     (e.ExternalError, 502),
     (e.LeaseHeld, 409),
     (e.BatchFailed, 500),

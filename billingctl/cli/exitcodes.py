@@ -19,6 +19,7 @@ TABLE: tuple[tuple[type[BaseException], int], ...] = (
     (e.Refused, REFUSED),
     (e.AuthenticationFailed, REFUSED),
     (e.ExternalError, EXTERNAL),
+    (e.ProcessorLockUnavailable, EXTERNAL),
     (e.BatchFailed, PARTIAL),
     (e.LeaseHeld, LEASE_HELD),
 )

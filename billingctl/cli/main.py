@@ -39,7 +39,7 @@ def version():
 
 
 def _register() -> None:
-    from billingctl.cli import alerts, db, demo, health, payments, sandbox
+    from billingctl.cli import alerts, checkout, db, demo, health, payments, sandbox
 
     app.add_typer(db.app, name="db")
     app.add_typer(alerts.app, name="alerts")
@@ -47,6 +47,7 @@ def _register() -> None:
     health.register(app)
     demo.register(app)
     payments.register(app)
+    checkout.register(app)
 
 
 _register()

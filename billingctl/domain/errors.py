@@ -135,3 +135,15 @@ class OutcomeUnknown(ExternalError):
     """The call failed but may have taken effect; compare state with the external system."""
 
     code = "outcome_unknown"
+
+
+class ProcessorLockUnavailable(BillingError):
+    """The payment processor lock could not be read; the operation was aborted and nothing was created."""
+
+    code = "lock_unavailable"
+
+
+class SessionExpired(AuthenticationFailed):
+    """The session has expired; sign in again."""
+
+    code = "session_expired"

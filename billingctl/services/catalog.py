@@ -29,3 +29,11 @@ def products(container) -> list[dict]:
         for price in cached:
             container.cache.set(f"item_price:{price['id']}", price, CATALOG_TTL_SECONDS)
     return cached
+
+
+def product_view(price: dict) -> dict:
+    """What a user (and an operator) sees of a plan."""
+    plan = parse_plan(price)
+    return {"item_price_id": plan.item_price_id, "name": plan.name, "amount": plan.amount,
+            "currency_code": plan.currency_code, "period": price.get("period", 1),
+            "period_unit": price.get("period_unit", "month"), "credits": plan.credits, "lane": plan.lane}

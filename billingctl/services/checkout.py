@@ -1,5 +1,7 @@
-"""Checkout: a pending subscription at the provider (status future, start_date over a year ahead)
-and an orchestrator client session. The amount comes from the provider's catalog, never the client."""
+"""Checkout (spec sections 1, 3 and 4): a pending subscription at the provider (status future,
+start_date over a year ahead) and an orchestrator client session. The amount and the lane come from
+the provider's catalog, never from the client; identity comes from the session. An aborted checkout
+leaves nothing behind: checks run before anything is created, and what was created is undone."""
 
 from __future__ import annotations
 
@@ -7,45 +9,203 @@ import logging
 import uuid
 from datetime import timedelta
 
+from sqlalchemy import and_, select, update
+
 from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import checkout_session, subscription, users
-from billingctl.domain.errors import InvalidInput
-from billingctl.services import catalog
+from billingctl.adapters.db.tables import checkout_session, purchase, subscription, users
+from billingctl.domain import errors as e
+from billingctl.domain.quota import CUSTOMER
+from billingctl.services import catalog, fraud_quota
 from billingctl.services.payments import parse_time
+from billingctl.services.processor_lock import read_lock
 
 log = logging.getLogger("billingctl.checkout")
 
 # The pending-checkout marker: status future with start_date more than a year ahead.
 PENDING_START_OFFSET = timedelta(days=400)
+PENDING_MARKER = timedelta(days=365)
+CLEANUP_AGE = timedelta(days=1)
+
+
+def _plan_or_400(container, item_price_id):
+    if not item_price_id or not isinstance(item_price_id, str) or len(item_price_id) > 128:
+        raise e.InvalidInput("item_price_id is required")
+    try:
+        return catalog.plan(container, item_price_id)
+    except e.ExternalNotFound:
+        raise e.InvalidInput(f"unknown item_price_id {item_price_id}") from None
+
+
+def _read_user_and_lock(container, user_id: str):
+    try:
+        with container.uow() as uow:
+            user = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).first()
+            lock = read_lock(uow, user_id) or {}
+    except Exception as exc:
+        # Spec section 2 rule 7: never route without knowing the processor; nothing is created.
+        log.error("checkout aborted: processor lock read failed: %s", type(exc).__name__, extra={"user_id": user_id})
+        raise e.ProcessorLockUnavailable(
+            "checkout is temporarily unavailable: the payment processor lock could not be read") from None
+    return user, lock
 
 
 def create_checkout(container, user_id: str, item_price_id: str, risky_actions: str | None = None) -> dict:
-    if not item_price_id or not isinstance(item_price_id, str):
-        raise InvalidInput("item_price_id is required")
-    plan = catalog.plan(container, item_price_id)
+    plan = _plan_or_400(container, item_price_id)
+    user, lock = _read_user_and_lock(container, user_id)
+    if user is not None and user.frozen_at is not None:
+        raise e.AccountFrozen("payments are disabled for this account")
     now = container.clock.now()
+
+    with container.locks.hold(f"quota:{user_id}"):
+        with container.uow() as uow:
+            decision = fraud_quota.check(uow, container.settings, user_id, plan.lane, now, CUSTOMER)
+            if decision is not None and not decision.allowed:
+                fraud_quota.record_velocity(uow, user_id, now, plan.amount, decision.blocking, "checkout")
+                uow.commit()
+                log.warning("checkout blocked: authorization quota exhausted",
+                            extra={"user_id": user_id, "window": decision.blocking})
+                raise e.QuotaExhausted()
+        return _create(container, user_id, plan, lock, risky_actions, now)
+
+
+def _create(container, user_id, plan, lock, risky_actions, now) -> dict:
     key = uuid.uuid4().hex
-    created = container.provider.create_subscription_for_items(user_id, item_price_id, now + PENDING_START_OFFSET,
+    created = container.provider.create_subscription_for_items(user_id, plan.item_price_id,
+                                                               now + PENDING_START_OFFSET,
                                                                idempotency_key=f"checkout:{key}")
     sub, invoice = created["subscription"], created.get("invoice") or {}
     order_id = invoice.get("id") or sub["id"]
-    metadata = {"user_id": user_id, "subscription_id": sub["id"], "item_price_id": item_price_id, "lane": plan.lane}
+    metadata = {"user_id": user_id, "subscription_id": sub["id"], "item_price_id": plan.item_price_id,
+                "lane": plan.lane}
+    locked = lock.get(f"{plan.lane}_processor")
+    if locked:
+        metadata["psp"] = locked
+        if plan.lane == "nsfw" and lock.get("nsfw_processor_mid"):
+            metadata["processor_merchant_id"] = lock["nsfw_processor_mid"]
     if risky_actions:
-        metadata["risky_actions"] = risky_actions  # forwarded into metadata only; never decides anything
-    session = container.orchestrator.create_client_session(
-        order_id=order_id, customer_id=user_id, amount=plan.amount, currency_code=plan.currency_code,
-        metadata=metadata, idempotency_key=f"session:{key}")
-    with container.uow() as uow:
-        insert_ignore(uow, users, {"id": user_id, "created_at": now, "credits": 0}, ["id"])
-        insert_ignore(uow, subscription, {
-            "id": sub["id"], "status": sub["status"], "customer_id": user_id, "created_at": now,
-            "start_date": parse_time(sub.get("start_date")), "coupon_ids": [], "item_price_id": item_price_id,
-            "lane": plan.lane}, ["id"])
-        uow.execute(checkout_session.insert().values(
-            user_id=user_id, subscription_id=sub["id"], invoice_id=order_id, item_price_id=item_price_id,
-            lane=plan.lane, amount=plan.amount, currency_code=plan.currency_code,
-            client_token=session.get("clientToken"), expires_at=parse_time(session.get("clientExpirationDate")),
-            status="open", created_at=now))
-        uow.commit()
+        metadata["risky_actions"] = risky_actions[:512]  # forwarded into metadata only; decides nothing
+    try:
+        session = container.orchestrator.create_client_session(
+            order_id=order_id, customer_id=user_id, amount=plan.amount, currency_code=plan.currency_code,
+            metadata=metadata, idempotency_key=f"session:{key}")
+        with container.uow() as uow:
+            insert_ignore(uow, users, {"id": user_id, "created_at": now, "credits": 0}, ["id"])
+            insert_ignore(uow, subscription, {
+                "id": sub["id"], "status": sub["status"], "customer_id": user_id, "created_at": now,
+                "start_date": parse_time(sub.get("start_date")), "coupon_ids": [], "item_price_id": plan.item_price_id,
+                "lane": plan.lane}, ["id"])
+            uow.execute(checkout_session.insert().values(
+                user_id=user_id, subscription_id=sub["id"], invoice_id=order_id, item_price_id=plan.item_price_id,
+                lane=plan.lane, amount=plan.amount, currency_code=plan.currency_code,
+                client_token=session.get("clientToken"), expires_at=parse_time(session.get("clientExpirationDate")),
+                status="open", created_at=now))
+            if plan.lane == "nsfw":
+                fraud_quota.record_attempt(uow, user_id, now, plan.amount, CUSTOMER, order_id=order_id)
+            uow.commit()
+    except Exception:
+        _undo_subscription(container, sub["id"], invoice.get("id"))
+        raise
     return {"order_id": order_id, "subscription_id": sub["id"], "client_token": session.get("clientToken"),
-            "amount": plan.amount, "currency_code": plan.currency_code, "lane": plan.lane}
+            "amount": plan.amount, "currency_code": plan.currency_code, "lane": plan.lane,
+            "item_price_id": plan.item_price_id}
+
+
+def _undo_subscription(container, subscription_id: str, invoice_id: str | None) -> None:
+    """Compensate a half-made checkout: nothing may stay behind at the provider."""
+    try:
+        if invoice_id:
+            container.provider.void_invoice(invoice_id)
+        container.provider.cancel_subscription(subscription_id)
+    except e.BillingError as exc:
+        log.error("could not undo a half-made checkout; the cleanup job will cancel it: %s", exc.message,
+                  extra={"subscription_id": subscription_id})
+
+
+def checkout_status(container, user_id: str, order_id: str) -> dict:
+    if not order_id:
+        raise e.InvalidInput("order_id is required")
+    now = container.clock.now()
+    with container.uow() as uow:
+        row = uow.execute(select(checkout_session).where(checkout_session.c.invoice_id == order_id,
+                                                         checkout_session.c.user_id == user_id)).mappings().first()
+        if row is None:
+            raise e.NotFound("not found")
+        paid = uow.execute(select(purchase.c.id).where(purchase.c.subscription_id == row["subscription_id"])).first()
+        status = uow.execute(select(subscription.c.status).where(subscription.c.id == row["subscription_id"])).scalar()
+    if paid is not None:
+        state = "paid"
+    elif status == "cancelled" or row["status"] == "cancelled":
+        state = "cancelled"
+    elif row["expires_at"] is not None and row["expires_at"] <= now:
+        state = "expired"
+    else:
+        state = "pending"
+    return {"order_id": order_id, "status": state, "subscription_id": row["subscription_id"],
+            "item_price_id": row["item_price_id"], "amount": row["amount"], "currency_code": row["currency_code"],
+            "expires_at": row["expires_at"]}
+
+
+def cleanup_candidates(container) -> list[dict]:
+    now = container.clock.now()
+    with container.uow() as uow:
+        rows = uow.execute(
+            select(subscription.c.id, subscription.c.customer_id, subscription.c.created_at,
+                   checkout_session.c.invoice_id, checkout_session.c.expires_at)
+            .join(checkout_session, checkout_session.c.subscription_id == subscription.c.id)
+            .where(subscription.c.status == "future", subscription.c.start_date > now + PENDING_MARKER,
+                   subscription.c.created_at < now - CLEANUP_AGE,
+                   and_(checkout_session.c.expires_at.is_not(None), checkout_session.c.expires_at <= now),
+                   ~select(purchase.c.id).where(purchase.c.subscription_id == subscription.c.id).exists())
+        ).mappings().all()
+    return [dict(r) for r in rows]
+
+
+def cleanup_expired(container, dry_run: bool = False) -> dict:
+    """future -> cancelled for expired pending checkouts older than a day (the hourly job)."""
+    candidates = cleanup_candidates(container)
+    if dry_run:
+        return {"dry_run": True, "would_cancel": [c["id"] for c in candidates]}
+    cancelled, skipped, failed = [], [], []
+    for row in candidates:
+        # The same lock as record_payment: a late payment either lands first (and we skip) or after.
+        with container.locks.hold(f"subscription:{row['id']}"):
+            with container.uow() as uow:
+                if uow.execute(select(purchase.c.id).where(purchase.c.subscription_id == row["id"])).first():
+                    skipped.append(row["id"])
+                    continue
+            try:
+                _cancel_at_provider(container, row["id"])
+            except e.BillingError as exc:
+                failed.append({"id": row["id"], "error": exc.message})
+                continue
+            with container.uow() as uow:
+                uow.execute(update(subscription).where(subscription.c.id == row["id"]).values(
+                    status="cancelled", synced_at=container.clock.now()))
+                uow.execute(update(checkout_session).where(checkout_session.c.subscription_id == row["id"]).values(
+                    status="cancelled"))
+                uow.commit()
+            cancelled.append(row["id"])
+    return {"cancelled": cancelled, "skipped_paid": skipped, "failed": failed}
+
+
+def _cancel_at_provider(container, subscription_id: str) -> None:
+    """A cancel can fail although it took effect: compare with the provider before deciding."""
+    try:
+        container.provider.cancel_subscription(subscription_id)
+    except (e.OutcomeUnknown, e.ExternalInvalidRequest):
+        remote = container.provider.get_subscription(subscription_id)["subscription"]
+        if remote["status"] != "cancelled":
+            raise
+
+
+def set_primary_after_first_payment(container, user_id: str, token: str | None) -> bool:
+    """NSFW checkout: make the new card the user's primary instrument; failure is not fatal."""
+    try:
+        if not token:
+            raise e.InvalidInput("the payment carries no vaulted token")
+        container.orchestrator.set_default_instrument(token)
+    except e.BillingError as exc:
+        log.warning("nsfw_checkout_set_primary_failed", extra={"user_id": user_id, "error": exc.message})
+        return False
+    log.info("nsfw_checkout_set_primary", extra={"user_id": user_id})
+    return True

@@ -112,7 +112,16 @@ def record_payment(container, payment: dict, path: str, followups: bool = True) 
         result = _record_locally(container, facts, path)
         if followups:
             result.update(complete_followups(container, facts.subscription_id))
+    if result["outcome"] == "recorded" and facts.lane == "nsfw" and _is_checkout_payment(payment):
+        from billingctl.services.checkout import set_primary_after_first_payment
+
+        token = (payment.get("paymentMethod") or {}).get("paymentMethodToken")
+        result["set_primary"] = set_primary_after_first_payment(container, facts.user_id, token)
     return result
+
+
+def _is_checkout_payment(payment: dict) -> bool:
+    return (payment.get("paymentMethod") or {}).get("paymentType") == "FIRST_PAYMENT"
 
 
 def _record_locally(container, facts: PaymentFacts, path: str) -> dict:

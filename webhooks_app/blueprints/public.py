@@ -9,6 +9,7 @@ from flask import Flask
 
 
 def register(app: Flask) -> None:
-    from webhooks_app.blueprints import webhooks
+    from webhooks_app.blueprints import user_api, webhooks
 
     webhooks.register(app)
+    user_api.register(app)

@@ -1,0 +1,65 @@
+"""The user's view of a subscription: from the provider (the source of truth), cached per customer;
+a cache invalidation for the customer makes the next read re-query the provider. When the provider is
+unavailable the local copy is served, marked stale."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import select
+
+from billingctl.adapters.db.tables import subscription
+from billingctl.domain import errors as e
+from billingctl.services.payments import parse_time
+
+log = logging.getLogger("billingctl.subscriptions")
+SUBSCRIPTION_TTL_SECONDS = 300
+
+
+def _generation(container, customer_id: str) -> int:
+    return int(container.cache.get(f"gen:{customer_id}") or 0)
+
+
+def invalidate_customer(container, customer_id: str) -> dict:
+    generation = _generation(container, customer_id) + 1
+    container.cache.set(f"gen:{customer_id}", generation, 30 * 86400)
+    return {"customer_id": customer_id, "invalidated": True, "generation": generation}
+
+
+def view(remote: dict) -> dict:
+    return {"id": remote["id"], "status": remote["status"], "customer_id": remote["customer_id"],
+            "current_term_end": parse_time(remote.get("current_term_end")),
+            "start_date": parse_time(remote.get("start_date")),
+            "coupon_ids": [c.get("coupon_id") for c in remote.get("coupons") or [] if c.get("coupon_id")]}
+
+
+def get_for_user(container, user_id: str, subscription_id: str) -> dict:
+    key = f"subscription:{user_id}:{_generation(container, user_id)}:{subscription_id}"
+    cached = container.cache.get(key)
+    if cached is not None:
+        return cached
+    try:
+        remote = container.provider.get_subscription(subscription_id)["subscription"]
+    except e.ExternalNotFound:
+        raise e.NotFound("not found") from None
+    except e.ExternalError as exc:
+        return _local_copy(container, user_id, subscription_id, exc)
+    if remote.get("customer_id") != user_id:
+        raise e.NotFound("not found")  # a foreign id looks exactly like a random one
+    result = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in view(remote).items()}
+    container.cache.set(key, result, SUBSCRIPTION_TTL_SECONDS)
+    return result
+
+
+def _local_copy(container, user_id: str, subscription_id: str, exc: e.ExternalError) -> dict:
+    with container.uow() as uow:
+        row = uow.execute(select(subscription).where(subscription.c.id == subscription_id,
+                                                     subscription.c.customer_id == user_id)).mappings().first()
+    if row is None:
+        raise exc
+    log.warning("provider unavailable; serving the local copy: %s", exc.message,
+                extra={"subscription_id": subscription_id})
+    return {"id": row["id"], "status": row["status"], "customer_id": row["customer_id"],
+            "current_term_end": row["current_term_end"].isoformat() if row["current_term_end"] else None,
+            "start_date": row["start_date"].isoformat() if row["start_date"] else None,
+            "coupon_ids": row["coupon_ids"] or [], "stale": True}

@@ -1,0 +1,58 @@
+"""Session authentication for the user API: the short-lived session JWT as a Bearer token.
+
+Identity comes only from the token's `sub`; an expired token is a 307 to sign-in; anything else
+wrong is a 401. A user id in client input is never read."""
+
+from __future__ import annotations
+
+import functools
+
+import jwt
+from flask import current_app, g, redirect
+
+from billingctl.domain.errors import AuthenticationFailed
+from webhooks_app.auth import bearer_token
+
+
+def _verify(token: str, settings) -> str:
+    key = settings.secret("session_jwt_key")
+    if not key:
+        raise AuthenticationFailed("session verification is not configured")
+    try:
+        claims = jwt.decode(token, key, algorithms=list(settings.session_jwt_algorithms),
+                            options={"require": ["exp", "sub"]}, leeway=0)
+    except jwt.ExpiredSignatureError:
+        raise
+    except jwt.PyJWTError:
+        raise AuthenticationFailed("invalid session token") from None
+    sub = claims.get("sub")
+    if not isinstance(sub, str) or not sub or len(sub) > 64:
+        raise AuthenticationFailed("invalid session token")
+    return sub
+
+
+def session_required(view):
+    @functools.wraps(view)
+    def wrapper(*args, **kwargs):
+        container = current_app.extensions["billing"]
+        token = bearer_token()
+        if token is None:
+            raise AuthenticationFailed("a session token is required")
+        try:
+            g.user_id = _verify(token, container.settings)
+        except jwt.ExpiredSignatureError:
+            return redirect(container.settings.sign_in_url, code=307)
+        _ensure_user(container, g.user_id)
+        return view(*args, **kwargs)
+
+    return wrapper
+
+
+def _ensure_user(container, user_id: str) -> None:
+    """A user seen for the first time in a valid session is created (the identity webhook may lag)."""
+    from billingctl.adapters.db.sql import insert_ignore
+    from billingctl.adapters.db.tables import users
+
+    with container.uow() as uow:
+        insert_ignore(uow, users, {"id": user_id, "created_at": container.clock.now(), "credits": 0}, ["id"])
+        uow.commit()
