@@ -140,7 +140,7 @@ class Settings(BaseSettings):
         else:
             for name in REQUIRED_IN_PRODUCTION:
                 if not _present(getattr(self, name)):
-                    object.__setattr__(self, name, SecretStr(f"dev-{name.replace('_', '-')}"))
+                    object.__setattr__(self, name, SecretStr(f"dev-{name.replace('_', '-')}-not-for-production"))
         return self
 
     @property

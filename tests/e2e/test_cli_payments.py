@@ -68,3 +68,15 @@ def test_activate_pending_lists_and_retries(container, env):
     assert billingctl(["--json", "health"], env).returncode == 0
     c = Container(container.settings)
     assert c.sandbox.subscription(co["subscription_id"])["status"] == "active"
+
+
+def test_quota_products_and_cleanup_verbs(container, env):
+    create_checkout(container, "user_q", "credits-pro-nsfw-USD-monthly")
+    quota = json.loads(billingctl(["--json", "quota", "show", "user_q"], env).stdout)
+    daily = quota["windows"][0]
+    assert (daily["window"], daily["used"], daily["limit"], daily["customer_limit"]) == ("daily", 1, 5, 4)
+    assert daily["next_slot_frees_at"] and quota["enforced"] is False
+    products = json.loads(billingctl(["--json", "products", "list"], env).stdout)
+    assert {p["item_price_id"] for p in products} >= {"credits-pro-USD-monthly", "credits-pro-nsfw-USD-monthly"}
+    dry = json.loads(billingctl(["--json", "--dry-run", "checkout", "cleanup"], env).stdout)
+    assert dry == {"dry_run": True, "would_cancel": []}  # the checkout is younger than a day

@@ -1,0 +1,335 @@
+"""The session-authenticated user API: JWT rules, checkout and its abort paths, the quota, status,
+subscriptions, cleanup, NSFW set-primary, products (spec sections 1, 3, 4, 5, 9)."""
+
+import logging
+import time
+
+import jwt
+import pytest
+from sqlalchemy import func, select, text
+
+from billingctl.adapters.db.tables import checkout_session, fraud_event, users
+from billingctl.bootstrap import Container
+from billingctl.domain.clock import ManualClock
+from billingctl.services.checkout import cleanup_expired
+from billingctl.services.payments import record_payment
+from webhooks_app import create_public_app
+
+pytestmark = pytest.mark.e2e
+PRO, NSFW = "credits-pro-USD-monthly", "credits-pro-nsfw-USD-monthly"
+
+
+def token(sub, key, alg="HS256", ttl=60, **claims):
+    return jwt.encode({"sub": sub, "exp": int(time.time()) + ttl, **claims}, key, algorithm=alg)
+
+
+class Api:
+    def __init__(self, container):
+        self.c = container
+        self.client = create_public_app(container=container).test_client()
+        self.key = container.settings.secret("session_jwt_key")
+
+    def headers(self, user, **kw):
+        return {"Authorization": f"Bearer {token(user, self.key, **kw)}"}
+
+    def checkout(self, user, item=PRO, extra=None, headers=None):
+        return self.client.post("/api/billing/checkout", json={"item_price_id": item, **(extra or {})},
+                                headers={**self.headers(user), **(headers or {})})
+
+    def count(self, table, **where):
+        with self.c.uow() as uow:
+            query = select(func.count()).select_from(table)
+            for k, v in where.items():
+                query = query.where(table.c[k] == v)
+            return uow.execute(query).scalar_one()
+
+    def provider_subscriptions(self):
+        return self.c.sandbox.store.all("subscription")
+
+
+@pytest.fixture
+def api(make_settings, db_url):
+    c = Container(make_settings(database_url=db_url), clock=ManualClock())
+    yield Api(c)
+    c.close()
+
+
+# ---- session JWT -------------------------------------------------------------------------------
+
+def test_expired_session_redirects_to_sign_in(api):
+    response = api.client.get("/api/billing/products", headers=api.headers("u1", ttl=-5))
+    assert response.status_code == 307
+    assert response.headers["Location"].endswith("/sign-in")
+
+
+@pytest.mark.parametrize("case", ["missing", "wrong key", "alg none", "wrong algorithm", "no sub", "garbage"])
+def test_bad_sessions_are_401(api, case):
+    headers = {
+        "missing": {},
+        "wrong key": {"Authorization": f"Bearer {token('u1', 'another-key-that-is-long-enough-32b')}"},
+        "alg none": {"Authorization": "Bearer " + jwt.encode({"sub": "u1", "exp": int(time.time()) + 60}, None,
+                                                              algorithm="none")},
+        "wrong algorithm": {"Authorization": f"Bearer {token('u1', api.key, alg='HS512')}"},
+        "no sub": {"Authorization": "Bearer " + jwt.encode({"exp": int(time.time()) + 60}, api.key, algorithm="HS256")},
+        "garbage": {"Authorization": "Bearer not.a.jwt"},
+    }[case]
+    response = api.client.post("/api/billing/checkout", json={"item_price_id": PRO}, headers=headers)
+    assert response.status_code == 401
+    assert response.get_json()["error"] == "unauthorized"
+    assert api.provider_subscriptions() == []
+
+
+def test_identity_comes_only_from_the_session(api):
+    response = api.checkout("alice", extra={"user_id": "mallory", "amount": 1, "test_processor": "FREE"})
+    assert response.status_code == 201
+    body = response.get_json()
+    assert body["amount"] == 1999  # from the catalog, not the client
+    session = api.c.sandbox.store.get("client_session", body["order_id"])
+    assert session["customerId"] == "alice" and session["metadata"]["user_id"] == "alice"
+    assert session["amount"] == 1999 and "test_processor" not in session["metadata"]
+    assert api.count(users, id="mallory") == 0
+    assert api.count(checkout_session, user_id="alice") == 1
+
+
+# ---- checkout ------------------------------------------------------------------------------------
+
+def test_checkout_creates_a_pending_subscription_and_a_session(api):
+    response = api.checkout("alice", headers={"x-risky-actions": "new_device"})
+    assert response.status_code == 201
+    body = response.get_json()
+    sub = api.c.sandbox.subscription(body["subscription_id"])
+    assert sub["status"] == "future" and sub["start_date"] > time.time() + 365 * 86400
+    metadata = api.c.sandbox.store.get("client_session", body["order_id"])["metadata"]
+    assert metadata == {"user_id": "alice", "subscription_id": body["subscription_id"], "item_price_id": PRO,
+                        "lane": "sfw", "risky_actions": "new_device"}
+
+
+def test_the_locked_processor_travels_in_the_session_metadata(api):
+    first = api.checkout("alice", NSFW).get_json()
+    api.c.sandbox.pay(first["order_id"], processor="NSFW_CCBILL")
+    second = api.checkout("alice", NSFW).get_json()
+    metadata = api.c.sandbox.store.get("client_session", second["order_id"])["metadata"]
+    assert metadata["psp"] == "NSFW_CCBILL" and metadata["processor_merchant_id"] == "mid_NSFW_CCBILL_1"
+
+
+def test_a_warm_catalog_checkout_costs_one_provider_call(api):
+    assert api.client.get("/api/billing/products", headers=api.headers("alice")).status_code == 200
+    before = api.c.sandbox.store.count_requests("provider")
+    assert api.checkout("alice").status_code == 201
+    assert api.c.sandbox.store.count_requests("provider") - before == 1
+
+
+def test_products_list_the_catalog(api):
+    products = api.client.get("/api/billing/products", headers=api.headers("alice")).get_json()["products"]
+    pro = next(p for p in products if p["item_price_id"] == PRO)
+    assert pro == {"item_price_id": PRO, "name": "Pro monthly", "amount": 1999, "currency_code": "USD", "period": 1,
+                   "period_unit": "month", "credits": 2000, "lane": "sfw"}
+    assert {p["lane"] for p in products} == {"sfw", "nsfw"}
+
+
+def _nothing_created(api, user):
+    return (api.count(checkout_session, user_id=user) == 0 and api.provider_subscriptions() == []
+            and api.c.sandbox.store.all("client_session") == [])
+
+
+def test_a_frozen_user_is_refused(api):
+    from sqlalchemy import insert
+
+    with api.c.uow() as uow:
+        uow.execute(insert(users).values(id="frozen", created_at=api.c.clock.now(), frozen_at=api.c.clock.now()))
+        uow.commit()
+    response = api.checkout("frozen")
+    assert response.status_code == 403 and response.get_json()["error"] == "account_frozen"
+    assert _nothing_created(api, "frozen")
+
+
+def test_an_unknown_item_price_is_a_400(api):
+    response = api.checkout("alice", item="no-such-plan")
+    assert response.status_code == 400 and "no-such-plan" in response.get_json()["message"]
+    assert _nothing_created(api, "alice")
+
+
+def test_a_lock_read_failure_aborts_and_creates_nothing(api):
+    api.client.get("/api/billing/products", headers=api.headers("alice"))  # user exists, catalog warm
+    with api.c.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE user_credits RENAME TO user_credits_away"))
+    try:
+        response = api.checkout("alice")
+    finally:
+        with api.c.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE user_credits_away RENAME TO user_credits"))
+    assert response.status_code == 503 and response.get_json()["error"] == "lock_unavailable"
+    assert _nothing_created(api, "alice")
+
+
+def test_provider_down_creates_nothing(api):
+    api.c.sandbox.store.add_fault("provider", "503", count=-1)
+    api.c.provider.http.sleep = lambda s: None
+    response = api.checkout("alice")
+    assert response.status_code in (502, 503)
+    assert "Traceback" not in response.get_data(as_text=True)
+    api.c.sandbox.store.clear_faults()
+    assert _nothing_created(api, "alice")
+
+
+def test_orchestrator_down_undoes_the_provider_subscription(api):
+    api.c.sandbox.store.add_fault("orchestrator", "503", count=-1)
+    api.c.orchestrator.http.sleep = lambda s: None
+    response = api.checkout("alice")
+    assert response.status_code == 502
+    subs = api.provider_subscriptions()
+    assert [s["status"] for s in subs] == ["cancelled"]
+    assert [i["status"] for i in api.c.sandbox.store.all("invoice")] == ["void"]
+    assert api.count(checkout_session) == 0
+
+
+# ---- the NSFW authorization quota (production only) --------------------------------------------
+
+@pytest.fixture
+def prod_api(make_settings, db_url, tmp_path):
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    from billingctl.sandbox.apps import create_combined_app
+    from billingctl.sandbox.model import Sandbox
+    from billingctl.sandbox.store import SandboxStore
+    from billingctl.settings import REQUIRED_IN_PRODUCTION
+    from tests.helpers import LoopbackServer
+
+    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    public_pem = private.public_key().public_bytes(serialization.Encoding.PEM,
+                                                   serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    sandbox = Sandbox(SandboxStore(tmp_path / "prod-sandbox.db"))
+    with LoopbackServer(create_combined_app(sandbox)) as server:
+        secrets = {name: f"prod-{name}" for name in REQUIRED_IN_PRODUCTION}
+        secrets["session_jwt_key"] = public_pem
+        c = Container(make_settings(env="production", database_url=db_url, session_jwt_algorithms="RS256",
+                                    provider_url=f"{server.url}/provider", provider_api_key="k",
+                                    orchestrator_url=f"{server.url}/orchestrator", orchestrator_api_key="k",
+                                    **secrets), clock=ManualClock())
+        prod = Api(c)
+        prod.key = private
+        prod.headers = lambda user, **kw: {"Authorization": f"Bearer {token(user, private, alg='RS256', **kw)}"}
+        prod.sandbox = sandbox
+        yield prod
+        c.close()
+
+
+def test_production_accepts_rs256_and_refuses_hs256(prod_api):
+    assert prod_api.client.get("/api/billing/products", headers=prod_api.headers("u")).status_code == 200
+    forged = token("u", "prod-session_jwt_key", alg="HS256")
+    assert prod_api.client.get("/api/billing/products",
+                               headers={"Authorization": f"Bearer {forged}"}).status_code == 401
+
+
+def test_the_fifth_nsfw_checkout_in_a_day_is_blocked_in_production(prod_api):
+    for _ in range(4):
+        assert prod_api.checkout("alice", NSFW).status_code == 201
+    blocked = prod_api.checkout("alice", NSFW)
+    assert blocked.status_code == 429
+    assert blocked.get_json()["message"] == "checkout temporarily blocked due to too many payment attempts"
+    assert prod_api.count(fraud_event, user_id="alice", event_type="authorization_attempt") == 4
+    assert prod_api.count(fraud_event, user_id="alice", event_type="velocity_triggered") == 1
+    assert len(prod_api.sandbox.store.all("subscription")) == 4  # the blocked one created nothing
+    assert prod_api.checkout("alice", PRO).status_code == 201  # SFW is never blocked
+    prod_api.c.clock.advance(24 * 3600)
+    assert prod_api.checkout("alice", NSFW).status_code == 201  # the oldest left the daily window
+
+
+def test_outside_production_the_quota_is_not_enforced(api):
+    for _ in range(6):
+        assert api.checkout("alice", NSFW).status_code == 201
+    assert api.count(fraud_event, event_type="authorization_attempt") == 6
+    assert api.count(fraud_event, event_type="velocity_triggered") == 0
+
+
+# ---- status, subscriptions -----------------------------------------------------------------------
+
+def test_checkout_status_for_the_owner_only(api):
+    order = api.checkout("alice").get_json()["order_id"]
+    get = api.client.get
+    assert get(f"/api/checkout/status?order_id={order}", headers=api.headers("alice")).get_json()["status"] == \
+        "pending"
+    assert get(f"/api/checkout/status?order_id={order}", headers=api.headers("bob")).status_code == 404
+    assert get("/api/checkout/status?order_id=inv_random", headers=api.headers("alice")).status_code == 404
+    api.c.clock.advance(2 * 86400)
+    api.c.sandbox.store.advance_clock(2 * 86400)  # both systems' clocks move together
+    assert get(f"/api/checkout/status?order_id={order}", headers=api.headers("alice")).get_json()["status"] == \
+        "expired"
+    api.c.sandbox.pay(order)
+    assert get(f"/api/checkout/status?order_id={order}", headers=api.headers("alice")).get_json()["status"] == "paid"
+
+
+def test_subscription_for_the_owner_only(api):
+    co = api.checkout("alice").get_json()
+    api.c.sandbox.pay(co["order_id"])
+    response = api.client.get(f"/api/subscriptions/{co['subscription_id']}", headers=api.headers("alice"))
+    body = response.get_json()
+    assert response.status_code == 200
+    assert body["status"] == "active" and body["current_term_end"] and body["coupon_ids"] == []
+    foreign = api.client.get(f"/api/subscriptions/{co['subscription_id']}", headers=api.headers("bob"))
+    random_id = api.client.get("/api/subscriptions/sub_nope", headers=api.headers("bob"))
+    assert foreign.status_code == random_id.status_code == 404
+    assert foreign.get_json() == random_id.get_json() == {"error": "not_found", "message": "not found"}
+
+
+def test_subscription_served_from_the_local_copy_when_the_provider_is_down(api):
+    co = api.checkout("alice").get_json()
+    api.c.sandbox.store.add_fault("provider", "503", count=-1)
+    api.c.provider.http.sleep = lambda s: None
+    body = api.client.get(f"/api/subscriptions/{co['subscription_id']}", headers=api.headers("alice")).get_json()
+    assert body["status"] == "future" and body["stale"] is True
+
+
+# ---- cleanup and set-primary ------------------------------------------------------------------------
+
+def test_cleanup_cancels_only_expired_pending_checkouts_older_than_a_day(api):
+    old = api.checkout("alice").get_json()
+    paid_late = api.checkout("carol").get_json()
+    api.c.clock.advance(2 * 86400)
+    young = api.checkout("bob").get_json()
+    # A late payment for carol's checkout lands (its webhook was dropped; the poller records it).
+    payment = api.c.sandbox.pay(paid_late["order_id"], drop_webhook=True)
+    record_payment(api.c, payment, "settled_poller")
+    assert cleanup_expired(api.c, dry_run=True) == {"dry_run": True, "would_cancel": [old["subscription_id"]]}
+    result = cleanup_expired(api.c)
+    assert result == {"cancelled": [old["subscription_id"]], "skipped_paid": [], "failed": []}
+    assert api.c.sandbox.subscription(old["subscription_id"])["status"] == "cancelled"
+    assert api.c.sandbox.subscription(young["subscription_id"])["status"] == "future"
+    assert api.c.sandbox.subscription(paid_late["subscription_id"])["status"] == "active"
+    status = api.client.get(f"/api/checkout/status?order_id={old['order_id']}", headers=api.headers("alice"))
+    assert status.get_json()["status"] == "cancelled"
+    assert api.checkout("alice").status_code == 201  # the user may recreate checkout
+    assert cleanup_expired(api.c)["cancelled"] == []  # re-running is safe
+
+
+def test_cleanup_survives_a_cancel_that_errors_after_taking_effect(api):
+    old = api.checkout("alice").get_json()
+    api.c.clock.advance(2 * 86400)
+    api.c.sandbox.store.add_fault("provider", "error_after_effect", path="cancel_for_items", count=-1)
+    api.c.provider.http.sleep = lambda s: None
+    assert cleanup_expired(api.c)["cancelled"] == [old["subscription_id"]]
+
+
+def test_nsfw_first_payment_sets_the_new_card_primary(api, caplog):
+    old_card = api.c.sandbox.add_instrument("alice", "PAYPAL", default=True)
+    co = api.checkout("alice", NSFW).get_json()
+    with caplog.at_level(logging.INFO, logger="billingctl.checkout"):
+        payment = api.c.sandbox.pay(co["order_id"])
+    instruments = {i["token"]: i for i in api.c.sandbox.instruments("alice")}
+    assert instruments[payment["paymentMethod"]["paymentMethodToken"]]["default"] is True
+    assert instruments[old_card["token"]]["default"] is False
+    assert "nsfw_checkout_set_primary" in [r.getMessage() for r in caplog.records]
+
+
+def test_set_primary_failure_is_not_fatal(api, caplog):
+    old_card = api.c.sandbox.add_instrument("alice", "PAYPAL", default=True)
+    co = api.checkout("alice", NSFW).get_json()
+    api.c.sandbox.store.add_fault("orchestrator", "500", path="/default", count=-1)
+    api.c.orchestrator.http.sleep = lambda s: None
+    with caplog.at_level(logging.WARNING, logger="billingctl.checkout"):
+        api.c.sandbox.pay(co["order_id"])
+    assert "nsfw_checkout_set_primary_failed" in [r.getMessage() for r in caplog.records]
+    assert next(i for i in api.c.sandbox.instruments("alice") if i["token"] == old_card["token"])["default"] is True
+    status = api.client.get(f"/api/checkout/status?order_id={co['order_id']}", headers=api.headers("alice"))
+    assert status.get_json()["status"] == "paid"
