@@ -39,7 +39,7 @@ def version():
 
 
 def _register() -> None:
-    from billingctl.cli import alerts, checkout, db, demo, health, payments, sandbox
+    from billingctl.cli import alerts, checkout, db, demo, events, health, payments, sandbox
 
     app.add_typer(db.app, name="db")
     app.add_typer(alerts.app, name="alerts")
@@ -48,6 +48,7 @@ def _register() -> None:
     demo.register(app)
     payments.register(app)
     checkout.register(app)
+    events.register(app)
 
 
 _register()

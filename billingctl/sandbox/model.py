@@ -194,7 +194,8 @@ class Sandbox:
         self.store.put("transaction", txn["id"], txn)
         self.store.put("transaction_by_ref", reference_number, {"id": txn["id"]})
         invoice.update(status="paid", amount_paid=int(amount), amount_due=0, paid_at=now, updated_at=now)
-        invoice["linked_payments"] = [{"txn_id": txn["id"], "applied_amount": int(amount)}]
+        invoice["linked_payments"] = [{"txn_id": txn["id"], "applied_amount": int(amount),
+                                       "id_at_gateway": reference_number}]
         self.store.put("invoice", invoice_id, invoice)
         sub = self.store.get("subscription", invoice["subscription_id"]) or {}
         self.emit("payment_succeeded", {"transaction": txn, "invoice": invoice, "subscription": sub})

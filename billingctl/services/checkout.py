@@ -18,6 +18,7 @@ from billingctl.domain.quota import CUSTOMER
 from billingctl.services import catalog, fraud_quota
 from billingctl.services.payments import parse_time
 from billingctl.services.processor_lock import read_lock
+from billingctl.services.sync import cancel_at_provider
 
 log = logging.getLogger("billingctl.checkout")
 
@@ -174,7 +175,7 @@ def cleanup_expired(container, dry_run: bool = False) -> dict:
                     skipped.append(row["id"])
                     continue
             try:
-                _cancel_at_provider(container, row["id"])
+                cancel_at_provider(container, row["id"])
             except e.BillingError as exc:
                 failed.append({"id": row["id"], "error": exc.message})
                 continue
@@ -186,16 +187,6 @@ def cleanup_expired(container, dry_run: bool = False) -> dict:
                 uow.commit()
             cancelled.append(row["id"])
     return {"cancelled": cancelled, "skipped_paid": skipped, "failed": failed}
-
-
-def _cancel_at_provider(container, subscription_id: str) -> None:
-    """A cancel can fail although it took effect: compare with the provider before deciding."""
-    try:
-        container.provider.cancel_subscription(subscription_id)
-    except (e.OutcomeUnknown, e.ExternalInvalidRequest):
-        remote = container.provider.get_subscription(subscription_id)["subscription"]
-        if remote["status"] != "cancelled":
-            raise
 
 
 def set_primary_after_first_payment(container, user_id: str, token: str | None) -> bool:

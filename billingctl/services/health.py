@@ -71,10 +71,27 @@ def check_pending_activations(container) -> Check:
     return Check("pending_activations", not rows, detail, {"subscriptions": [r["id"] for r in rows[:20]]})
 
 
-def health_report(container) -> dict:
-    checks = [*check_database(container), check_redis(container), *check_breakers(container)]
-    if checks[0].ok and checks[1].ok:
+def check_poller(container) -> Check:
+    from billingctl.services.events import poller_freshness
+
+    fresh = poller_freshness(container)
+    if fresh["newest_run_at"] is None:
+        detail = "never ran"
+    else:
+        detail = f"newest run {fresh['age_seconds']} s ago" + (" (stale: over 5 minutes)" if fresh["stale"] else "")
+    if fresh["parked_events"]:
+        detail += f"; {fresh['parked_events']} parked event(s)"
+    return Check("event_poller", not fresh["stale"] and not fresh["parked_events"], detail, fresh)
+
+
+def health_report(container, scope: str = "full") -> dict:
+    """scope "app": what a web worker itself needs (the /healthz probe); "full": everything on call."""
+    checks = [*check_database(container), check_redis(container)]
+    if scope == "full":
+        checks.extend(check_breakers(container))
+    if scope == "full" and checks[0].ok and checks[1].ok:
         checks.append(check_pending_activations(container))
+        checks.append(check_poller(container))
     return {
         "ok": all(c.ok for c in checks),
         "checks": [asdict(c) for c in checks],

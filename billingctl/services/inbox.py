@@ -27,3 +27,41 @@ def finish(uow, clock, source: str, event_id: str, error: str | None = None, max
     uow.execute(update(event_inbox).where(event_inbox.c.source == source, event_inbox.c.event_id == event_id).values(
         status=status, attempts=attempts, last_error=error, processed_at=clock.now() if error is None else None))
     return status
+
+
+def list_events(container, status: str | None = None, limit: int = 50) -> list[dict]:
+    query = select(event_inbox.c.id, event_inbox.c.source, event_inbox.c.event_id, event_inbox.c.event_type,
+                   event_inbox.c.status, event_inbox.c.attempts, event_inbox.c.last_error,
+                   event_inbox.c.occurred_at).order_by(event_inbox.c.id.desc()).limit(limit)
+    if status:
+        query = query.where(event_inbox.c.status == status)
+    with container.uow() as uow:
+        return [dict(r) for r in uow.execute(query).mappings()]
+
+
+def get_event(container, source: str, event_id: str) -> dict:
+    from billingctl.domain.errors import NotFound
+
+    with container.uow() as uow:
+        row = uow.execute(select(event_inbox).where(event_inbox.c.source == source,
+                                                    event_inbox.c.event_id == event_id)).mappings().first()
+    if row is None:
+        raise NotFound(f"no {source} event {event_id}")
+    return dict(row)
+
+
+def replay(container, source: str, event_id: str) -> dict:
+    """Put a parked event back to pending and process it again (processing is idempotent)."""
+    from billingctl.domain.errors import Refused
+
+    row = get_event(container, source, event_id)
+    if row["status"] == "processed":
+        raise Refused(f"event {event_id} is already processed")
+    if source != "provider":
+        raise Refused("only provider events can be replayed from the inbox")
+    with container.uow() as uow:
+        uow.execute(update(event_inbox).where(event_inbox.c.id == row["id"]).values(status="pending", attempts=0))
+        uow.commit()
+    from billingctl.services.events import handle_event
+
+    return {"event_id": event_id, "status": handle_event(container, row["payload"])}

@@ -13,7 +13,7 @@ import logging
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import (
@@ -307,3 +307,33 @@ def retry_pending(container) -> dict:
 def record_payment_by_id(container, payment_id: str, path: str = "cli") -> dict:
     payment = container.orchestrator.get_payment(payment_id)
     return record_payment(container, payment, path)
+
+
+# ---- refunds ------------------------------------------------------------------------------------
+
+def reverse_refund(container, payment_id: str, refunded_total: int, path: str) -> dict:
+    """Reverse the credits of a refunded payment exactly once, whichever path reports it.
+
+    Every report carries the payment's cumulative refunded amount (the orchestrator's
+    amountRefunded); the credits to reverse are the same share of the purchase's credits, and the
+    ledger key names that cumulative amount, so two reports of one refund insert one row. The user's
+    row is locked while the already-reversed sum is read, so reports of different refunds serialize."""
+    now = container.clock.now()
+    with container.uow() as uow:
+        bought = uow.execute(select(purchase).where(purchase.c.transaction_id == payment_id)).mappings().first()
+        if bought is None:
+            return {"payment_id": payment_id, "outcome": "unknown_payment", "credits_reversed": 0}
+        uow.execute(select(users.c.id).where(users.c.id == bought["user_id"]).with_for_update())
+        reversed_so_far = -int(uow.execute(select(func.coalesce(func.sum(credit_ledger.c.amount), 0)).where(
+            credit_ledger.c.payment_id == payment_id, credit_ledger.c.reason == "refund")).scalar_one())
+        amount = max(int(bought["amount"] or 0), 1)
+        share = min(max(int(refunded_total), 0), amount)
+        target = (int(bought["credits"]) * share) // amount
+        delta = target - reversed_so_far
+        if delta <= 0:
+            return {"payment_id": payment_id, "outcome": "already_reversed", "credits_reversed": 0}
+        apply_credits(uow, bought["user_id"], -delta, f"refund:{payment_id}:{share}", "refund", payment_id, now)
+        _upsert_transaction(uow, payment_id, "captured", now)
+        uow.commit()
+    log.info("refund reversed credits", extra={"payment_id": payment_id, "credits": delta, "path": path})
+    return {"payment_id": payment_id, "outcome": "reversed", "credits_reversed": delta, "user_id": bought["user_id"]}

@@ -36,12 +36,15 @@ def view(remote: dict) -> dict:
 def get_for_user(container, user_id: str, subscription_id: str) -> dict:
     key = f"subscription:{user_id}:{_generation(container, user_id)}:{subscription_id}"
     cached = container.cache.get(key)
+    breaker_open = container.breakers["subscription_provider"].state() == "open"
     if cached is not None:
-        return cached
+        return {**cached, "stale": True} if breaker_open else cached
     try:
         remote = container.provider.get_subscription(subscription_id)["subscription"]
     except e.ExternalNotFound:
         raise e.NotFound("not found") from None
+    except e.CircuitOpen:
+        raise  # uncached while the breaker is open: "Circuit breaker is open" (503)
     except e.ExternalError as exc:
         return _local_copy(container, user_id, subscription_id, exc)
     if remote.get("customer_id") != user_id:

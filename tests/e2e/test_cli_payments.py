@@ -65,6 +65,7 @@ def test_activate_pending_lists_and_retries(container, env):
     assert health.returncode == 3
     assert any(c["name"] == "pending_activations" and not c["ok"] for c in json.loads(health.stdout)["checks"])
     assert json.loads(billingctl(["--json", "activate", "--pending"], env).stdout) == {"completed": 1, "failed": 0}
+    assert billingctl(["poll"], env).returncode == 0
     assert billingctl(["--json", "health"], env).returncode == 0
     c = Container(container.settings)
     assert c.sandbox.subscription(co["subscription_id"])["status"] == "active"

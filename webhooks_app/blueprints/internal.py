@@ -25,7 +25,7 @@ def json_body() -> dict:
 def healthz():
     from billingctl.services.health import health_report
 
-    report = health_report(container())
+    report = health_report(container(), scope="app")
     return jsonify(report), (200 if report["ok"] else 503)
 
 
@@ -72,6 +72,59 @@ def billing_activate():
     if not isinstance(subscription_id, str) or not subscription_id:
         raise InvalidInput("subscription_id is required")
     return jsonify(activate_subscription(container(), subscription_id))
+
+
+def _since(body: dict):
+    from billingctl.services.payments import parse_time
+
+    value = body.get("since")
+    if value in (None, ""):
+        return None
+    try:
+        return parse_time(value)
+    except (TypeError, ValueError):
+        raise InvalidInput("since must be an ISO 8601 timestamp") from None
+
+
+@bp.post("/internal/billing/poll")
+def billing_poll():
+    from billingctl.services.events import poll
+
+    body = request.get_json(silent=True) or {}
+    if not isinstance(body, dict) or not isinstance(body.get("all_invoices", False), bool):
+        raise InvalidInput("all_invoices must be a boolean")
+    return jsonify(poll(container(), all_invoices=body.get("all_invoices", False), since=_since(body)))
+
+
+@bp.post("/internal/billing/sync")
+def billing_sync():
+    from billingctl.services.sync import sync_subscription
+
+    subscription_id = json_body().get("subscription_id")
+    if not isinstance(subscription_id, str) or not subscription_id:
+        raise InvalidInput("subscription_id is required")
+    return jsonify(sync_subscription(container(), subscription_id))
+
+
+@bp.post("/internal/billing/sync-all")
+def billing_sync_all():
+    from billingctl.services.sync import sync_all
+
+    body = json_body()
+    since = _since(body)
+    if since is None:
+        raise InvalidInput("since (ISO 8601) is required")
+    return jsonify(sync_all(container(), since))
+
+
+@bp.post("/internal/cache/invalidate")
+def cache_invalidate():
+    from billingctl.services.subscriptions import invalidate_customer
+
+    customer_id = json_body().get("customer_id")
+    if not isinstance(customer_id, str) or not customer_id:
+        raise InvalidInput("customer_id is required")
+    return jsonify(invalidate_customer(container(), customer_id))
 
 
 def register(app: Flask) -> None:

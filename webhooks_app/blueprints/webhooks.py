@@ -51,7 +51,9 @@ def handle_payment_event(c, event_type: str, payment: dict) -> dict:
     from billingctl.services import inbox
     from billingctl.services.payments import record_payment, update_transaction_status
 
-    event_id = f"{event_type}:{payment['id']}:{payment.get('status')}"
+    refunded = (payment.get("processor") or {}).get("amountRefunded") or 0
+    event_id = f"{event_type}:{payment['id']}:{payment.get('status')}" + (
+        f":{refunded}" if event_type == "PAYMENT.REFUND" else "")
     with c.uow() as uow:
         status = inbox.accept(uow, c.clock, "orchestrator", event_id, event_type, {"payment": payment})
         uow.commit()
@@ -65,6 +67,11 @@ def handle_payment_event(c, event_type: str, payment: dict) -> dict:
                 result = record_payment(c, payment, "webhook")
         elif event_type == "PAYMENT.STATUS":
             result = update_transaction_status(c, payment)
+        elif event_type == "PAYMENT.REFUND":
+            from billingctl.services.payments import reverse_refund
+
+            refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
+            result = reverse_refund(c, payment["id"], refunded, "webhook")
         else:
             result = {"outcome": "ignored"}
     except BillingError as exc:
@@ -74,6 +81,31 @@ def handle_payment_event(c, event_type: str, payment: dict) -> dict:
         inbox.finish(uow, c.clock, "orchestrator", event_id, error)
         uow.commit()
     return {"event_id": event_id, **result}
+
+
+@bp.post("/subscription-provider")
+def subscription_provider():
+    from billingctl.services.events import handle_event
+    from webhooks_app.auth import constant_time_equal
+
+    c = container()
+    auth = request.authorization
+    username, password = c.settings.secret("provider_webhook_username"), c.settings.secret("provider_webhook_password")
+    given_user = auth.username if auth and auth.type == "basic" else None
+    given_password = auth.password if auth and auth.type == "basic" else None
+    # Both compared, always, in constant time; a missing configured value fails closed.
+    user_ok = constant_time_equal(given_user, username)
+    password_ok = constant_time_equal(given_password, password)
+    if not (username and password and user_ok and password_ok):
+        from billingctl.domain.errors import AuthenticationFailed
+
+        raise AuthenticationFailed("invalid or missing basic authentication")
+    body = _json(request.get_data(cache=False))
+    event = body.get("event") if isinstance(body.get("event"), dict) else body
+    if not event.get("id") or not isinstance(event.get("event_type"), str):
+        raise InvalidInput("event id and event_type are required")
+    status = handle_event(c, event)
+    return jsonify({"event_id": event["id"], "status": status}), 200
 
 
 def register(app) -> None:

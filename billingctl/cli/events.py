@@ -1,0 +1,161 @@
+"""`billingctl poll`, `sync`, `sync-all`, `invalidate`, `subscriptions …`, `events …`."""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+from datetime import datetime
+
+import typer
+
+from billingctl.cli.context import command, get_ctx
+
+subscriptions_app = typer.Typer(help="Subscriptions (the provider is the source of truth).", no_args_is_help=True)
+events_app = typer.Typer(help="The event inbox (every source).", no_args_is_help=True)
+
+
+def _parse_since(value: str | None) -> datetime | None:
+    from billingctl.domain.errors import InvalidInput
+    from billingctl.services.payments import parse_time
+
+    if not value:
+        return None
+    try:
+        return parse_time(value)
+    except ValueError:
+        raise InvalidInput(f"--since must be an ISO 8601 timestamp, not {value!r}") from None
+
+
+@contextmanager
+def _progress(label: str):
+    """A Rich progress bar on a terminal; nothing for --json or when stderr is not a terminal."""
+    cli = get_ctx()
+    if cli.json or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    with Progress(SpinnerColumn(), TextColumn(label), TextColumn("{task.completed} done"), TimeElapsedColumn(),
+                  console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=None)
+        yield lambda n=1: bar.advance(task, n)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(subscriptions_app, name="subscriptions")
+    app.add_typer(events_app, name="events")
+
+    @command(app, "poll")
+    def poll_cmd(all_invoices: bool = typer.Option(False, "--all-invoices", help="Also scan paid invoices."),
+                 since: str = typer.Option(None, "--since", help="ISO 8601: read from here, not the cursor."),
+                 watchdog: bool = typer.Option(False, "--watchdog", help="Only check the poller's freshness.")):
+        """Process the provider's events after the cursor (the 15-second job)."""
+        from billingctl.cli.exitcodes import PARTIAL, REFUSED
+        from billingctl.services import events
+
+        cli = get_ctx()
+        if watchdog:
+            fresh = events.watchdog(cli.container)
+            cli.output.result(fresh)
+            if fresh["stale"]:
+                raise typer.Exit(REFUSED)
+            return
+        with _progress("polling events") as progress:
+            result = events.poll(cli.container, all_invoices=all_invoices, since=_parse_since(since),
+                                 progress=progress)
+        cli.output.result(result)
+        if result["events_failed"]:
+            raise typer.Exit(PARTIAL)
+
+    @command(app, "sync")
+    def sync_cmd(subscription_id: str):
+        """Re-read one subscription from the provider and overwrite the local copy (prints the difference)."""
+        from billingctl.services.sync import sync_subscription
+
+        cli = get_ctx()
+        result = sync_subscription(cli.container, subscription_id, dry_run=cli.dry_run)
+        if cli.json:
+            cli.output.result(result)
+            return
+        rows = [{"field": k, "local": v["local"], "provider": v["provider"]} for k, v in result["differences"].items()]
+        if rows:
+            cli.output.table(rows, title=f"{subscription_id}{' (dry run)' if cli.dry_run else ''}")
+        else:
+            cli.output.result(result, human=f"{subscription_id}: in step with the provider")
+
+    @command(app, "sync-all")
+    def sync_all_cmd(since: str = typer.Option(..., "--since", help="ISO 8601: subscriptions updated since.")):
+        """Sync every subscription changed since a time (resumable)."""
+        from billingctl.cli.exitcodes import PARTIAL
+        from billingctl.services.sync import sync_all
+
+        cli = get_ctx()
+        with _progress("syncing subscriptions") as progress:
+            result = sync_all(cli.container, _parse_since(since), progress=progress)
+        cli.output.result(result)
+        if result["failed"]:
+            raise typer.Exit(PARTIAL)
+
+    @command(app, "invalidate")
+    def invalidate_cmd(customer_id: str):
+        """Invalidate a customer's cached data; the next read re-queries the provider."""
+        from billingctl.services.subscriptions import invalidate_customer
+
+        cli = get_ctx()
+        cli.output.result(invalidate_customer(cli.container, customer_id))
+
+
+@command(subscriptions_app, "show")
+def subscriptions_show(subscription_id: str, customer: str = typer.Option(..., "--customer")):
+    """The subscription as the customer's API sees it (cached; stale while the breaker is open)."""
+    from billingctl.services.subscriptions import get_for_user
+
+    cli = get_ctx()
+    cli.output.result(get_for_user(cli.container, customer, subscription_id))
+
+
+@command(subscriptions_app, "cancel")
+def subscriptions_cancel(subscription_id: str, reason: str = typer.Option(..., "--reason"),
+                         yes: bool = typer.Option(False, "--yes")):
+    """Cancel at the provider; an errored call that took effect is a success."""
+    from billingctl.domain.errors import Refused
+    from billingctl.services.sync import cancel_subscription
+
+    cli = get_ctx()
+    if not yes and not cli.dry_run:
+        raise Refused("cancel is destructive: add --yes (or --dry-run)")
+    cli.output.result(cancel_subscription(cli.container, subscription_id, reason, cli.actor, dry_run=cli.dry_run))
+
+
+@command(events_app, "list")
+def events_list(status: str = typer.Option(None, "--status", help="pending, processed or parked"),
+                limit: int = typer.Option(50, "--limit")):
+    """The inbox, newest first."""
+    from billingctl.services.inbox import list_events
+
+    cli = get_ctx()
+    rows = list_events(cli.container, status, limit)
+    cli.output.table(rows, ["id", "source", "event_id", "event_type", "status", "attempts", "last_error"],
+                     title="event inbox", data=rows)
+
+
+@command(events_app, "show")
+def events_show(source: str, event_id: str):
+    """One inbox event with its payload."""
+    from billingctl.services.inbox import get_event
+
+    cli = get_ctx()
+    cli.output.result(get_event(cli.container, source, event_id))
+
+
+@command(events_app, "replay")
+def events_replay(source: str, event_id: str):
+    """Re-process a parked or pending provider event (processing is idempotent)."""
+    from billingctl.services.inbox import replay
+
+    cli = get_ctx()
+    if cli.dry_run:
+        cli.output.result({"dry_run": True, "source": source, "event_id": event_id})
+        return
+    cli.output.result(replay(cli.container, source, event_id))

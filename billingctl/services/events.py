@@ -1,0 +1,265 @@
+"""The event poller and event processing (spec sections 1, 4 and 6 "Polling").
+
+Events from the provider arrive by the poller and by the provider's webhook; both go into the one
+inbox (unique on source and event id) and through `process_event`, so each is processed exactly
+once whichever path saw it first. The cursor never passes an event that failed; an event that keeps
+failing is parked with a chat alert, so it neither blocks the poller nor disappears."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+from sqlalchemy import func, select, update
+
+from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.tables import event_inbox, event_poller_state, invoice, poller_cursor, purchase
+from billingctl.domain import errors as e
+from billingctl.services import alerts, inbox
+from billingctl.services.payments import parse_time, record_payment, reverse_refund
+from billingctl.services.sync import apply_remote_subscription
+
+log = logging.getLogger("billingctl.events")
+
+SOURCE = "provider"
+CURSOR = "provider_events"
+# Events with equal or late timestamps are re-read this far behind the cursor (the inbox skips
+# what was already processed, at no provider cost beyond the page that is read anyway).
+OVERLAP = timedelta(minutes=5)
+MAX_EVENT_ATTEMPTS = 5
+STALE_AFTER = timedelta(minutes=5)
+
+
+# ---- processing one event -------------------------------------------------------------------------
+
+def process_event(container, event: dict) -> dict:
+    kind = event.get("event_type")
+    content = event.get("content") or {}
+    if kind == "payment_succeeded":
+        return _payment_succeeded(container, content)
+    if kind in ("payment_refunded", "credit_note_created"):
+        return _refund(container, kind, content)
+    if kind and kind.startswith("subscription_") and content.get("subscription"):
+        outcome = apply_remote_subscription(container, content["subscription"], source="event")
+        _analytics(container, event, {"event": kind, "subscription_id": content["subscription"]["id"],
+                                      "status": content["subscription"].get("status")})
+        return {"outcome": outcome}
+    if kind == "invoice_generated" and content.get("invoice"):
+        _upsert_invoice(container, content["invoice"])
+        return {"outcome": "invoice_stored"}
+    return {"outcome": "ignored"}
+
+
+def _payment_succeeded(container, content: dict) -> dict:
+    txn = content.get("transaction") or {}
+    payment_id = txn.get("reference_number") or txn.get("id_at_gateway")
+    if not payment_id:
+        return {"outcome": "no_reference"}
+    with container.uow() as uow:
+        if uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == payment_id)).first():
+            return {"outcome": "already_recorded", "payment_id": payment_id}
+    # The orchestrator webhook was missed: record it now, from the orchestrator's own payment.
+    payment = _orchestrator_payment(container, payment_id, content)
+    result = record_payment(container, payment, "event_poller")
+    return {"outcome": result["outcome"], "payment_id": payment_id, "credits_applied": result["credits_applied"]}
+
+
+def _orchestrator_payment(container, payment_id: str, content: dict) -> dict:
+    try:
+        return container.orchestrator.get_payment(payment_id)
+    except e.ExternalNotFound:
+        # Recorded at the provider without our orchestrator: build the payment from the event.
+        txn, inv = content.get("transaction") or {}, content.get("invoice") or {}
+        items = inv.get("line_items") or [{}]
+        return {"id": payment_id, "status": "SETTLED", "orderId": inv.get("id"), "customerId": txn.get("customer_id"),
+                "amount": txn.get("amount"), "currencyCode": txn.get("currency_code"), "date": txn.get("date"),
+                "metadata": {"subscription_id": inv.get("subscription_id") or txn.get("subscription_id"),
+                             "item_price_id": items[0].get("entity_id")}}
+
+
+def _refund(container, kind: str, content: dict) -> dict:
+    txn, note = content.get("transaction") or {}, content.get("credit_note") or {}
+    if kind == "credit_note_created" and note.get("type") != "refundable":
+        return {"outcome": "ignored"}
+    payment_id = None
+    invoice_id = note.get("reference_invoice_id")
+    with container.uow() as uow:
+        if invoice_id:
+            payment_id = uow.execute(select(purchase.c.transaction_id).where(
+                purchase.c.invoice_id == invoice_id).order_by(purchase.c.id)).scalar()
+    payment_id = payment_id or txn.get("reference_number")
+    if not payment_id:
+        return {"outcome": "unknown_payment"}
+    # The orchestrator's cumulative refunded amount makes every report of one refund agree.
+    payment = container.orchestrator.get_payment(payment_id)
+    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
+    result = reverse_refund(container, payment_id, refunded, "event_poller")
+    return result
+
+
+def _upsert_invoice(container, remote: dict) -> None:
+    now = container.clock.now()
+    with container.uow() as uow:
+        insert_ignore(uow, invoice, {"id": remote["id"], "created_at": now}, ["id"])
+        uow.execute(update(invoice).where(invoice.c.id == remote["id"]).values(
+            subscription_id=remote.get("subscription_id"), customer_id=remote.get("customer_id"),
+            total_amount=remote.get("total"), currency_code=remote.get("currency_code"), status=remote.get("status"),
+            paid_at=parse_time(remote.get("paid_at"))))
+        uow.commit()
+
+
+def _analytics(container, event: dict, payload: dict) -> None:
+    with container.uow() as uow:
+        alerts.enqueue(uow, container.clock, "analytics", payload, f"analytics:{SOURCE}:{event['id']}")
+        uow.commit()
+
+
+# ---- the inbox path shared by the poller and the webhook ---------------------------------------
+
+def handle_event(container, event: dict) -> str:
+    """Store and process one provider event; returns its inbox status afterwards."""
+    event_id, kind = str(event["id"]), str(event.get("event_type") or "unknown")
+    with container.uow() as uow:
+        status = inbox.accept(uow, container.clock, SOURCE, event_id, kind, event,
+                              parse_time(event.get("occurred_at")))
+        uow.commit()
+    if status != "pending":
+        return status
+    error = None
+    try:
+        result = process_event(container, event)
+        if kind in ("payment_succeeded", "payment_refunded") and result.get("outcome") in ("recorded", "reversed"):
+            _analytics(container, event, {"event": kind, **{k: v for k, v in result.items() if k != "lock"}})
+    except e.BillingError as exc:
+        error = exc.message
+    except Exception as exc:  # one bad event must not stop the others
+        error = f"{type(exc).__name__}: {exc}"
+        log.exception("event processing crashed", extra={"event_id": event_id})
+    with container.uow() as uow:
+        status = inbox.finish(uow, container.clock, SOURCE, event_id, error, MAX_EVENT_ATTEMPTS)
+        if status == "parked":
+            alerts.raise_alert(uow, container.clock, f"Provider event {event_id} ({kind}) parked after "
+                               f"{MAX_EVENT_ATTEMPTS} failed attempts - manual review required",
+                               f"parked:{SOURCE}:{event_id}", error=error)
+        uow.commit()
+    if error:
+        log.warning("event processing failed: %s", error, extra={"event_id": event_id, "status": status})
+    return status
+
+
+# ---- the poller ------------------------------------------------------------------------------------
+
+def _read_cursor(container) -> datetime | None:
+    with container.uow() as uow:
+        value = uow.execute(select(poller_cursor.c.value).where(poller_cursor.c.name == CURSOR)).scalar()
+    return datetime.fromtimestamp(int(value), UTC) if value else None
+
+
+def _write_cursor(container, when: datetime) -> None:
+    with container.uow() as uow:
+        insert_ignore(uow, poller_cursor, {"name": CURSOR, "value": str(int(when.timestamp())),
+                                           "updated_at": container.clock.now()}, ["name"])
+        uow.execute(update(poller_cursor).where(poller_cursor.c.name == CURSOR).values(
+            value=str(int(when.timestamp())), updated_at=container.clock.now()))
+        uow.commit()
+
+
+def poll(container, all_invoices: bool = False, since: datetime | None = None, progress=None) -> dict:
+    """One poller run: events after the cursor (minus the overlap), then optionally the invoice scan."""
+    cursor = _read_cursor(container)
+    start = since or (cursor - OVERLAP if cursor else None)
+    seen = processed = failed = 0
+    new_cursor, blocked, error = cursor, False, None
+    try:
+        offset = None
+        while True:
+            page = container.provider.events_page(start, offset)
+            entries = page.get("list", [])
+            seen += len(entries)
+            container.metrics.events_polled.inc(len(entries))
+            for entry in entries:
+                event = entry.get("event") or entry
+                status = handle_event(container, event)
+                occurred = parse_time(event.get("occurred_at"))
+                if status == "pending":
+                    failed += 1
+                    blocked = True  # the cursor stays behind the first event still to retry
+                else:
+                    processed += 1
+                    if not blocked and occurred and (new_cursor is None or occurred > new_cursor):
+                        new_cursor = occurred
+                if progress:
+                    progress(1)
+            offset = page.get("next_offset")
+            if not offset:
+                break
+    except e.ExternalError as exc:
+        error = exc.message
+        log.warning("poll stopped: %s", exc.message)
+    if new_cursor is not None and new_cursor != cursor and since is None:
+        _write_cursor(container, new_cursor)
+    scan = scan_paid_invoices(container, since) if all_invoices and error is None else None
+    with container.uow() as uow:
+        uow.execute(event_poller_state.insert().values(
+            created_at=container.clock.now(), events_seen=seen, events_processed=processed, events_failed=failed,
+            cursor=str(int(new_cursor.timestamp())) if new_cursor else None, error=error))
+        uow.commit()
+    result = {"events_seen": seen, "events_processed": processed, "events_failed": failed,
+              "cursor": new_cursor, "error": error}
+    if scan is not None:
+        result["invoice_scan"] = scan
+    if error:
+        raise e.ExternalError(f"poll incomplete: {error}", result=result)
+    return result
+
+
+def scan_paid_invoices(container, since: datetime | None) -> dict:
+    """--all-invoices: paid invoices whose credits were never applied are recorded now."""
+    checked = recovered = 0
+    failures = []
+    for remote in container.provider.list_invoices(status="paid", updated_after=since):
+        checked += 1
+        with container.uow() as uow:
+            if uow.execute(select(purchase.c.id).where(purchase.c.invoice_id == remote["id"])).first():
+                continue
+        for link in remote.get("linked_payments") or []:
+            reference = link.get("id_at_gateway")
+            if not reference:
+                continue
+            try:
+                payment = _orchestrator_payment(container, reference, {"invoice": remote, "transaction": {
+                    "customer_id": remote.get("customer_id"), "amount": link.get("applied_amount"),
+                    "currency_code": remote.get("currency_code")}})
+                if record_payment(container, payment, "invoice_scan")["outcome"] == "recorded":
+                    recovered += 1
+            except e.BillingError as exc:
+                failures.append({"invoice_id": remote["id"], "error": exc.message})
+    return {"invoices_checked": checked, "recovered": recovered, "failed": failures}
+
+
+# ---- the watchdog ---------------------------------------------------------------------------------
+
+def poller_freshness(container) -> dict:
+    with container.uow() as uow:
+        row = uow.execute(select(event_poller_state.c.id, event_poller_state.c.created_at)
+                          .order_by(event_poller_state.c.created_at.desc()).limit(1)).first()
+        parked = uow.execute(select(func.count()).select_from(event_inbox).where(
+            event_inbox.c.status == "parked")).scalar_one()
+    if row is None:
+        return {"newest_run_at": None, "age_seconds": None, "stale": True, "parked_events": parked}
+    age = (container.clock.now() - row.created_at).total_seconds()
+    return {"newest_run_at": row.created_at, "age_seconds": round(age, 1), "stale": age > STALE_AFTER.total_seconds(),
+            "run_id": row.id, "parked_events": parked}
+
+
+def watchdog(container) -> dict:
+    """The watchdog job: a stale poller raises one chat alert per stale episode."""
+    fresh = poller_freshness(container)
+    if fresh["stale"]:
+        with container.uow() as uow:
+            alerts.raise_alert(uow, container.clock, "Event poller is stale: newest event_poller_state row is "
+                               f"{fresh['age_seconds']} s old (over 5 minutes) - the worker may be stuck",
+                               f"poller-stale:{fresh.get('run_id')}")
+            uow.commit()
+        alerts.deliver_outbox(container)
+    return fresh

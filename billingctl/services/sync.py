@@ -1,0 +1,174 @@
+"""Keeping the local copy in step with the provider (the source of truth): sync one, sync-all,
+event-driven updates, and cancellation that reads the provider back when the call errors."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from sqlalchemy import select, update
+
+from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.tables import audit_log, poller_cursor, subscription
+from billingctl.domain import errors as e
+
+log = logging.getLogger("billingctl.sync")
+
+FIELDS = ("status", "start_date", "current_term_end", "customer_id", "coupon_ids", "item_price_id")
+LIVE = ("active", "future", "in_trial", "non_renewing", "paused")
+
+
+def _ts(value):
+    if value in (None, ""):
+        return None
+    return datetime.fromtimestamp(int(value), UTC)
+
+
+def remote_fields(remote: dict) -> dict:
+    items = remote.get("subscription_items") or [{}]
+    return {"status": remote["status"], "start_date": _ts(remote.get("start_date")),
+            "current_term_end": _ts(remote.get("current_term_end")), "customer_id": remote["customer_id"],
+            "coupon_ids": [c.get("coupon_id") for c in remote.get("coupons") or [] if c.get("coupon_id")],
+            "item_price_id": items[0].get("item_price_id")}
+
+
+def diff(local: dict | None, fields: dict) -> dict:
+    if local is None:
+        return {k: {"local": None, "provider": v} for k, v in fields.items()}
+    return {k: {"local": local.get(k), "provider": v} for k, v in fields.items() if local.get(k) != v}
+
+
+def apply_remote_subscription(container, remote: dict, source: str = "sync", force: bool = False) -> str:
+    """Overwrite the local copy from the provider's, unless the local copy is already newer."""
+    from billingctl.services.subscriptions import invalidate_customer
+
+    fields = remote_fields(remote)
+    updated_at = _ts(remote.get("updated_at"))
+    now = container.clock.now()
+    with container.uow() as uow:
+        local = uow.execute(select(subscription).where(subscription.c.id == remote["id"])).mappings().first()
+        if local is not None and not force and updated_at and local["provider_updated_at"] \
+                and local["provider_updated_at"] > updated_at:
+            return "older_ignored"
+        changes = diff(dict(local) if local else None, fields)
+        insert_ignore(uow, subscription, {"id": remote["id"], "created_at": _ts(remote.get("created_at")) or now,
+                                          **fields}, ["id"])
+        values = {**fields, "provider_updated_at": updated_at, "synced_at": now}
+        if fields["status"] == "active":
+            values.update(activation_pending_since=None, activation_error=None)
+        uow.execute(update(subscription).where(subscription.c.id == remote["id"]).values(**values))
+        uow.commit()
+    if changes:
+        invalidate_customer(container, fields["customer_id"])
+        log.info("local subscription updated from the provider", extra={"subscription_id": remote["id"],
+                                                                        "source": source, "fields": sorted(changes)})
+    return "updated" if changes else "unchanged"
+
+
+def sync_subscription(container, subscription_id: str, dry_run: bool = False) -> dict:
+    try:
+        remote = container.provider.get_subscription(subscription_id)["subscription"]
+    except e.ExternalError as exc:
+        if not isinstance(exc, e.ExternalNotFound):
+            container.metrics.sync_errors.inc()
+        raise
+    with container.uow() as uow:
+        local = uow.execute(select(subscription).where(subscription.c.id == subscription_id)).mappings().first()
+    changes = diff(dict(local) if local else None, remote_fields(remote))
+    if not dry_run:
+        apply_remote_subscription(container, remote, "sync", force=True)
+    return {"subscription_id": subscription_id, "dry_run": dry_run, "changed": bool(changes),
+            "differences": changes}
+
+
+def _resume_key(since: datetime | None) -> str:
+    return f"sync_all:{int(since.timestamp()) if since else 0}"
+
+
+def sync_all(container, since: datetime | None, progress=None) -> dict:
+    """Every subscription updated since `since`, page by page, resumable after an interruption; then
+    local live subscriptions the provider did not return are re-read one by one."""
+    key = _resume_key(since)
+    with container.uow() as uow:
+        resume = uow.execute(select(poller_cursor.c.value).where(poller_cursor.c.name == key)).scalar()
+    start = _ts(resume) if resume else since
+    seen, updated, failed = set(), 0, []
+    for row in container.provider.list_subscriptions(updated_after=start):
+        remote = row["subscription"]
+        seen.add(remote["id"])
+        try:
+            if apply_remote_subscription(container, remote, "sync-all", force=True) == "updated":
+                updated += 1
+        except Exception as exc:  # isolate one bad row
+            container.metrics.sync_errors.inc()
+            failed.append({"id": remote["id"], "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        _save_resume(container, key, remote.get("updated_at"))
+        if progress:
+            progress(1)
+    # A cancellation or deletion at the provider the listing did not show.
+    with container.uow() as uow:
+        query = select(subscription.c.id).where(subscription.c.status.in_(LIVE))
+        if since is not None:
+            query = query.where((subscription.c.provider_updated_at.is_(None))
+                                | (subscription.c.provider_updated_at >= since))
+        missing = [sid for sid in uow.execute(query).scalars() if sid not in seen]
+    for sid in missing:
+        try:
+            if sync_subscription(container, sid)["changed"]:
+                updated += 1
+        except e.ExternalNotFound:
+            with container.uow() as uow:
+                uow.execute(update(subscription).where(subscription.c.id == sid).values(
+                    status="cancelled", synced_at=container.clock.now()))
+                uow.commit()
+            log.warning("subscription no longer exists at the provider; marked cancelled",
+                        extra={"subscription_id": sid})
+            updated += 1
+        except e.BillingError as exc:
+            failed.append({"id": sid, "error": exc.message})
+    with container.uow() as uow:
+        uow.execute(poller_cursor.delete().where(poller_cursor.c.name == key))
+        uow.commit()
+    return {"since": since, "listed": len(seen), "reread": len(missing), "updated": updated, "failed": failed}
+
+
+def _save_resume(container, key: str, updated_at) -> None:
+    if updated_at is None:
+        return
+    now = container.clock.now()
+    with container.uow() as uow:
+        insert_ignore(uow, poller_cursor, {"name": key, "value": str(int(updated_at) - 1), "updated_at": now},
+                      ["name"])
+        uow.execute(update(poller_cursor).where(poller_cursor.c.name == key).values(
+            value=str(int(updated_at) - 1), updated_at=now))
+        uow.commit()
+
+
+def cancel_at_provider(container, subscription_id: str) -> dict:
+    """A cancel can error although it took effect: the provider's state decides the outcome."""
+    try:
+        return container.provider.cancel_subscription(subscription_id)["subscription"]
+    except (e.OutcomeUnknown, e.ExternalInvalidRequest) as exc:
+        remote = container.provider.get_subscription(subscription_id)["subscription"]
+        if remote["status"] != "cancelled":
+            raise
+        log.warning("cancel call errored but the cancellation took effect: %s", exc.message,
+                    extra={"subscription_id": subscription_id})
+        return remote
+
+
+def cancel_subscription(container, subscription_id: str, reason: str, actor: str, dry_run: bool = False) -> dict:
+    if not reason or not reason.strip():
+        raise e.InvalidInput("a reason is required")
+    if dry_run:
+        remote = container.provider.get_subscription(subscription_id)["subscription"]
+        return {"subscription_id": subscription_id, "dry_run": True, "current_status": remote["status"]}
+    remote = cancel_at_provider(container, subscription_id)
+    apply_remote_subscription(container, remote, "cancel", force=True)
+    with container.uow() as uow:
+        uow.execute(audit_log.insert().values(actor=actor, action="subscription.cancel", target=subscription_id,
+                                              reason=reason, details={"status": remote["status"]},
+                                              created_at=container.clock.now()))
+        uow.commit()
+    return {"subscription_id": subscription_id, "status": remote["status"]}
