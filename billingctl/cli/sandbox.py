@@ -97,7 +97,8 @@ def fault(system: str = typer.Argument(..., help="provider or orchestrator"),
           method: str = typer.Option("*", "--method"),
           count: int = typer.Option(1, "--count", help="How many requests; -1 for every one."),
           retry_after: float = typer.Option(None, "--retry-after"),
-          delay: float = typer.Option(0.0, "--delay")):
+          delay: float = typer.Option(0.0, "--delay"),
+          skip: int = typer.Option(0, "--skip", help="Let this many matching requests through first.")):
     """Inject a fault into the next matching requests."""
     from billingctl.domain.errors import InvalidInput
 
@@ -105,7 +106,7 @@ def fault(system: str = typer.Argument(..., help="provider or orchestrator"),
     if system not in ("provider", "orchestrator") or kind not in FAULT_KINDS:
         raise InvalidInput(f"system must be provider or orchestrator and kind one of {', '.join(FAULT_KINDS)}")
     fault_id = sandbox.store.add_fault(system, kind, method=method, path=path, count=count,
-                                       retry_after=retry_after, delay=delay)
+                                       retry_after=retry_after, delay=delay, skip=skip)
     cli.output.result({"fault_id": fault_id, "system": system, "kind": kind, "count": count})
 
 

@@ -14,7 +14,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (kind TEXT, id TEXT, seq INTEGER, data TEXT, PRIMARY KEY (kind, id));
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS faults (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, method TEXT,
-    path TEXT, kind TEXT, remaining INTEGER, retry_after REAL, delay REAL);
+    path TEXT, kind TEXT, remaining INTEGER, retry_after REAL, delay REAL, skip INTEGER DEFAULT 0);
 CREATE TABLE IF NOT EXISTS idempotency (key TEXT PRIMARY KEY, status INTEGER, body TEXT);
 CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, method TEXT, path TEXT);
 """
@@ -86,6 +86,13 @@ class SandboxStore:
             row = db.execute("SELECT data FROM objects WHERE kind=? AND id=?", (kind, obj_id)).fetchone()
         return json.loads(row["data"]) if row else None
 
+    def put_many(self, kind: str, items: list[dict]) -> None:
+        """Bulk insert of new documents (large test fixtures, benchmarks)."""
+        with self.tx() as db:
+            seq = db.execute("SELECT COALESCE(MAX(seq), 0) FROM objects WHERE kind=?", (kind,)).fetchone()[0]
+            db.executemany("INSERT INTO objects (kind, id, seq, data) VALUES (?, ?, ?, ?)",
+                           [(kind, item["id"], seq + i + 1, json.dumps(item)) for i, item in enumerate(items)])
+
     def put(self, kind: str, obj_id: str, data: dict) -> dict:
         with self.tx() as db:
             row = db.execute("SELECT seq FROM objects WHERE kind=? AND id=?", (kind, obj_id)).fetchone()
@@ -125,11 +132,12 @@ class SandboxStore:
 
     # -- faults ----------------------------------------------------------------------------------
     def add_fault(self, system: str, kind: str, *, method: str = "*", path: str = "", count: int = 1,
-                  retry_after: float | None = None, delay: float = 0.0) -> int:
+                  retry_after: float | None = None, delay: float = 0.0, skip: int = 0) -> int:
+        """Fail the next `count` matching requests (-1: all of them), after letting `skip` through."""
         with self.tx() as db:
-            cur = db.execute("INSERT INTO faults (system, method, path, kind, remaining, retry_after, delay) "
-                             "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                             (system, method.upper(), path, kind, count, retry_after, delay))
+            cur = db.execute("INSERT INTO faults (system, method, path, kind, remaining, retry_after, delay, skip) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                             (system, method.upper(), path, kind, count, retry_after, delay, skip))
             return cur.lastrowid
 
     def clear_faults(self) -> None:
@@ -146,6 +154,9 @@ class SandboxStore:
                     continue
                 if row["method"] not in ("*", method.upper()) or row["path"] not in path:
                     continue
+                if row["skip"]:
+                    db.execute("UPDATE faults SET skip = skip - 1 WHERE id=?", (row["id"],))
+                    return None
                 if row["remaining"] > 0:
                     db.execute("UPDATE faults SET remaining = remaining - 1 WHERE id=?", (row["id"],))
                 return dict(row)

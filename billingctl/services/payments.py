@@ -26,7 +26,7 @@ from billingctl.adapters.db.tables import (
     users,
 )
 from billingctl.domain import errors as e
-from billingctl.services import catalog
+from billingctl.services import alerts, catalog
 from billingctl.services.processor_lock import lock_after_settle
 
 log = logging.getLogger("billingctl.payments")
@@ -157,6 +157,12 @@ def _record_locally(container, facts: PaymentFacts, path: str) -> dict:
                     .values(activation_pending_since=now))
         lock = lock_after_settle(uow, container, user_id=facts.user_id, payment_lane=facts.lane,
                                  processor=facts.processor, merchant_id=facts.merchant_id)
+        # Analytics in the same transaction: one notification per recorded payment, whatever the path.
+        alerts.enqueue(uow, container.clock, "analytics", {
+            "event": "payment_recorded", "payment_id": facts.payment_id, "user_id": facts.user_id,
+            "subscription_id": facts.subscription_id, "item_price_id": facts.item_price_id, "lane": facts.lane,
+            "amount": facts.amount, "currency_code": facts.currency_code, "credits": facts.credits, "path": path,
+        }, f"analytics:payment:{facts.payment_id}")
         uow.commit()
     if facts.settled_at is not None:
         container.metrics.payment_recording_latency.observe(max(0.0, (now - facts.settled_at).total_seconds()))
@@ -333,7 +339,9 @@ def reverse_refund(container, payment_id: str, refunded_total: int, path: str) -
         if delta <= 0:
             return {"payment_id": payment_id, "outcome": "already_reversed", "credits_reversed": 0}
         apply_credits(uow, bought["user_id"], -delta, f"refund:{payment_id}:{share}", "refund", payment_id, now)
-        _upsert_transaction(uow, payment_id, "captured", now)
+        alerts.enqueue(uow, container.clock, "analytics", {
+            "event": "payment_refunded", "payment_id": payment_id, "user_id": bought["user_id"],
+            "refunded_total": share, "credits_reversed": delta, "path": path}, f"analytics:refund:{payment_id}:{share}")
         uow.commit()
     log.info("refund reversed credits", extra={"payment_id": payment_id, "credits": delta, "path": path})
     return {"payment_id": payment_id, "outcome": "reversed", "credits_reversed": delta, "user_id": bought["user_id"]}
