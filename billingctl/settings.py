@@ -90,6 +90,13 @@ class Settings(BaseSettings):
     breaker_window_seconds: int = Field(default=60, gt=0)
     breaker_cooldown_seconds: int = Field(default=30, gt=0)
 
+    # Dunning: hours after a failed renewal attempt before the next one; after the last, the schedule is
+    # exhausted (see docs/decisions.md). Comma separated in the environment.
+    renewal_retry_hours: Annotated[list[int], NoDecode] = Field(default_factory=lambda: [1, 24, 72, 120])
+    # Velocity watch (spec section 8): charges and amount (minor units) per minute.
+    velocity_max_charges_per_minute: int = Field(default=10, ge=1)
+    velocity_max_amount_per_minute: int = Field(default=100_000, ge=1)
+
     # Processor name -> lane. JSON object in the environment.
     processor_lanes: dict[str, Literal["sfw", "nsfw"]] = Field(
         default_factory=lambda: dict(DEFAULT_PROCESSOR_LANES)
@@ -104,6 +111,13 @@ class Settings(BaseSettings):
     def _split_algorithms(cls, value):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("renewal_retry_hours", mode="before")
+    @classmethod
+    def _split_hours(cls, value):
+        if isinstance(value, str):
+            return [int(part) for part in value.split(",") if part.strip()]
         return value
 
     @field_validator("session_jwt_algorithms")

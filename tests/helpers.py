@@ -44,3 +44,42 @@ class RecordingSink:
             return Response("down", status=503)(environ, start_response)
         self.received.append(request.get_data())
         return Response("ok")(environ, start_response)
+
+
+class ProductionStack:
+    """A container configured as production (every secret, RS256 sessions, real URLs) whose external
+    systems are the sandbox served on loopback."""
+
+    def __init__(self, make_settings, db_url, tmp_path, clock=None):
+        from cryptography.hazmat.primitives import serialization
+        from cryptography.hazmat.primitives.asymmetric import rsa
+
+        from billingctl.sandbox.model import Sandbox
+        from billingctl.sandbox.store import SandboxStore
+
+        self.private_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        self.public_pem = self.private_key.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+        self.sandbox = Sandbox(SandboxStore(tmp_path / "prod-sandbox.db"))
+        self.make_settings, self.db_url, self.clock = make_settings, db_url, clock
+
+    def __enter__(self):
+        from billingctl.bootstrap import Container
+        from billingctl.sandbox.apps import create_combined_app
+        from billingctl.settings import REQUIRED_IN_PRODUCTION
+
+        self.server = LoopbackServer(create_combined_app(self.sandbox)).__enter__()
+        secrets = {name: f"prod-{name}" for name in REQUIRED_IN_PRODUCTION}
+        secrets["session_jwt_key"] = self.public_pem
+        url = self.server.url
+        self.container = Container(self.make_settings(
+            env="production", database_url=self.db_url, session_jwt_algorithms="RS256",
+            provider_url=f"{url}/provider", provider_api_key="k", orchestrator_url=f"{url}/orchestrator",
+            orchestrator_api_key="k", **secrets), clock=self.clock)
+        self.sandbox.webhook_secret = self.container.settings.secret("orchestrator_webhook_secret")
+        self.sandbox.deliver = self.container._deliver_webhook  # signed webhooks into the public app
+        return self
+
+    def __exit__(self, *exc):
+        self.container.close()
+        self.server.__exit__(*exc)

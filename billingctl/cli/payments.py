@@ -15,6 +15,8 @@ def register(app: typer.Typer) -> None:
     app.add_typer(payments_app, name="payments")
     app.add_typer(lock_app, name="lock")
     app.add_typer(users_app, name="users")
+    app.add_typer(renewals_app, name="renewals")
+    app.add_typer(fraud_app, name="fraud")
 
     @command(app, "activate")
     def activate(subscription_id: str = typer.Argument(None, help="The subscription to activate."),
@@ -113,3 +115,61 @@ def users_show(user_id: str):
 
     cli = get_ctx()
     cli.output.result(show_user(cli.container, user_id))
+
+
+@command(users_app, "freeze")
+def users_freeze(user_id: str, reason: str = typer.Option(..., "--reason"),
+                 void_invoices: bool = typer.Option(False, "--void-invoices", help="Void pending invoices."),
+                 notify: bool = typer.Option(False, "--notify", help="Notify the user."),
+                 yes: bool = typer.Option(False, "--yes")):
+    """Disable further payments for a user (idempotent, audited)."""
+    from billingctl.domain.errors import Refused
+    from billingctl.services.users import freeze
+
+    cli = get_ctx()
+    if not yes and not cli.dry_run:
+        raise Refused("freeze is destructive: add --yes (or --dry-run)")
+    cli.output.result(freeze(cli.container, user_id, reason, cli.actor, void_invoices=void_invoices, notify=notify,
+                             dry_run=cli.dry_run))
+
+
+renewals_app = typer.Typer(help="Renewals and dunning.", no_args_is_help=True)
+fraud_app = typer.Typer(help="Fraud watches.", no_args_is_help=True)
+
+
+@command(renewals_app, "run")
+def renewals_run():
+    """The dunning tick: one attempt per due renewal invoice."""
+    from billingctl.cli.exitcodes import PARTIAL
+    from billingctl.services.renewals import run_renewals
+
+    cli = get_ctx()
+    if cli.dry_run:
+        invoices = [i["id"] for i in cli.container.provider.list_invoices(status="payment_due")]
+        cli.output.result({"dry_run": True, "payment_due": invoices})
+        return
+    result = run_renewals(cli.container)
+    cli.output.result(result)
+    if result["errors"]:
+        raise typer.Exit(PARTIAL)
+
+
+@command(renewals_app, "list")
+def renewals_list(user: str = typer.Option(None, "--user"), invoice: str = typer.Option(None, "--invoice"),
+                  limit: int = typer.Option(100, "--limit")):
+    """Attempts, statuses, decline codes and the next attempt."""
+    from billingctl.services.renewals import list_attempts
+
+    cli = get_ctx()
+    rows = list_attempts(cli.container, user, invoice, limit)
+    cli.output.table(rows, ["invoice_id", "user_id", "attempt_no", "status", "decline_code", "processor",
+                            "created_at", "next_attempt_at"], title="dunning attempts", data=rows)
+
+
+@command(fraud_app, "velocity")
+def fraud_velocity():
+    """The velocity watch (every minute): alert on over 10 charges or 1000 units a minute."""
+    from billingctl.services.users import velocity_watch
+
+    cli = get_ctx()
+    cli.output.result(velocity_watch(cli.container))

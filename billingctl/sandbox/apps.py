@@ -160,6 +160,7 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
 
     @app.get(f"{prefix}/invoices")
     def list_invoices():
+        sandbox.renew_due()  # renewals materialize lazily, on the sandbox's clock
         status = request.args.get("status[is]")
         sub_id = request.args.get("subscription_id[is]")
         since = after("updated_at")

@@ -48,6 +48,18 @@ class SandboxError(Exception):
             self.body["param"] = param
 
 
+def card_expired(instrument: dict, now: float) -> bool:
+    from datetime import UTC, datetime
+
+    data = instrument.get("paymentMethodData") or {}
+    try:
+        year, month = int(data["expirationYear"]), int(data["expirationMonth"])
+    except (KeyError, ValueError):
+        return False
+    today = datetime.fromtimestamp(now, UTC)
+    return (year, month) < (today.year, today.month)
+
+
 def sign_body(secret: str, body: bytes) -> str:
     return base64.b64encode(hmac.new(secret.encode(), body, hashlib.sha256).digest()).decode()
 
@@ -142,6 +154,31 @@ class Sandbox:
         self.store.put("invoice", invoice["id"], invoice)
         self.emit("invoice_generated", {"invoice": invoice})
         return invoice
+
+    def renew_due(self) -> list[dict]:
+        """Active subscriptions whose term ended renew: a new term and a renewal invoice, payment_due."""
+        invoices = []
+        now = self.now()
+        for sub in self.store.all("subscription"):
+            if sub["status"] != "active" or not sub.get("current_term_end") or sub["current_term_end"] > now:
+                continue
+            price = self.item_price(sub["subscription_items"][0]["item_price_id"])
+            sub["current_term_start"] = sub["current_term_end"]
+            sub["current_term_end"] = sub["current_term_end"] + TERM_SECONDS
+            self._save_subscription(sub)
+            invoice = self._new_invoice(sub, price)
+            invoice["recurring"] = True
+            self.store.put("invoice", invoice["id"], invoice)
+            self.emit("subscription_renewed", {"subscription": sub, "invoice": invoice})
+            invoices.append(invoice)
+        return invoices
+
+    def decline_customer(self, customer_id: str, decline: bool = True) -> None:
+        """Every merchant-initiated charge of this customer is declined (DO_NOT_HONOR) while set."""
+        with self.store.tx() as db:
+            db.execute("DELETE FROM objects WHERE kind='declines' AND id=?", (customer_id,))
+        if decline:
+            self.store.put("declines", customer_id, {"id": customer_id})
 
     def change_term_end(self, subscription_id: str, term_ends_at: int) -> dict:
         sub = self.subscription(subscription_id)
@@ -308,8 +345,7 @@ class Sandbox:
             decline = "NO_PROCESSOR"
         elif lane == "nsfw" and instrument["paymentMethodType"] != "PAYMENT_CARD":
             decline = "PAYMENT_METHOD_NOT_SUPPORTED"
-        elif instrument["paymentMethodType"] == "PAYMENT_CARD" and \
-                instrument["paymentMethodData"].get("expirationYear", "2035") < "2026":
+        elif instrument["paymentMethodType"] == "PAYMENT_CARD" and card_expired(instrument, self.now()):
             decline = "EXPIRED_CARD"
         elif self.store.get("declines", body.get("customerId") or ""):
             decline = "DO_NOT_HONOR"

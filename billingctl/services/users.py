@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
-from billingctl.adapters.db.tables import credit_ledger, purchase, users
+from billingctl.adapters.db.tables import audit_log, credit_ledger, fraud_event, purchase, subscription, users
 from billingctl.domain.errors import NotFound
 from billingctl.services.processor_lock import read_lock
 
@@ -23,4 +23,102 @@ def show_user(container, user_id: str) -> dict:
             "purchases": purchases, "sfw_processor": lock.get("sfw_processor") or None,
             "nsfw_processor": lock.get("nsfw_processor") or None,
             "nsfw_processor_mid": lock.get("nsfw_processor_mid") or None,
-            "frozen": user["frozen_at"] is not None, "frozen_at": user["frozen_at"]}
+            "frozen": user["frozen_at"] is not None, "frozen_at": user["frozen_at"],
+            "frozen_reason": user["frozen_reason"], "recent_payments": recent_payments(container, user_id)}
+
+
+def recent_payments(container, user_id: str, limit: int = 10) -> list[dict]:
+    with container.uow() as uow:
+        rows = uow.execute(select(purchase.c.transaction_id, purchase.c.subscription_id, purchase.c.amount,
+                                  purchase.c.currency_code, purchase.c.credits, purchase.c.processor,
+                                  purchase.c.recorded_via, purchase.c.created_at)
+                           .where(purchase.c.user_id == user_id).order_by(purchase.c.id.desc()).limit(limit))
+        return [dict(r) for r in rows.mappings()]
+
+
+def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool = False, notify: bool = False,
+           dry_run: bool = False) -> dict:
+    """Disable further payments; optionally void pending invoices and notify the user. Idempotent:
+    a second run changes nothing more."""
+    from billingctl.adapters.db.sql import insert_ignore
+    from billingctl.domain.errors import BillingError, InvalidInput
+    from billingctl.services import alerts
+
+    if not reason or not reason.strip():
+        raise InvalidInput("a reason is required")
+    now = container.clock.now()
+    with container.uow() as uow:
+        current = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).first()
+        sub_ids = list(uow.execute(select(subscription.c.id).where(subscription.c.customer_id == user_id)).scalars())
+    already = current is not None and current.frozen_at is not None
+    pending = []
+    if void_invoices:
+        for sid in sub_ids:
+            pending += [i["id"] for i in container.provider.list_invoices(status="payment_due", subscription_id=sid)]
+    plan = {"user_id": user_id, "already_frozen": already, "void_invoices": pending, "notify": notify}
+    if dry_run:
+        return {**plan, "dry_run": True}
+    if not already:
+        with container.uow() as uow:
+            insert_ignore(uow, users, {"id": user_id, "created_at": now, "credits": 0}, ["id"])
+            uow.execute(update(users).where(users.c.id == user_id, users.c.frozen_at.is_(None)).values(
+                frozen_at=now, frozen_reason=reason))
+            uow.execute(audit_log.insert().values(actor=actor, action="user.freeze", target=user_id, reason=reason,
+                                                  details={"void_invoices": void_invoices, "notify": notify},
+                                                  created_at=now))
+            uow.commit()
+    voided, failed = [], []
+    for invoice_id in pending:
+        try:
+            container.provider.void_invoice(invoice_id, idempotency_key=f"freeze-void:{invoice_id}")
+            voided.append(invoice_id)
+        except BillingError as exc:
+            failed.append({"invoice_id": invoice_id, "error": exc.message})
+    if notify:
+        with container.uow() as uow:
+            alerts.enqueue(uow, container.clock, "notify", {
+                "user_id": user_id, "message": "Payments on your account are on hold. Please contact support."},
+                f"freeze:{user_id}")
+            uow.commit()
+    return {"user_id": user_id, "frozen": True, "changed": not already, "voided": voided, "void_failed": failed}
+
+
+def velocity_watch(container) -> dict:
+    """Spec section 8 fraud patterns: over 10 charges or over 1000 currency units in the last minute,
+    per user and in total; one chat alert per offender per minute window."""
+    from datetime import timedelta
+
+    from billingctl.adapters.db.tables import transaction
+    from billingctl.services import alerts
+
+    now = container.clock.now()
+    window_start = now - timedelta(minutes=1)
+    bucket = now.strftime("%Y%m%d%H%M")
+    s = container.settings
+    with container.uow() as uow:
+        spent = func.coalesce(func.sum(transaction.c.amount), 0)
+        rows = uow.execute(select(transaction.c.customer_id, func.count(), spent)
+                           .where(transaction.c.status == "captured", transaction.c.created_at > window_start)
+                           .group_by(transaction.c.customer_id)).all()
+        offenders = []
+        totals = [0, 0]
+        for customer_id, count, amount in rows:
+            totals[0] += count
+            totals[1] += int(amount)
+            if count > s.velocity_max_charges_per_minute or amount > s.velocity_max_amount_per_minute:
+                offenders.append({"user_id": customer_id, "charges": count, "amount": int(amount)})
+        for o in offenders:
+            alerts.raise_alert(uow, container.clock, f"Velocity: user {o['user_id']} made {o['charges']} charges "
+                               f"({o['amount']} minor units) in the last minute", f"velocity:{o['user_id']}:{bucket}")
+            uow.execute(fraud_event.insert().values(user_id=o["user_id"], event_type="velocity_triggered",
+                                                    created_at=now, metadata={"merchant_context": "full",
+                                                                              "amount": o["amount"],
+                                                                              "charges": o["charges"],
+                                                                              "source": "velocity_watch"}))
+        total_hot = totals[0] > s.velocity_max_charges_per_minute or totals[1] > s.velocity_max_amount_per_minute
+        if total_hot:
+            alerts.raise_alert(uow, container.clock, f"Velocity: {totals[0]} charges ({totals[1]} minor units) "
+                               "in the last minute across all users", f"velocity:all:{bucket}")
+        uow.commit()
+    return {"window_start": window_start, "charges": totals[0], "amount": totals[1], "offenders": offenders,
+            "total_alert": total_hot}

@@ -52,6 +52,11 @@ def upgrade() -> None:
     sa.Column('status', sa.String(length=32), nullable=False),
     sa.Column('decline_code', sa.String(length=64), nullable=True),
     sa.Column('payment_id', sa.String(length=64), nullable=True),
+    sa.Column('attempt_no', sa.Integer(), server_default=sa.text('0'), nullable=False),
+    sa.Column('lane', sa.String(length=8), nullable=True),
+    sa.Column('processor', sa.String(length=64), nullable=True),
+    sa.Column('amount', sa.BigInteger(), nullable=True),
+    sa.Column('next_attempt_at', sa.DateTime(timezone=True), nullable=True),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_dunning_attempt'))
     )
     with op.batch_alter_table('dunning_attempt', schema=None) as batch_op:

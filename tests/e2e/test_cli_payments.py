@@ -81,3 +81,22 @@ def test_quota_products_and_cleanup_verbs(container, env):
     assert {p["item_price_id"] for p in products} >= {"credits-pro-USD-monthly", "credits-pro-nsfw-USD-monthly"}
     dry = json.loads(billingctl(["--json", "--dry-run", "checkout", "cleanup"], env).stdout)
     assert dry == {"dry_run": True, "would_cancel": []}  # the checkout is younger than a day
+
+
+def test_freeze_renewals_and_velocity_verbs(container, env):
+    co = create_checkout(container, "user_f", "credits-pro-USD-monthly")
+    container.sandbox.pay(co["order_id"])
+    no_yes = billingctl(["users", "freeze", "user_f", "--reason", "fraud"], env)
+    assert no_yes.returncode == 3
+    dry = json.loads(billingctl(["--json", "--dry-run", "users", "freeze", "user_f", "--reason", "fraud"], env).stdout)
+    assert dry["dry_run"] is True and dry["already_frozen"] is False
+    frozen = json.loads(billingctl(["--json", "users", "freeze", "user_f", "--reason", "fraud", "--notify", "--yes"],
+                                   env).stdout)
+    assert frozen["changed"] is True
+    again = json.loads(billingctl(["--json", "users", "freeze", "user_f", "--reason", "fraud", "--yes"], env).stdout)
+    assert again["changed"] is False
+    user = json.loads(billingctl(["--json", "users", "show", "user_f"], env).stdout)
+    assert user["frozen"] is True and user["frozen_reason"] == "fraud" and len(user["recent_payments"]) == 1
+    assert json.loads(billingctl(["--json", "renewals", "run"], env).stdout) == {"outcomes": {}, "errors": []}
+    assert json.loads(billingctl(["--json", "renewals", "list", "--user", "user_f"], env).stdout) == []
+    assert json.loads(billingctl(["--json", "fraud", "velocity"], env).stdout)["offenders"] == []

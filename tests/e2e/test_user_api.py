@@ -187,32 +187,14 @@ def test_orchestrator_down_undoes_the_provider_subscription(api):
 
 @pytest.fixture
 def prod_api(make_settings, db_url, tmp_path):
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import rsa
+    from tests.helpers import ProductionStack
 
-    from billingctl.sandbox.apps import create_combined_app
-    from billingctl.sandbox.model import Sandbox
-    from billingctl.sandbox.store import SandboxStore
-    from billingctl.settings import REQUIRED_IN_PRODUCTION
-    from tests.helpers import LoopbackServer
-
-    private = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    public_pem = private.public_key().public_bytes(serialization.Encoding.PEM,
-                                                   serialization.PublicFormat.SubjectPublicKeyInfo).decode()
-    sandbox = Sandbox(SandboxStore(tmp_path / "prod-sandbox.db"))
-    with LoopbackServer(create_combined_app(sandbox)) as server:
-        secrets = {name: f"prod-{name}" for name in REQUIRED_IN_PRODUCTION}
-        secrets["session_jwt_key"] = public_pem
-        c = Container(make_settings(env="production", database_url=db_url, session_jwt_algorithms="RS256",
-                                    provider_url=f"{server.url}/provider", provider_api_key="k",
-                                    orchestrator_url=f"{server.url}/orchestrator", orchestrator_api_key="k",
-                                    **secrets), clock=ManualClock())
-        prod = Api(c)
-        prod.key = private
+    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock()) as stack:
+        prod = Api(stack.container)
+        private = stack.private_key
         prod.headers = lambda user, **kw: {"Authorization": f"Bearer {token(user, private, alg='RS256', **kw)}"}
-        prod.sandbox = sandbox
+        prod.sandbox = stack.sandbox
         yield prod
-        c.close()
 
 
 def test_production_accepts_rs256_and_refuses_hs256(prod_api):

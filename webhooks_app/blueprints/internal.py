@@ -127,5 +127,20 @@ def cache_invalidate():
     return jsonify(invalidate_customer(container(), customer_id))
 
 
+@bp.post("/internal/users/<user_id>/freeze")
+def users_freeze(user_id):
+    from billingctl.services.users import freeze
+
+    body = request.get_json(silent=True) or {}
+    if not isinstance(body, dict):
+        raise InvalidInput("the body, when given, must be a JSON object")
+    reason = body.get("reason") or "frozen through the internal API"
+    # The fraud flow: freezing goes with voiding pending invoices and notifying the user.
+    result = freeze(container(), user_id, str(reason), request.headers.get("X-Actor", "internal-api"),
+                    void_invoices=body.get("void_invoices", True) is not False,
+                    notify=body.get("notify", True) is not False)
+    return jsonify(result)
+
+
 def register(app: Flask) -> None:
     app.register_blueprint(bp)

@@ -159,6 +159,11 @@ dunning_attempt = Table(
     Column("status", String(32), nullable=False),
     Column("decline_code", String(64)),
     Column("payment_id", String(64)),
+    Column("attempt_no", Integer, nullable=False, server_default=text("0")),
+    Column("lane", String(8)),
+    Column("processor", String(64)),
+    Column("amount", BigInteger),
+    _ts("next_attempt_at"),
 )
 
 event_poller_state = Table(

@@ -1,0 +1,207 @@
+"""Renewals and dunning (spec sections 2 rule 7, 3 "Authorization-attempt quota" rule 2 and "NSFW
+renewal card substitution"): one merchant-initiated attempt per due invoice per tick, routed to the
+user's locked processor, each invoice isolated from the others.
+
+Retry schedule: after a failed attempt the next one waits `BILLING_RENEWAL_RETRY_HOURS[n]` (default
+1 h, 24 h, 72 h, 120 h: five attempts over about nine days). When the schedule is exhausted the
+subscription is cancelled at the provider, the user is notified, and an `exhausted` row closes the
+invoice's dunning; the invoice stays payment_due at the provider (visible in `renewals list`)."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from sqlalchemy import and_, select
+
+from billingctl.adapters.db.tables import checkout_session, dunning_attempt, subscription, users
+from billingctl.domain import errors as e
+from billingctl.domain.instruments import stored_instrument, usable_card
+from billingctl.domain.quota import MERCHANT
+from billingctl.services import alerts, catalog, fraud_quota
+from billingctl.services.payments import record_payment
+from billingctl.services.processor_lock import read_lock
+
+log = logging.getLogger("billingctl.renewals")
+
+# Attempts that count toward the retry schedule (a lock-read abort, a quota block, or an orchestrator
+# error whose outcome is unknown do not: the next tick simply tries again).
+COUNTED = ("declined", "failed")
+FINAL = ("succeeded", "exhausted")
+
+
+def run_renewals(container) -> dict:
+    """The dunning tick: every invoice in payment_due that belongs to a renewal."""
+    outcomes: dict[str, int] = {}
+    failures = []
+    for invoice in container.provider.list_invoices(status="payment_due"):
+        try:
+            outcome = attempt_invoice(container, invoice)
+        except Exception as exc:  # one invoice never stops the others
+            outcome = "error"
+            failures.append({"invoice_id": invoice["id"], "error": getattr(exc, "message", str(exc))})
+            log.exception("renewal attempt crashed", extra={"invoice_id": invoice["id"]})
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return {"outcomes": outcomes, "errors": failures}
+
+
+def _history(uow, invoice_id: str) -> list[dict]:
+    return [dict(r) for r in uow.execute(select(dunning_attempt).where(dunning_attempt.c.invoice_id == invoice_id)
+                                         .order_by(dunning_attempt.c.id)).mappings()]
+
+
+def _record(container, invoice: dict, status: str, **values) -> None:
+    with container.uow() as uow:
+        uow.execute(dunning_attempt.insert().values(
+            invoice_id=invoice["id"], subscription_id=invoice.get("subscription_id"),
+            user_id=invoice.get("customer_id"), created_at=container.clock.now(), status=status, **values))
+        uow.commit()
+
+
+def attempt_invoice(container, invoice: dict) -> str:
+    now = container.clock.now()
+    sub_id, user_id = invoice.get("subscription_id"), invoice.get("customer_id")
+    with container.uow() as uow:
+        if uow.execute(select(checkout_session.c.id).where(checkout_session.c.invoice_id == invoice["id"])).first():
+            return "not_a_renewal"  # a checkout's first invoice: the customer pays it at checkout
+        local = uow.execute(select(subscription.c.status, subscription.c.lane).where(
+            subscription.c.id == sub_id)).first()
+        history = _history(uow, invoice["id"])
+        frozen = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).scalar()
+    if any(h["status"] in FINAL for h in history):
+        return "closed"
+    if local is None or local.status not in ("active", "non_renewing"):
+        return "not_a_renewal"
+    last = history[-1] if history else None
+    if last is not None and last["next_attempt_at"] is not None and last["next_attempt_at"] > now:
+        return "not_due"
+    if frozen is not None:
+        return "skipped_frozen"
+    counted = sum(1 for h in history if h["status"] in COUNTED)
+    attempt_no = counted + 1
+    amount = int(invoice.get("amount_due") or invoice.get("total") or 0)
+    item_price_id = ((invoice.get("line_items") or [{}])[0]).get("entity_id")
+    lane = local.lane or catalog.plan(container, item_price_id).lane
+
+    # Spec section 2 rule 7: never route without a processor. A failed read aborts this attempt on
+    # either lane; the next tick re-reads.
+    try:
+        with container.uow() as uow:
+            lock = read_lock(uow, user_id) or {}
+    except Exception as exc:
+        log.error("renewal aborted: processor lock read failed: %s", type(exc).__name__,
+                  extra={"invoice_id": invoice["id"], "lane": lane})
+        _record(container, invoice, "aborted", decline_code="lock_read_failed", attempt_no=attempt_no, lane=lane,
+                amount=amount)
+        return "aborted"
+    processor = lock.get(f"{lane}_processor") or None
+    if not processor:
+        return _failed(container, invoice, "failed", "no_locked_processor", attempt_no, lane, None, amount, history)
+
+    with container.locks.hold(f"quota:{user_id}"):
+        with container.uow() as uow:
+            decision = fraud_quota.check(uow, container.settings, user_id, lane, now, MERCHANT)
+        if decision is not None and not decision.allowed:
+            log.warning("MIT blocked: authorization count quota exhausted",
+                        extra={"invoice_id": invoice["id"], "user_id": user_id, "window": decision.blocking})
+            frees = next((w.next_slot_frees_at for w in decision.windows if w.window == decision.blocking), None)
+            _record(container, invoice, "quota_blocked", decline_code="authorization_quota", attempt_no=attempt_no,
+                    lane=lane, processor=processor, amount=amount, next_attempt_at=frees)
+            return "quota_blocked"
+        token = _resolve_token(container, user_id, lane, now)
+        if token is None:
+            return _failed(container, invoice, "failed", "no_payment_method", attempt_no, lane, processor, amount,
+                           history)
+        metadata = {"psp": processor, "lane": lane, "user_id": user_id, "subscription_id": sub_id,
+                    "item_price_id": item_price_id, "merchant_initiated": True}
+        if lane == "nsfw" and lock.get("nsfw_processor_mid"):
+            metadata["processor_merchant_id"] = lock["nsfw_processor_mid"]
+        try:
+            payment = container.orchestrator.create_payment(
+                payment_method_token=token, amount=amount, currency_code=invoice.get("currency_code", "USD"),
+                order_id=invoice["id"], customer_id=user_id, metadata=metadata,
+                idempotency_key=f"renewal:{invoice['id']}:{attempt_no}")
+        except e.ExternalError as exc:
+            # Unknown whether it charged: the same idempotency key is reused next tick.
+            _record(container, invoice, "error", decline_code=exc.code, attempt_no=attempt_no, lane=lane,
+                    processor=processor, amount=amount)
+            return "error"
+        finally:
+            if lane == "nsfw":
+                with container.uow() as uow:
+                    fraud_quota.record_attempt(uow, user_id, now, amount, MERCHANT, order_id=invoice["id"])
+                    uow.commit()
+    if payment.get("status") == "SETTLED":
+        _record(container, invoice, "succeeded", attempt_no=attempt_no, lane=lane, processor=processor,
+                amount=amount, payment_id=payment["id"])
+        record_payment(container, payment, "renewal")
+        return "succeeded"
+    code = (payment.get("statusReason") or {}).get("code") or payment.get("status")
+    return _failed(container, invoice, "declined", code, attempt_no, lane, processor, amount, history,
+                   payment_id=payment.get("id"))
+
+
+def _resolve_token(container, user_id: str, lane: str, now) -> str | None:
+    instruments = container.orchestrator.list_payment_instruments(user_id)
+    stored = stored_instrument(instruments)
+    if stored is None:
+        return None
+    if lane != "nsfw" or usable_card(stored, now):
+        return stored["token"]
+    card = next((i for i in instruments if usable_card(i, now)), None)
+    if card is not None:
+        log.info("nsfw_renewal_card_substitution",
+                 extra={"user_id": user_id, "from_type": stored.get("paymentMethodType")})
+        return card["token"]
+    # Only wallets (or unusable cards): send the stored token and let the processor reject it.
+    log.warning("nsfw_renewal_no_card_found", extra={"user_id": user_id})
+    return stored["token"]
+
+
+def _failed(container, invoice, status, code, attempt_no, lane, processor, amount, history, payment_id=None) -> str:
+    schedule = container.settings.renewal_retry_hours
+    counted_before = sum(1 for h in history if h["status"] in COUNTED)
+    if counted_before < len(schedule):
+        next_at = container.clock.now() + timedelta(hours=schedule[counted_before])
+        _record(container, invoice, status, decline_code=code, attempt_no=attempt_no, lane=lane, processor=processor,
+                amount=amount, next_attempt_at=next_at, payment_id=payment_id)
+        log.info("renewal attempt failed; next attempt scheduled", extra={"invoice_id": invoice["id"], "code": code,
+                                                                         "next_attempt_at": next_at.isoformat()})
+        return status
+    _record(container, invoice, status, decline_code=code, attempt_no=attempt_no, lane=lane, processor=processor,
+            amount=amount, payment_id=payment_id)
+    return _exhaust(container, invoice)
+
+
+def _exhaust(container, invoice: dict) -> str:
+    from billingctl.services.sync import apply_remote_subscription, cancel_at_provider
+
+    sub_id, user_id = invoice.get("subscription_id"), invoice.get("customer_id")
+    try:
+        remote = cancel_at_provider(container, sub_id)
+        apply_remote_subscription(container, remote, "dunning", force=True)
+    except e.BillingError as exc:
+        log.error("dunning exhausted but the cancel failed; will retry: %s", exc.message,
+                  extra={"subscription_id": sub_id})
+        return "exhausted_cancel_failed"
+    _record(container, invoice, "exhausted", decline_code="retry_schedule_exhausted")
+    with container.uow() as uow:
+        alerts.enqueue(uow, container.clock, "notify", {
+            "user_id": user_id, "message": "Your subscription was cancelled because the renewal payment failed. "
+                                           "Add a card at checkout to subscribe again."}, f"dunning-exhausted:{sub_id}")
+        uow.commit()
+    log.warning("dunning exhausted: subscription cancelled", extra={"subscription_id": sub_id, "user_id": user_id})
+    return "exhausted"
+
+
+def list_attempts(container, user_id: str | None = None, invoice_id: str | None = None, limit: int = 100) -> list:
+    query = select(dunning_attempt).order_by(dunning_attempt.c.id.desc()).limit(limit)
+    conditions = []
+    if user_id:
+        conditions.append(dunning_attempt.c.user_id == user_id)
+    if invoice_id:
+        conditions.append(dunning_attempt.c.invoice_id == invoice_id)
+    if conditions:
+        query = query.where(and_(*conditions))
+    with container.uow() as uow:
+        return [dict(r) for r in uow.execute(query).mappings()]

@@ -1,0 +1,237 @@
+"""Renewals and dunning: lock-routed MIT charges, card substitution, lock-read aborts, the MIT quota,
+the retry schedule and its exhaustion, freezing, the velocity watch."""
+
+import logging
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from sqlalchemy import insert, select, text
+
+from billingctl.adapters.db.tables import alert_outbox, audit_log, dunning_attempt, fraud_event, transaction
+from billingctl.bootstrap import Container
+from billingctl.domain.clock import ManualClock
+from billingctl.services.renewals import list_attempts, run_renewals
+from billingctl.services.users import freeze, velocity_watch
+from tests.integration.conftest import World
+
+pytestmark = pytest.mark.integration
+PRO, NSFW = "credits-pro-USD-monthly", "credits-pro-nsfw-USD-monthly"
+MONTH = 31 * 86400
+
+
+@pytest.fixture
+def world(make_settings, db_url):
+    c = Container(make_settings(database_url=db_url), clock=ManualClock())
+    c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
+    yield World(c)
+    c.close()
+
+
+def subscribed(world, user="user_a", plan=PRO, method="PAYMENT_CARD", processor=None):
+    co = world.checkout(user, plan)
+    world.sandbox.pay(co["order_id"], method=method, processor=processor)
+    return co
+
+
+def month_passes(world):
+    world.sandbox.store.advance_clock(MONTH)
+    world.c.clock.advance(MONTH)
+
+
+def charges(world):
+    return world.sandbox.store.count_requests("orchestrator", "POST", "/payments")
+
+
+def attempts(world, user="user_a"):
+    return [(a["status"], a["decline_code"]) for a in reversed(list_attempts(world.c, user_id=user))]
+
+
+def test_an_sfw_renewal_charges_the_locked_processor_and_credits_once(world):
+    subscribed(world, processor="SFW_ADYEN")
+    month_passes(world)
+    result = run_renewals(world.c)
+    assert result["outcomes"] == {"succeeded": 1}
+    payment = world.sandbox.payments("SETTLED")[-1]
+    assert payment["metadata"]["psp"] == "SFW_ADYEN" and payment["processor"]["name"] == "SFW_ADYEN"
+    assert payment["paymentMethod"]["paymentType"] == "SUBSCRIPTION"
+    assert world.credits() == 4000  # the settle webhook also arrived: still once
+    assert attempts(world) == [("succeeded", None)]
+    assert run_renewals(world.c)["outcomes"] == {}  # the invoice is paid: nothing due
+
+
+def test_nsfw_wallet_only_customer_sends_the_wallet_and_stays_in_dunning(world, caplog):
+    subscribed(world, plan=NSFW, method="PAYPAL")
+    month_passes(world)
+    with caplog.at_level(logging.INFO, logger="billingctl.renewals"):
+        assert run_renewals(world.c)["outcomes"] == {"declined": 1}
+    assert "nsfw_renewal_no_card_found" in [r.getMessage() for r in caplog.records]
+    assert attempts(world) == [("declined", "PAYMENT_METHOD_NOT_SUPPORTED")]
+    assert world.sandbox.store.all("subscription")[0]["status"] == "active"  # in dunning, not cancelled
+
+
+@pytest.mark.parametrize(("card", "substituted"), [("valid", True), ("expired", False), ("deleted", False)])
+def test_nsfw_card_substitution(world, caplog, card, substituted):
+    subscribed(world, plan=NSFW, method="PAYPAL")
+    world.sandbox.add_instrument("user_a", "PAYMENT_CARD", expired=card == "expired", deleted=card == "deleted")
+    month_passes(world)
+    with caplog.at_level(logging.INFO, logger="billingctl.renewals"):
+        run_renewals(world.c)
+    messages = [r.getMessage() for r in caplog.records]
+    if substituted:
+        assert "nsfw_renewal_card_substitution" in messages
+        assert attempts(world) == [("succeeded", None)]
+        assert world.sandbox.payments("SETTLED")[-1]["paymentMethod"]["paymentMethodType"] == "PAYMENT_CARD"
+    else:
+        assert "nsfw_renewal_no_card_found" in messages
+        assert attempts(world)[0][0] == "declined"
+
+
+def test_a_stored_card_is_used_as_is_and_sfw_never_substitutes(world, caplog):
+    subscribed(world, "nsfw_user", plan=NSFW)
+    subscribed(world, "sfw_user", plan=PRO, method="PAYPAL")
+    world.sandbox.add_instrument("sfw_user", "PAYMENT_CARD")
+    month_passes(world)
+    with caplog.at_level(logging.INFO, logger="billingctl.renewals"):
+        assert run_renewals(world.c)["outcomes"] == {"succeeded": 2}
+    assert not any("substitution" in r.getMessage() for r in caplog.records)
+    sfw_payment = next(p for p in world.sandbox.payments("SETTLED") if p["customerId"] == "sfw_user"
+                       and p["paymentMethod"]["paymentType"] == "SUBSCRIPTION")
+    assert sfw_payment["paymentMethod"]["paymentMethodType"] == "PAYPAL"
+
+
+@pytest.mark.parametrize("plan", [PRO, NSFW])
+def test_a_lock_read_failure_aborts_without_charging_then_the_next_tick_charges(world, plan):
+    subscribed(world, plan=plan)
+    month_passes(world)
+    before = charges(world)
+    with world.c.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE user_credits RENAME TO user_credits_away"))
+    try:
+        assert run_renewals(world.c)["outcomes"] == {"aborted": 1}
+    finally:
+        with world.c.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE user_credits_away RENAME TO user_credits"))
+    assert charges(world) == before
+    assert attempts(world) == [("aborted", "lock_read_failed")]
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+
+
+def test_the_mit_quota_blocks_in_production(make_settings, db_url, tmp_path, caplog):
+    from tests.helpers import ProductionStack
+
+    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock()) as stack:
+        world = World(stack.container)
+        world.sandbox = stack.sandbox
+        subscribed(world, plan=NSFW)
+        month_passes(world)
+        now = world.c.clock.now()
+        with world.c.uow() as uow:
+            for i in range(5):
+                uow.execute(insert(fraud_event).values(user_id="user_a", event_type="authorization_attempt",
+                                                       created_at=now - timedelta(hours=i + 1),
+                                                       metadata={"merchant_context": "full", "amount": 2999}))
+            uow.commit()
+        before = charges(world)
+        with caplog.at_level(logging.WARNING, logger="billingctl.renewals"):
+            assert run_renewals(world.c)["outcomes"] == {"quota_blocked": 1}
+        assert "MIT blocked: authorization count quota exhausted" in [r.getMessage() for r in caplog.records]
+        assert charges(world) == before
+        row = list_attempts(world.c, user_id="user_a")[0]
+        assert row["status"] == "quota_blocked"
+        assert row["next_attempt_at"] == now - timedelta(hours=5) + timedelta(days=1)  # the oldest leaves
+        assert run_renewals(world.c)["outcomes"] == {"not_due": 1}
+
+
+def test_the_retry_schedule_is_followed_then_exhausted(world):
+    co = subscribed(world)
+    world.sandbox.decline_customer("user_a")
+    month_passes(world)
+    schedule = world.c.settings.renewal_retry_hours
+    for hours in schedule:
+        assert run_renewals(world.c)["outcomes"] == {"declined": 1}
+        assert run_renewals(world.c)["outcomes"] == {"not_due": 1}
+        world.c.clock.advance(hours * 3600 - 1)
+        assert run_renewals(world.c)["outcomes"] == {"not_due": 1}
+        world.c.clock.advance(1)
+    assert run_renewals(world.c)["outcomes"] == {"exhausted": 1}
+    statuses = [s for s, _ in attempts(world)]
+    assert statuses == ["declined"] * (len(schedule) + 1) + ["exhausted"]
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"
+    with world.c.uow() as uow:
+        notes = uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "notify")).scalars().all()
+    assert notes == [f"dunning-exhausted:{co['subscription_id']}"]
+    assert run_renewals(world.c)["outcomes"] == {"closed": 1}  # nothing more for this invoice
+
+
+def test_freeze_is_idempotent_and_blocks_payments(world):
+    from billingctl.domain.errors import AccountFrozen
+    from billingctl.services.checkout import create_checkout
+
+    subscribed(world)
+    month_passes(world)
+    assert list(world.c.provider.list_invoices(status="payment_due"))  # the renewal invoice is due
+    first = freeze(world.c, "user_a", "chargeback", "ops", void_invoices=True, notify=True)
+    assert first["changed"] is True and len(first["voided"]) == 1
+    second = freeze(world.c, "user_a", "chargeback", "ops", void_invoices=True, notify=True)
+    assert second == {"user_id": "user_a", "frozen": True, "changed": False, "voided": [], "void_failed": []}
+    with world.c.uow() as uow:
+        assert uow.execute(select(audit_log.c.action)).scalars().all() == ["user.freeze"]
+        assert uow.execute(select(alert_outbox.c.dedupe_key).where(
+            alert_outbox.c.sink == "notify")).scalars().all() == ["freeze:user_a"]
+    with pytest.raises(AccountFrozen):
+        create_checkout(world.c, "user_a", PRO)
+    before = charges(world)
+    assert run_renewals(world.c)["outcomes"].get("succeeded") is None
+    assert charges(world) == before
+
+
+def test_a_frozen_user_with_a_due_renewal_is_skipped(world):
+    subscribed(world)
+    month_passes(world)
+    freeze(world.c, "user_a", "fraud review", "ops")
+    before = charges(world)
+    assert run_renewals(world.c)["outcomes"] == {"skipped_frozen": 1}
+    assert charges(world) == before
+
+
+def test_velocity_watch_alerts_once_per_window(world):
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        for i in range(11):
+            uow.execute(insert(transaction).values(transaction_id=f"pay_v{i}", amount=100, status="captured",
+                                                   created_at=now - timedelta(seconds=i), customer_id="speedy"))
+        uow.execute(insert(transaction).values(transaction_id="pay_big", amount=150_000, status="captured",
+                                               created_at=now, customer_id="whale"))
+        uow.commit()
+    result = velocity_watch(world.c)
+    assert {o["user_id"] for o in result["offenders"]} == {"speedy", "whale"}
+    velocity_watch(world.c)
+    with world.c.uow() as uow:
+        keys = uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "chat")).scalars().all()
+    bucket = now.strftime("%Y%m%d%H%M")
+    assert sorted(keys) == sorted([f"velocity:speedy:{bucket}", f"velocity:whale:{bucket}", f"velocity:all:{bucket}"])
+    world.c.clock.advance(120)
+    assert velocity_watch(world.c)["offenders"] == []
+
+
+def test_freeze_endpoint(world):
+    from webhooks_app import create_internal_app
+
+    client = create_internal_app(container=world.c).test_client()
+    auth = {"Authorization": "Bearer test-internal-token"}
+    response = client.post("/internal/users/user_z/freeze", headers=auth)
+    assert response.status_code == 200 and response.get_json()["changed"] is True
+    assert client.post("/internal/users/user_z/freeze", headers=auth).get_json()["changed"] is False
+    assert client.post("/internal/users/user_z/freeze").status_code == 401
+
+
+def test_dunning_rows_carry_the_spec_fields(world):
+    subscribed(world)
+    world.sandbox.decline_customer("user_a")
+    month_passes(world)
+    run_renewals(world.c)
+    with world.c.uow() as uow:
+        row = uow.execute(select(dunning_attempt)).mappings().one()
+    assert row["invoice_id"] and row["created_at"] and row["status"] == "declined"
+    assert row["decline_code"] == "DO_NOT_HONOR" and row["processor"] == "SFW_STRIPE"
+    assert isinstance(row["created_at"], datetime) and row["created_at"].tzinfo == UTC
