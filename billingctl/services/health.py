@@ -84,6 +84,28 @@ def check_poller(container) -> Check:
     return Check("event_poller", not fresh["stale"] and not fresh["parked_events"], detail, fresh)
 
 
+def check_orphans(container) -> Check:
+    from billingctl.services.orphans import list_orphans
+
+    waiting = [r["payment_id"] for r in list_orphans(container) if r["status"] in ("exhausted", "needs_review")]
+    detail = "none awaiting review" if not waiting else f"{len(waiting)} orphaned payment(s) awaiting manual review"
+    return Check("orphans", not waiting, detail, {"awaiting_review": waiting[:20]})
+
+
+def check_outbox(container) -> Check:
+    from sqlalchemy import func, select
+
+    from billingctl.adapters.db.tables import alert_outbox
+
+    with container.uow() as uow:
+        backlog = uow.execute(select(alert_outbox.c.sink, func.count()).where(
+            alert_outbox.c.status.in_(("pending", "sending"))).group_by(alert_outbox.c.sink)).all()
+    counts = {sink: n for sink, n in backlog}
+    chat = counts.get("chat", 0)
+    detail = "empty" if not counts else ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    return Check("alert_outbox", chat == 0, detail + (" (undelivered chat alerts)" if chat else ""), counts)
+
+
 def health_report(container, scope: str = "full") -> dict:
     """scope "app": what a web worker itself needs (the /healthz probe); "full": everything on call."""
     checks = [*check_database(container), check_redis(container)]
@@ -92,6 +114,8 @@ def health_report(container, scope: str = "full") -> dict:
     if scope == "full" and checks[0].ok and checks[1].ok:
         checks.append(check_pending_activations(container))
         checks.append(check_poller(container))
+        checks.append(check_orphans(container))
+        checks.append(check_outbox(container))
     return {
         "ok": all(c.ok for c in checks),
         "checks": [asdict(c) for c in checks],

@@ -109,6 +109,13 @@ def record_payment(container, payment: dict, path: str, followups: bool = True) 
     """Record a settled payment exactly once, then record it at the provider and activate."""
     facts = facts_from_payment(container, payment)
     with container.locks.hold(f"subscription:{facts.subscription_id}"):
+        if path != "orphan_recovery" and _cancelled_without_purchase(container, facts):
+            # A checkout-retry orphan: settled for a cancelled subscription. The settled-payments
+            # poller recovers it (re-subscribe or refund); recording it here would credit a dead plan.
+            log.warning("payment settled for a cancelled subscription; left to orphan recovery",
+                        extra={"payment_id": facts.payment_id, "subscription_id": facts.subscription_id})
+            return {"payment_id": facts.payment_id, "outcome": "orphaned", "subscription_id": facts.subscription_id,
+                    "user_id": facts.user_id, "credits_applied": 0}
         result = _record_locally(container, facts, path)
         if followups:
             result.update(complete_followups(container, facts.subscription_id))
@@ -122,6 +129,14 @@ def record_payment(container, payment: dict, path: str, followups: bool = True) 
 
 def _is_checkout_payment(payment: dict) -> bool:
     return (payment.get("paymentMethod") or {}).get("paymentType") == "FIRST_PAYMENT"
+
+
+def _cancelled_without_purchase(container, facts: PaymentFacts) -> bool:
+    with container.uow() as uow:
+        status = uow.execute(select(subscription.c.status).where(subscription.c.id == facts.subscription_id)).scalar()
+        if status != "cancelled":
+            return False
+        return uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == facts.payment_id)).first() is None
 
 
 def _record_locally(container, facts: PaymentFacts, path: str) -> dict:

@@ -100,3 +100,13 @@ def test_freeze_renewals_and_velocity_verbs(container, env):
     assert json.loads(billingctl(["--json", "renewals", "run"], env).stdout) == {"outcomes": {}, "errors": []}
     assert json.loads(billingctl(["--json", "renewals", "list", "--user", "user_f"], env).stdout) == []
     assert json.loads(billingctl(["--json", "fraud", "velocity"], env).stdout)["offenders"] == []
+
+
+def test_orphans_verbs(container, env):
+    assert json.loads(billingctl(["--json", "orphans", "run"], env).stdout) == {"outcomes": {}, "cursor": None}
+    assert json.loads(billingctl(["--json", "orphans", "list"], env).stdout) == []
+    assert billingctl(["orphans", "show", "pay_nope"], env).returncode == 3
+    both = billingctl(["orphans", "resolve", "pay_nope", "--refund", "--mark-handled", "--reason", "x", "--yes"], env)
+    assert both.returncode == 2 and "exactly one" in both.stderr
+    no_yes = billingctl(["orphans", "resolve", "pay_nope", "--refund", "--reason", "x"], env)
+    assert no_yes.returncode == 3 and "--yes" in no_yes.stderr

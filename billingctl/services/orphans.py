@@ -1,0 +1,342 @@
+"""Orphaned-payment recovery (spec section 3 rules 1-7): payments that settled for a cancelled
+subscription (checkout-retry orphans), found by the settled-payments poller.
+
+Unlike the spec's in-memory counter (rule 4), attempts live in `orphan_recovery`, so a restart, a
+deploy or the next cron process continues the count and the exhaustion alert is raised once per
+payment id. Every action on a payment first claims its row with a conditional update, so two
+runners never refund or re-subscribe twice."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+
+from sqlalchemy import func, select, update
+
+from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.tables import audit_log, orphan_recovery, poller_cursor, purchase, subscription, users
+from billingctl.domain import errors as e
+from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS, orphan_retry_delay
+from billingctl.services import alerts
+from billingctl.services.payments import parse_time, record_payment
+
+log = logging.getLogger("billingctl.orphans")
+
+CURSOR = "settled_payments"
+EXHAUSTED_TEXT = "ORPHANED PAYMENT RECOVERY EXHAUSTED - manual review required"
+DUPLICATE_TEXT = "same-plan duplicate charge during orphan recovery"
+TOO_RECENT = timedelta(seconds=15)  # spec section 1 rule 3: the webhook or the event poller is still due
+CLAIM = timedelta(minutes=5)
+OPEN = ("retrying",)
+HUMAN = ("exhausted", "needs_review")
+
+
+# ---- the settled-payments poller ------------------------------------------------------------------
+
+def run_orphans(container) -> dict:
+    now = container.clock.now()
+    cursor = _read_cursor(container)
+    counts: dict[str, int] = {}
+    newest = cursor
+    for payment in container.orchestrator.list_payments("SETTLED", from_date=cursor):
+        settled_at = parse_time(payment.get("date")) or now
+        if now - settled_at < TOO_RECENT:
+            outcome = "too_recent"
+        else:
+            try:
+                outcome = handle_payment(container, payment)
+            except Exception as exc:  # isolate; the payment is looked at again next run
+                outcome = "error"
+                log.exception("settled payment check crashed: %s", exc, extra={"payment_id": payment.get("id")})
+        counts[outcome] = counts.get(outcome, 0) + 1
+        if newest is None or settled_at > newest:
+            newest = settled_at
+    # The cursor holds behind the oldest payment still being retried (or too recent to judge).
+    with container.uow() as uow:
+        oldest_open = uow.execute(select(func.min(orphan_recovery.c.settled_at)).where(
+            orphan_recovery.c.status.in_(OPEN))).scalar()
+    hold = [t for t in (oldest_open,) if t is not None]
+    if counts.get("too_recent") or counts.get("error"):
+        hold.append(now - TOO_RECENT - timedelta(seconds=1))
+    new_cursor = min([newest, *hold]) if newest is not None and hold else newest
+    if new_cursor is not None and new_cursor != cursor:
+        _write_cursor(container, new_cursor)
+    return {"outcomes": counts, "cursor": new_cursor}
+
+
+def handle_payment(container, payment: dict) -> str:
+    payment_id = payment["id"]
+    with container.uow() as uow:
+        if uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == payment_id)).first():
+            return "recorded"
+        row = uow.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id)).mappings().first()
+    if row is not None and row["status"] not in OPEN:
+        return row["status"]
+    sub_id = (payment.get("metadata") or {}).get("subscription_id")
+    if row is None:
+        status = _subscription_status(container, sub_id) if sub_id else None
+        if status != "cancelled":
+            # Not an orphan: an ordinary settled payment the webhook and the event poller missed.
+            return record_payment(container, payment, "settled_poller")["outcome"]
+        _open(container, payment)
+    return attempt(container, payment_id, payment)
+
+
+def _subscription_status(container, sub_id: str) -> str | None:
+    with container.uow() as uow:
+        local = uow.execute(select(subscription.c.status).where(subscription.c.id == sub_id)).scalar()
+    if local == "cancelled":
+        return local
+    try:
+        return container.provider.get_subscription(sub_id)["subscription"]["status"]
+    except e.ExternalNotFound:
+        return "cancelled"
+
+
+def _open(container, payment: dict) -> None:
+    now = container.clock.now()
+    metadata = payment.get("metadata") or {}
+    with container.uow() as uow:
+        insert_ignore(uow, orphan_recovery, {
+            "payment_id": payment["id"], "user_id": payment.get("customerId") or metadata.get("user_id"),
+            "subscription_id": metadata.get("subscription_id"), "item_price_id": metadata.get("item_price_id"),
+            "amount": payment.get("amount"), "currency_code": payment.get("currencyCode"), "status": "retrying",
+            "attempts": 0, "next_attempt_at": now, "settled_at": parse_time(payment.get("date")) or now,
+            "created_at": now, "updated_at": now}, ["payment_id"])
+        uow.commit()
+    log.warning("orphaned payment found: settled for a cancelled subscription", extra={"payment_id": payment["id"]})
+
+
+def _claim(container, payment_id: str, force: bool = False) -> dict | None:
+    """Own the row for one attempt (a conditional update); None when it is not due or someone else has it."""
+    now = container.clock.now()
+    with container.uow() as uow:
+        row = uow.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id)).mappings().first()
+        if row is None:
+            return None
+        due = force or (row["status"] in OPEN and (row["next_attempt_at"] is None or row["next_attempt_at"] <= now))
+        if not due:
+            return None
+        claimed = uow.execute(update(orphan_recovery).where(
+            orphan_recovery.c.payment_id == payment_id, orphan_recovery.c.attempts == row["attempts"],
+            orphan_recovery.c.status == row["status"],
+            (orphan_recovery.c.next_attempt_at == row["next_attempt_at"]) if row["next_attempt_at"] is not None
+            else orphan_recovery.c.next_attempt_at.is_(None),
+        ).values(next_attempt_at=now + CLAIM, updated_at=now)).rowcount
+        uow.commit()
+    return dict(row) if claimed == 1 else None
+
+
+def attempt(container, payment_id: str, payment: dict | None = None, force: bool = False) -> str:
+    row = _claim(container, payment_id, force)
+    if row is None:
+        return "waiting"
+    try:
+        payment = payment or container.orchestrator.get_payment(payment_id)
+        outcome = _recover(container, row, payment)
+    except e.BillingError as exc:
+        return _failed(container, row, exc.message)
+    except Exception as exc:
+        log.exception("orphan recovery crashed", extra={"payment_id": payment_id})
+        return _failed(container, row, f"{type(exc).__name__}: {exc}")
+    return outcome
+
+
+def _recover(container, row: dict, payment: dict) -> str:
+    user_id, plan = row["user_id"], row["item_price_id"]
+    with container.uow() as uow:
+        frozen = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).scalar()
+    if frozen is not None:
+        # A frozen account gets no automatic re-subscription: a person decides.
+        _finish(container, row["payment_id"], "needs_review", last_error="user is frozen")
+        _alert(container, f"Orphaned payment {row['payment_id']} belongs to frozen user {user_id} - manual review "
+                          "required", f"orphan-frozen:{row['payment_id']}")
+        return "needs_review"
+    holding = _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
+    if holding:
+        return _refund_duplicate(container, row, holding)
+    return _resubscribe(container, row, payment)
+
+
+def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -> str | None:
+    with container.uow() as uow:
+        candidates = uow.execute(select(subscription.c.id).where(
+            subscription.c.customer_id == user_id, subscription.c.item_price_id == plan,
+            subscription.c.status.in_(("active", "non_renewing")), subscription.c.id != (exclude or ""),
+        )).scalars().all()
+    for sub_id in candidates:  # the provider is the source of truth
+        if container.provider.get_subscription(sub_id)["subscription"]["status"] in ("active", "non_renewing"):
+            return sub_id
+    return None
+
+
+def _refund_duplicate(container, row: dict, holding: str) -> str:
+    payment_id = row["payment_id"]
+    _alert(container, DUPLICATE_TEXT, f"orphan-duplicate:{payment_id}", payment_id=payment_id,
+           user_id=row["user_id"], plan=row["item_price_id"], active_subscription=holding)
+    refund(container, payment_id)
+    _finish(container, payment_id, "duplicate_refunded", resolution="refunded")
+    log.warning(DUPLICATE_TEXT, extra={"payment_id": payment_id, "active_subscription": holding})
+    return "duplicate_refunded"
+
+
+def refund(container, payment_id: str) -> dict:
+    """Refund at the orchestrator once: the idempotency key is the payment id."""
+    payment = container.orchestrator.get_payment(payment_id)
+    if int((payment.get("processor") or {}).get("amountRefunded") or 0) >= int(payment.get("amount") or 0):
+        return payment
+    return container.orchestrator.refund_payment(payment_id, reason="duplicate charge",
+                                                 idempotency_key=f"refund:{payment_id}")
+
+
+def _resubscribe(container, row: dict, payment: dict) -> str:
+    from billingctl.services.checkout import PENDING_START_OFFSET
+
+    now = container.clock.now()
+    created = container.provider.create_subscription_for_items(
+        row["user_id"], row["item_price_id"], now + PENDING_START_OFFSET,
+        idempotency_key=f"orphan-subscription:{row['payment_id']}")
+    sub, invoice = created["subscription"], created.get("invoice") or {}
+    recovered = {**payment, "orderId": invoice.get("id") or payment.get("orderId"),
+                 "metadata": {**(payment.get("metadata") or {}), "subscription_id": sub["id"]}}
+    result = record_payment(container, recovered, "orphan_recovery")
+    if result.get("activation") not in ("activated", "already_active"):
+        raise e.ExternalError(f"re-subscribed {sub['id']} but activation is pending: "
+                              f"{result.get('activation_error', 'unknown')}")
+    _finish(container, row["payment_id"], "recovered", resolution="resubscribed", new_subscription=sub["id"])
+    return "recovered"
+
+
+def _failed(container, row: dict, error: str) -> str:
+    attempts = row["attempts"] + 1
+    now = container.clock.now()
+    if attempts >= ORPHAN_MAX_ATTEMPTS:
+        _finish(container, row["payment_id"], "exhausted", attempts=attempts, last_error=error[:500])
+        _alert(container, EXHAUSTED_TEXT, f"orphan-exhausted:{row['payment_id']}", payment_id=row["payment_id"],
+               user_id=row["user_id"], attempts=attempts, last_error=error[:200])
+        log.error(EXHAUSTED_TEXT, extra={"payment_id": row["payment_id"]})
+        return "exhausted"
+    with container.uow() as uow:
+        uow.execute(update(orphan_recovery).where(orphan_recovery.c.payment_id == row["payment_id"]).values(
+            attempts=attempts, last_error=error[:500], next_attempt_at=now + orphan_retry_delay(attempts),
+            updated_at=now))
+        uow.commit()
+    log.warning("orphan recovery attempt failed: %s", error, extra={"payment_id": row["payment_id"],
+                                                                    "attempts": attempts})
+    return "retrying"
+
+
+def _finish(container, payment_id: str, status: str, resolution: str | None = None, attempts: int | None = None,
+            last_error: str | None = None, new_subscription: str | None = None, resolved_by: str | None = None):
+    values = {"status": status, "updated_at": container.clock.now(), "next_attempt_at": None}
+    if resolution:
+        values["resolution"] = resolution
+    if attempts is not None:
+        values["attempts"] = attempts
+    if last_error is not None:
+        values["last_error"] = last_error
+    if resolved_by:
+        values["resolved_by"] = resolved_by
+    if new_subscription:
+        values["subscription_id"] = new_subscription
+    with container.uow() as uow:
+        uow.execute(update(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id).values(**values))
+        uow.commit()
+
+
+def _alert(container, text: str, key: str, **fields) -> None:
+    with container.uow() as uow:
+        alerts.raise_alert(uow, container.clock, text, key, **fields)
+        uow.commit()
+
+
+def _read_cursor(container):
+    with container.uow() as uow:
+        value = uow.execute(select(poller_cursor.c.value).where(poller_cursor.c.name == CURSOR)).scalar()
+    return parse_time(value) if value else None
+
+
+def _write_cursor(container, when) -> None:
+    now = container.clock.now()
+    with container.uow() as uow:
+        insert_ignore(uow, poller_cursor, {"name": CURSOR, "value": when.isoformat(), "updated_at": now}, ["name"])
+        uow.execute(update(poller_cursor).where(poller_cursor.c.name == CURSOR).values(value=when.isoformat(),
+                                                                                       updated_at=now))
+        uow.commit()
+
+
+# ---- manual review (spec rule 7) -----------------------------------------------------------------------
+
+def list_orphans(container, state: str | None = None) -> list[dict]:
+    query = select(orphan_recovery).order_by(orphan_recovery.c.created_at)
+    if state:
+        query = query.where(orphan_recovery.c.status == state)
+    with container.uow() as uow:
+        return [dict(r) for r in uow.execute(query).mappings()]
+
+
+def show(container, payment_id: str) -> dict:
+    with container.uow() as uow:
+        row = uow.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id)).mappings().first()
+        if row is None:
+            raise e.NotFound(f"no orphan record for payment {payment_id}")
+        holds = [dict(r) for r in uow.execute(select(subscription.c.id, subscription.c.status,
+                                                     subscription.c.item_price_id)
+                                              .where(subscription.c.customer_id == row["user_id"])).mappings()]
+    try:
+        payment = container.orchestrator.get_payment(payment_id)
+    except e.BillingError as exc:
+        payment = {"unavailable": exc.message}
+    return {"orphan": dict(row), "payment": payment, "user_subscriptions": holds}
+
+
+def retry(container, payment_id: str, actor: str) -> dict:
+    row = show(container, payment_id)["orphan"]
+    if row["status"] not in (*OPEN, *HUMAN):
+        raise e.Refused(f"payment {payment_id} is {row['status']}: nothing to retry")
+    outcome = attempt(container, payment_id, force=True)
+    _audit(container, actor, "orphans.retry", payment_id, None, {"outcome": outcome})
+    return {"payment_id": payment_id, "outcome": outcome}
+
+
+def resolve(container, payment_id: str, action: str, reason: str, actor: str, dry_run: bool = False) -> dict:
+    if not reason or not reason.strip():
+        raise e.InvalidInput("a reason is required")
+    info = show(container, payment_id)
+    row, payment = info["orphan"], info["payment"]
+    if row["status"] in ("recovered", "duplicate_refunded", "resolved"):
+        raise e.Refused(f"payment {payment_id} is already {row['status']}")
+    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0) if "id" in payment else 0
+    if action == "refund" and refunded > 0:
+        raise e.Refused(f"payment {payment_id} was already refunded ({refunded})")
+    if action == "create-subscription" and refunded > 0:
+        raise e.Refused(f"payment {payment_id} was refunded: a subscription cannot be created for it")
+    if action not in ("refund", "create-subscription", "mark-handled"):
+        raise e.InvalidInput("choose one of --create-subscription, --refund, --mark-handled")
+    plan = {"payment_id": payment_id, "action": action, "state": row["status"]}
+    if dry_run:
+        return {**plan, "dry_run": True}
+    if action == "refund":
+        refund(container, payment_id)
+        _finish(container, payment_id, "resolved", resolution="refunded", resolved_by=actor)
+    elif action == "create-subscription":
+        with container.uow() as uow:
+            uow.execute(update(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id).values(
+                status="retrying"))
+            uow.commit()
+        claimed = _claim(container, payment_id, force=True)
+        if claimed is None:
+            raise e.Refused(f"payment {payment_id} is being worked on; try again")
+        _resubscribe(container, claimed, payment)
+        _finish(container, payment_id, "resolved", resolution="resubscribed", resolved_by=actor)
+    else:
+        _finish(container, payment_id, "resolved", resolution="handled", resolved_by=actor)
+    _audit(container, actor, f"orphans.resolve.{action}", payment_id, reason, plan)
+    return {**plan, "state": "resolved"}
+
+
+def _audit(container, actor, action, target, reason, details) -> None:
+    with container.uow() as uow:
+        uow.execute(audit_log.insert().values(actor=actor, action=action, target=target, reason=reason,
+                                              details=details, created_at=container.clock.now()))
+        uow.commit()

@@ -1,0 +1,216 @@
+"""Orphaned-payment recovery: the schedule, the cursor, restarts, same-plan duplicates, manual review."""
+
+import threading
+
+import pytest
+from sqlalchemy import select
+
+from billingctl.adapters.db.tables import alert_outbox, audit_log, orphan_recovery
+from billingctl.bootstrap import Container
+from billingctl.domain import errors as e
+from billingctl.domain.clock import ManualClock
+from billingctl.services import orphans
+from billingctl.services.checkout import cleanup_expired
+from billingctl.services.users import freeze
+from tests.integration.conftest import World
+
+pytestmark = pytest.mark.integration
+PRO = "credits-pro-USD-monthly"
+
+
+def build(make_settings, db_url, clock=None, **overrides):
+    c = Container(make_settings(database_url=db_url, http_max_attempts=1, **overrides), clock=clock or ManualClock())
+    c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
+    return World(c)
+
+
+@pytest.fixture
+def world(make_settings, db_url):
+    w = build(make_settings, db_url)
+    yield w
+    w.c.close()
+
+
+def advance(world, seconds):
+    world.c.clock.advance(seconds)
+    world.sandbox.store.advance_clock(seconds)
+
+
+def orphan(world, user="user_a", plan=PRO):
+    """A checkout-retry orphan: the checkout expires and is cleaned up, then the old session is paid."""
+    co = world.checkout(user, plan)
+    advance(world, 2 * 86400)
+    assert co["subscription_id"] in cleanup_expired(world.c)["cancelled"]
+    payment = world.sandbox.pay(co["order_id"])  # its webhook arrives: left to orphan recovery
+    assert world.purchases(payment["id"]) == 0
+    world.c.clock.advance(16)  # older than the 15 s a fresh payment is given
+    return co, payment
+
+
+def row(world, payment_id):
+    with world.c.uow() as uow:
+        return uow.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id)).mappings().one()
+
+
+def chat_alerts(world):
+    with world.c.uow() as uow:
+        return uow.execute(select(alert_outbox.c.dedupe_key, alert_outbox.c.payload).where(
+            alert_outbox.c.sink == "chat")).all()
+
+
+def test_a_typical_orphan_clears_on_the_first_attempt(world):
+    co, payment = orphan(world)
+    result = orphans.run_orphans(world.c)
+    assert result["outcomes"] == {"recovered": 1}
+    state = row(world, payment["id"])
+    assert (state["status"], state["attempts"], state["resolution"]) == ("recovered", 0, "resubscribed")
+    new_sub = state["subscription_id"]
+    assert new_sub != co["subscription_id"]
+    assert world.sandbox.subscription(new_sub)["status"] == "active"
+    assert world.purchases(payment["id"]) == 1 and world.credits() == 2000
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1}
+    assert world.credits() == 2000
+
+
+def test_the_exact_schedule_and_exhaustion(world):
+    _, payment = orphan(world)
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=-1)
+    gaps = []
+    for n in range(1, 11):
+        outcome = orphans.run_orphans(world.c)["outcomes"]
+        state = row(world, payment["id"])
+        if n < 10:
+            assert outcome == {"retrying": 1} and state["attempts"] == n
+            gap = state["next_attempt_at"] - world.c.clock.now()
+            gaps.append(int(gap.total_seconds() // 60))
+            world.c.clock.advance(gap.total_seconds() - 1)
+            assert orphans.run_orphans(world.c)["outcomes"] == {"waiting": 1}  # not a second early
+            world.c.clock.advance(1)
+        else:
+            assert outcome == {"exhausted": 1}
+    assert gaps == [1, 2, 4, 8, 16, 30, 30, 30, 30]
+    state = row(world, payment["id"])
+    assert (state["status"], state["attempts"]) == ("exhausted", 10)
+    texts = [p["text"] for _, p in chat_alerts(world)]
+    assert texts == ["ORPHANED PAYMENT RECOVERY EXHAUSTED - manual review required"]
+    orphans.run_orphans(world.c)
+    assert len(chat_alerts(world)) == 1
+
+
+def test_a_new_process_continues_the_count_and_alerts_once(world, make_settings, db_url):
+    _, payment = orphan(world)
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=-1)
+    for _ in range(5):
+        orphans.run_orphans(world.c)
+        world.c.clock.advance(31 * 60)
+    assert row(world, payment["id"])["attempts"] == 5
+    # A deploy: a fresh process with nothing in memory, and a second runner beside it.
+    fresh = build(make_settings, db_url, clock=ManualClock(world.c.clock.now()))
+    for _ in range(5):
+        orphans.run_orphans(fresh.c)
+        orphans.run_orphans(world.c)
+        fresh.c.clock.advance(31 * 60)
+        world.c.clock.advance(31 * 60)
+    assert (row(world, payment["id"])["status"], row(world, payment["id"])["attempts"]) == ("exhausted", 10)
+    assert len(chat_alerts(world)) == 1
+    fresh.c.close()
+
+
+def test_the_cursor_holds_behind_a_payment_under_retry(world):
+    _, stuck = orphan(world)
+    later = world.checkout("user_b")
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=-1)
+    orphans.run_orphans(world.c)
+    advance(world, 60)
+    world.sandbox.pay(later["order_id"])
+    world.c.clock.advance(16)
+    orphans.run_orphans(world.c)
+    cursor = orphans._read_cursor(world.c)
+    assert cursor <= row(world, stuck["id"])["settled_at"]
+    for _ in range(12):
+        world.c.clock.advance(31 * 60)
+        orphans.run_orphans(world.c)
+    assert row(world, stuck["id"])["status"] == "exhausted"
+    assert orphans._read_cursor(world.c) > row(world, stuck["id"])["settled_at"]  # moved on
+
+
+def test_same_plan_duplicate_refunds_once_even_with_two_runners(world, make_settings, db_url):
+    world.sandbox.pay(world.checkout()["order_id"])  # the user already holds the plan
+    _, payment = orphan(world)
+    other = build(make_settings, db_url, clock=ManualClock(world.c.clock.now()))
+    barrier = threading.Barrier(2)
+    results = []
+
+    def runner(w):
+        barrier.wait()
+        results.append(orphans.run_orphans(w.c)["outcomes"])
+
+    threads = [threading.Thread(target=runner, args=(w,)) for w in (world, other)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    state = row(world, payment["id"])
+    assert (state["status"], state["resolution"]) == ("duplicate_refunded", "refunded")
+    refunded = world.sandbox.store.get("payment", payment["id"])
+    assert refunded["processor"]["amountRefunded"] == payment["amount"] and len(refunded["refunds"]) == 1
+    assert [p["text"] for _, p in chat_alerts(world)] == ["same-plan duplicate charge during orphan recovery"]
+    assert world.credits() == 2000  # the orphan's credits were never applied
+    orphans.run_orphans(world.c)
+    assert len(world.sandbox.store.get("payment", payment["id"])["refunds"]) == 1
+    other.c.close()
+
+
+def test_a_frozen_user_gets_no_automatic_resubscription(world):
+    _, payment = orphan(world)
+    freeze(world.c, "user_a", "fraud review", "ops")
+    assert orphans.run_orphans(world.c)["outcomes"] == {"needs_review": 1}
+    assert world.purchases() == 0 and len(world.sandbox.store.all("subscription")) == 1
+    assert row(world, payment["id"])["last_error"] == "user is frozen"
+
+
+def test_manual_resolve_paths(world):
+    _, first = orphan(world, "user_r")
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=-1)
+    orphans.run_orphans(world.c)
+    with pytest.raises(e.InvalidInput):
+        orphans.resolve(world.c, first["id"], "refund", " ", "ops")
+    plan = orphans.resolve(world.c, first["id"], "refund", "customer asked", "ops", dry_run=True)
+    assert plan["dry_run"] is True
+    assert world.sandbox.store.get("payment", first["id"])["processor"]["amountRefunded"] == 0
+    orphans.resolve(world.c, first["id"], "refund", "customer asked", "ops")
+    assert row(world, first["id"])["status"] == "resolved"
+    with pytest.raises(e.Refused, match="already resolved"):
+        orphans.resolve(world.c, first["id"], "refund", "again", "ops")
+
+    world.sandbox.store.clear_faults()
+    _, second = orphan(world, "user_s")
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=1)
+    orphans.run_orphans(world.c)
+    world.sandbox.refund(second["id"])  # refunded by someone at the orchestrator's console
+    with pytest.raises(e.Refused, match="already refunded"):
+        orphans.resolve(world.c, second["id"], "refund", "double", "ops")
+    with pytest.raises(e.Refused, match="was refunded"):
+        orphans.resolve(world.c, second["id"], "create-subscription", "x", "ops")
+    orphans.resolve(world.c, second["id"], "mark-handled", "refunded by finance", "ops")
+
+    _, third = orphan(world, "user_t")
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=1)
+    orphans.run_orphans(world.c)
+    orphans.resolve(world.c, third["id"], "create-subscription", "user has nothing", "ops")
+    assert world.purchases(third["id"]) == 1 and world.credits("user_t") == 2000
+    with world.c.uow() as uow:
+        actions = uow.execute(select(audit_log.c.action).order_by(audit_log.c.id)).scalars().all()
+    assert actions == ["orphans.resolve.refund", "orphans.resolve.mark-handled", "orphans.resolve.create-subscription"]
+    assert orphans.show(world.c, third["id"])["orphan"]["resolution"] == "resubscribed"
+
+
+def test_retry_runs_one_attempt_now(world):
+    _, payment = orphan(world)
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=1)
+    orphans.run_orphans(world.c)
+    assert row(world, payment["id"])["status"] == "retrying"
+    assert orphans.retry(world.c, payment["id"], "ops")["outcome"] == "recovered"
+    with pytest.raises(e.Refused):
+        orphans.retry(world.c, payment["id"], "ops")
+    assert world.credits() == 2000
