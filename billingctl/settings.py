@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     media_signing_secret: SecretStr | None = None
     media_edge_ttl_seconds: int = Field(default=300000, gt=0)
 
+    # Hosts an image transformation may fetch its origin from (relative paths are always ours).
+    media_origin_allowlist: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
     alert_webhook_url: str | None = None
     notify_url: str | None = None
     analytics_url: str | None = None
@@ -111,6 +114,13 @@ class Settings(BaseSettings):
     def _split_algorithms(cls, value):
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("media_origin_allowlist", mode="before")
+    @classmethod
+    def _split_hosts(cls, value):
+        if isinstance(value, str):
+            return [part.strip().lower() for part in value.split(",") if part.strip()]
         return value
 
     @field_validator("renewal_retry_hours", mode="before")

@@ -31,6 +31,17 @@ def _verify(token: str, settings) -> str:
     return sub
 
 
+def current_session_user() -> str | None:
+    """The session's user, or None when there is no valid session (for routes that answer 404)."""
+    token = bearer_token()
+    if token is None:
+        return None
+    try:
+        return _verify(token, current_app.extensions["billing"].settings)
+    except (jwt.PyJWTError, AuthenticationFailed):
+        return None
+
+
 def session_required(view):
     @functools.wraps(view)
     def wrapper(*args, **kwargs):

@@ -38,5 +38,44 @@ def check_timestamp(value, now: float, skew: int = SKEW_SECONDS) -> None:
     text = str(value).strip() if value is not None else ""
     if not text.isdigit():
         raise AuthenticationFailed("missing or non-numeric timestamp")
-    if abs(now - int(text)) > skew:
+    if abs(int(now) - int(text)) > skew:
         raise AuthenticationFailed("timestamp outside the allowed window")
+
+
+def verify_timestamped(raw: bytes, header: str | None, secrets: list[str], now: float) -> None:
+    """`Verification-Signature: t=<unix>,v1=<hex>`: HMAC-SHA256 over "<t>.<raw body>"; the timestamp
+    within +/- 5 minutes; several sets separated by spaces during a rotation, any may match."""
+    if not secrets:
+        raise AuthenticationFailed("webhook secret is not configured")
+    if not header or not header.strip():
+        raise AuthenticationFailed("missing signature")
+    matched = False
+    for chunk in header.split():
+        fields = dict(part.split("=", 1) for part in chunk.split(",") if "=" in part)
+        ts, sig = fields.get("t", ""), fields.get("v1", "")
+        if not ts.isdigit() or not sig:
+            continue
+        if abs(int(now) - int(ts)) > SKEW_SECONDS:
+            continue
+        signed = ts.encode() + b"." + raw
+        for secret in secrets:
+            expected = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+            matched |= constant_time_equal(sig.lower(), expected)
+    if not matched:
+        raise AuthenticationFailed("invalid signature")
+
+
+def verify_standard_webhook(raw: bytes, headers, secret: str | None) -> None:
+    """Standard Webhooks (webhook-id, webhook-timestamp, webhook-signature), by the reference library."""
+    from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+    if not secret:
+        raise AuthenticationFailed("webhook secret is not configured")
+    key = secret if secret.startswith("whsec_") else secret.encode()
+    needed = {name: headers.get(name) for name in ("webhook-id", "webhook-timestamp", "webhook-signature")}
+    if not all(needed.values()):
+        raise AuthenticationFailed("missing webhook signature headers")
+    try:
+        Webhook(key).verify(raw, needed, json_parse=False)
+    except (WebhookVerificationError, ValueError) as exc:
+        raise AuthenticationFailed("invalid signature") from exc

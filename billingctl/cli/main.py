@@ -39,12 +39,13 @@ def version():
 
 
 def _register() -> None:
-    from billingctl.cli import alerts, checkout, db, demo, events, health, orphans, payments, sandbox
+    from billingctl.cli import alerts, checkout, db, demo, events, health, media, orphans, payments, sandbox
 
     app.add_typer(db.app, name="db")
     app.add_typer(alerts.app, name="alerts")
     app.add_typer(sandbox.app, name="sandbox")
     app.add_typer(orphans.app, name="orphans")
+    app.add_typer(media.app, name="media")
     health.register(app)
     demo.register(app)
     payments.register(app)

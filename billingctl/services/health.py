@@ -106,11 +106,20 @@ def check_outbox(container) -> Check:
     return Check("alert_outbox", chat == 0, detail + (" (undelivered chat alerts)" if chat else ""), counts)
 
 
+def check_media(container) -> Check:
+    from billingctl.services.media import edge_ttl_warning
+
+    warning = edge_ttl_warning(container.settings)
+    return Check("media_edge_ttl", warning is None, warning or
+                 f"{container.settings.media_edge_ttl_seconds} s (above the 72 h signed-URL cache)")
+
+
 def health_report(container, scope: str = "full") -> dict:
     """scope "app": what a web worker itself needs (the /healthz probe); "full": everything on call."""
     checks = [*check_database(container), check_redis(container)]
     if scope == "full":
         checks.extend(check_breakers(container))
+        checks.append(check_media(container))
     if scope == "full" and checks[0].ok and checks[1].ok:
         checks.append(check_pending_activations(container))
         checks.append(check_poller(container))

@@ -65,3 +65,28 @@ def replay(container, source: str, event_id: str) -> dict:
     from billingctl.services.events import handle_event
 
     return {"event_id": event_id, "status": handle_event(container, row["payload"])}
+
+
+def process_once(container, source: str, event_id: str, event_type: str, payload: dict, handler) -> dict:
+    """Accept an event into the inbox and run `handler()` unless it was processed before.
+    A handler's BillingError is kept on the inbox row (visible in `events list`) and reported."""
+    import logging
+
+    from billingctl.domain.errors import BillingError
+
+    with container.uow() as uow:
+        status = accept(uow, container.clock, source, event_id, event_type, payload)
+        uow.commit()
+    if status != "pending":
+        return {"event_id": event_id, "outcome": "duplicate"}
+    error, result = None, {}
+    try:
+        result = handler() or {}
+    except BillingError as exc:
+        error, result = exc.message, {"outcome": "failed", "error": exc.message}
+        logging.getLogger("billingctl.inbox").warning("event failed; kept in the inbox: %s", exc.message,
+                                                      extra={"source": source, "event_id": event_id})
+    with container.uow() as uow:
+        finish(uow, container.clock, source, event_id, error)
+        uow.commit()
+    return {"event_id": event_id, **result}

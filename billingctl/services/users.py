@@ -122,3 +122,47 @@ def velocity_watch(container) -> dict:
         uow.commit()
     return {"window_start": window_start, "charges": totals[0], "amount": totals[1], "offenders": offenders,
             "total_alert": total_hot}
+
+
+def store_verification(container, user_id: str, outcome: str) -> dict:
+    """The identity-verification outcome, stored on the user."""
+    from billingctl.adapters.db.sql import insert_ignore
+
+    now = container.clock.now()
+    with container.uow() as uow:
+        insert_ignore(uow, users, {"id": user_id, "created_at": now, "credits": 0}, ["id"])
+        uow.execute(update(users).where(users.c.id == user_id).values(idv_status=outcome[:32], idv_updated_at=now))
+        uow.commit()
+    return {"outcome": "stored", "user_id": user_id, "idv_status": outcome}
+
+
+def apply_identity_event(container, event_type: str, data: dict) -> dict:
+    """Front-end identity provider events: users created, updated, deleted (soft), sessions."""
+    from billingctl.adapters.db.sql import insert_ignore
+    from billingctl.adapters.db.tables import login_attempt, user_credits
+    from billingctl.domain.errors import InvalidInput
+
+    user_id = data.get("user_id") if event_type.startswith("session.") else data.get("id")
+    if not isinstance(user_id, str) or not user_id:
+        raise InvalidInput("the event names no user")
+    now = container.clock.now()
+    email = data.get("email")
+    if email is None and data.get("email_addresses"):
+        email = (data["email_addresses"][0] or {}).get("email_address")
+    with container.uow() as uow:
+        if event_type in ("user.created", "user.updated"):
+            insert_ignore(uow, users, {"id": user_id, "created_at": now, "credits": 0}, ["id"])
+            uow.execute(update(users).where(users.c.id == user_id).values(email=email, deleted_at=None))
+        elif event_type == "user.deleted":
+            uow.execute(update(users).where(users.c.id == user_id, users.c.deleted_at.is_(None)).values(
+                deleted_at=now))
+            uow.execute(update(user_credits).where(user_credits.c.user_id == user_id,
+                                                   user_credits.c.deleted_at.is_(None)).values(deleted_at=now))
+        elif event_type.startswith("session."):
+            ip = data.get("client_ip") or data.get("ip_address")
+            uow.execute(login_attempt.insert().values(user_id=user_id, ip_address=(ip or "")[:64] or None,
+                                                      created_at=now))
+        else:
+            return {"outcome": "ignored"}
+        uow.commit()
+    return {"outcome": "applied", "user_id": user_id, "type": event_type}

@@ -205,6 +205,7 @@ def upgrade() -> None:
     sa.Column('frozen_reason', sa.Text(), nullable=True),
     sa.Column('idv_status', sa.String(length=32), nullable=True),
     sa.Column('idv_updated_at', sa.DateTime(timezone=True), nullable=True),
+    sa.Column('deleted_at', sa.DateTime(timezone=True), nullable=True),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_users'))
     )
     op.create_table('checkout_session',

@@ -9,7 +9,8 @@ from flask import Flask
 
 
 def register(app: Flask) -> None:
-    from webhooks_app.blueprints import user_api, webhooks
+    from webhooks_app.blueprints import site, user_api, webhooks
 
     webhooks.register(app)
     user_api.register(app)
+    site.register(app)

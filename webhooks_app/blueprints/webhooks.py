@@ -9,7 +9,7 @@ import logging
 
 from flask import Blueprint, current_app, jsonify, request
 
-from billingctl.domain.errors import BillingError, InvalidInput
+from billingctl.domain.errors import InvalidInput
 from webhooks_app.signatures import check_timestamp, secrets_of, verify_orchestrator
 
 log = logging.getLogger("webhooks_app.webhooks")
@@ -48,39 +48,25 @@ def orchestrator_payments():
 
 
 def handle_payment_event(c, event_type: str, payment: dict) -> dict:
-    from billingctl.services import inbox
-    from billingctl.services.payments import record_payment, update_transaction_status
+    from billingctl.services.inbox import process_once
+    from billingctl.services.payments import record_payment, reverse_refund, update_transaction_status
 
-    refunded = (payment.get("processor") or {}).get("amountRefunded") or 0
+    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
     event_id = f"{event_type}:{payment['id']}:{payment.get('status')}" + (
         f":{refunded}" if event_type == "PAYMENT.REFUND" else "")
-    with c.uow() as uow:
-        status = inbox.accept(uow, c.clock, "orchestrator", event_id, event_type, {"payment": payment})
-        uow.commit()
-    if status != "pending":
-        return {"event_id": event_id, "outcome": "duplicate"}
-    error = None
-    try:
+
+    def handle() -> dict:
         if event_type == "PAYMENT.STATUS" and payment.get("status") == "SETTLED":
             # One attempt per provider call here: the webhook answers quickly, the activations job finishes.
             with c.provider.http.attempts(1):
-                result = record_payment(c, payment, "webhook")
-        elif event_type == "PAYMENT.STATUS":
-            result = update_transaction_status(c, payment)
-        elif event_type == "PAYMENT.REFUND":
-            from billingctl.services.payments import reverse_refund
+                return record_payment(c, payment, "webhook")
+        if event_type == "PAYMENT.STATUS":
+            return update_transaction_status(c, payment)
+        if event_type == "PAYMENT.REFUND":
+            return reverse_refund(c, payment["id"], refunded, "webhook")
+        return {"outcome": "ignored"}
 
-            refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
-            result = reverse_refund(c, payment["id"], refunded, "webhook")
-        else:
-            result = {"outcome": "ignored"}
-    except BillingError as exc:
-        error, result = exc.message, {"outcome": "failed", "error": exc.message}
-        log.warning("payment event failed; kept in the inbox: %s", exc.message, extra={"event_id": event_id})
-    with c.uow() as uow:
-        inbox.finish(uow, c.clock, "orchestrator", event_id, error)
-        uow.commit()
-    return {"event_id": event_id, **result}
+    return process_once(c, "orchestrator", event_id, event_type, {"payment": payment}, handle)
 
 
 @bp.post("/subscription-provider")
@@ -106,6 +92,94 @@ def subscription_provider():
         raise InvalidInput("event id and event_type are required")
     status = handle_event(c, event)
     return jsonify({"event_id": event["id"], "status": status}), 200
+
+
+@bp.post("/orchestrator/disputes")
+def orchestrator_disputes():
+    c = container()
+    raw = request.get_data(cache=False)
+    verify_orchestrator(raw, request.headers.get("X-Signature-Primary"), request.headers.get("X-Signature-Secondary"),
+                        secrets_of(c.settings.secret("orchestrator_disputes_secret")))
+    body = _json(raw)
+    check_timestamp(body.get("signedAt"), c.clock.now().timestamp())
+    payment, event_type = body.get("payment"), body.get("eventType")
+    if not isinstance(payment, dict) or not payment.get("id") or not isinstance(event_type, str):
+        raise InvalidInput("eventType and payment.id are required")
+    from billingctl.services.fraud_signals import record_dispute
+    from billingctl.services.inbox import process_once
+
+    dispute_id = (body.get("dispute") or {}).get("id") or payment["id"]
+    result = process_once(c, "orchestrator", f"{event_type}:{dispute_id}", event_type, body,
+                          lambda: record_dispute(c, event_type, payment, body.get("dispute") or {}))
+    return jsonify(result), 200
+
+
+@bp.post("/workflow-completion")
+def workflow_completion():
+    from billingctl.services.inbox import process_once
+    from webhooks_app.auth import constant_time_equal
+
+    c = container()
+    expected = c.settings.secret("workflow_callback_secret")
+    if not expected or not constant_time_equal(request.headers.get("X-Webhook-Secret"), expected):
+        from billingctl.domain.errors import AuthenticationFailed
+
+        raise AuthenticationFailed("invalid or missing webhook secret")
+    body = _json(request.get_data(cache=False))
+    workflow_id, status = body.get("workflow_id"), body.get("status")
+    if not isinstance(workflow_id, str) or not workflow_id or not isinstance(status, str):
+        raise InvalidInput("workflow_id and status are required")
+
+    def handle() -> dict:
+        from billingctl.services.payments import record_payment
+
+        payment_id = body.get("payment_id")
+        if status != "completed" or not payment_id:
+            return {"outcome": "ignored"}
+        payment = c.orchestrator.get_payment(payment_id)
+        if payment.get("status") != "SETTLED":
+            return {"outcome": "not_settled", "status": payment.get("status")}
+        with c.provider.http.attempts(1):
+            return record_payment(c, payment, "workflow_callback")
+
+    return jsonify(process_once(c, "workflow", workflow_id, f"workflow.{status}", body, handle)), 200
+
+
+@bp.post("/identity-verification")
+def identity_verification():
+    from billingctl.services.inbox import process_once
+    from billingctl.services.users import store_verification
+    from webhooks_app.signatures import verify_timestamped
+
+    c = container()
+    raw = request.get_data(cache=False)
+    verify_timestamped(raw, request.headers.get("Verification-Signature"),
+                       secrets_of(c.settings.secret("idv_webhook_secret")), c.clock.now().timestamp())
+    body = _json(raw)
+    event_id, user_id, outcome = body.get("id"), body.get("user_id"), body.get("status")
+    if not all(isinstance(v, str) and v for v in (event_id, user_id, outcome)):
+        raise InvalidInput("id, user_id and status are required")
+    result = process_once(c, "idv", event_id, f"verification.{outcome}", body,
+                          lambda: store_verification(c, user_id, outcome))
+    return jsonify(result), 200
+
+
+@bp.post("/identity")
+def identity():
+    from billingctl.services.inbox import process_once
+    from billingctl.services.users import apply_identity_event
+    from webhooks_app.signatures import verify_standard_webhook
+
+    c = container()
+    raw = request.get_data(cache=False)
+    verify_standard_webhook(raw, request.headers, c.settings.secret("identity_webhook_secret"))
+    body = _json(raw)
+    event_type, data = body.get("type"), body.get("data")
+    if not isinstance(event_type, str) or not isinstance(data, dict):
+        raise InvalidInput("type and data are required")
+    result = process_once(c, "identity", request.headers["webhook-id"], event_type, body,
+                          lambda: apply_identity_event(c, event_type, data))
+    return jsonify(result), 200
 
 
 def register(app) -> None:

@@ -45,6 +45,7 @@ users = Table(
     Column("frozen_reason", Text),
     Column("idv_status", String(32)),
     _ts("idv_updated_at"),
+    _ts("deleted_at"),
 )
 
 # The lane assignment ("user credits record"). Unlocked = NULL or empty string.

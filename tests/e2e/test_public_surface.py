@@ -1,0 +1,317 @@
+"""The public surface: every webhook receiver, robots and sitemap, /auth-content/, media signatures,
+and a route table that holds nothing else (spec section 4 "Other surfaces", section 5)."""
+
+import base64
+import hashlib
+import hmac
+import json
+import subprocess
+import time
+
+import pytest
+from sqlalchemy import select
+
+from billingctl.adapters.db.tables import alert_outbox, fraud_event, login_attempt, users
+from billingctl.bootstrap import Container
+from billingctl.domain.clock import ManualClock
+from billingctl.services import media
+from tests.e2e.test_user_api import token
+from webhooks_app import create_public_app
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def c(make_settings, db_url, tmp_path):
+    content = tmp_path / "auth-content"
+    content.mkdir()
+    (content / "guide.txt").write_text("members only")
+    (tmp_path / "secret.txt").write_text("outside")
+    container = Container(make_settings(database_url=db_url, auth_content_dir=str(content),
+                                        media_origin_allowlist="media.example.com"), clock=ManualClock())
+    yield container
+    container.close()
+
+
+@pytest.fixture
+def client(c):
+    return create_public_app(container=c).test_client()
+
+
+def b64sig(secret, body):
+    return base64.b64encode(hmac.new(secret.encode(), body, hashlib.sha256).digest()).decode()
+
+
+def rows(c, table, **where):
+    with c.uow() as uow:
+        q = select(table)
+        for k, v in where.items():
+            q = q.where(table.c[k] == v)
+        return uow.execute(q).mappings().all()
+
+
+# ---- orchestrator disputes ------------------------------------------------------------------------
+
+def dispute_body(c, payment_id="pay_d"):
+    return json.dumps({"eventType": "DISPUTE.OPENED", "signedAt": str(int(c.clock.now().timestamp())),
+                       "dispute": {"id": "dp_1", "reason": "fraudulent"},
+                       "payment": {"id": payment_id, "customerId": "user_x", "amount": 1999}}).encode()
+
+
+def test_dispute_opened_is_a_fraud_signal_and_an_alert_once(c, client):
+    body = dispute_body(c)
+    headers = {"X-Signature-Primary": b64sig(c.settings.secret("orchestrator_disputes_secret"), body)}
+    assert client.post("/webhooks/orchestrator/disputes", data=body, headers=headers).get_json()["outcome"] == \
+        "recorded"
+    assert client.post("/webhooks/orchestrator/disputes", data=body, headers=headers).get_json()["outcome"] == \
+        "duplicate"
+    assert [r["event_type"] for r in rows(c, fraud_event, user_id="user_x")] == ["dispute_opened"]
+    assert [r["dedupe_key"] for r in rows(c, alert_outbox, sink="chat")] == ["dispute:dp_1"]
+
+
+@pytest.mark.parametrize("case", ["missing", "wrong", "payments secret"])
+def test_disputes_refuse_bad_signatures(c, client, case):
+    body = dispute_body(c)
+    headers = {"missing": {}, "wrong": {"X-Signature-Primary": b64sig("nope", body)},
+               "payments secret": {"X-Signature-Primary": b64sig(c.settings.secret("orchestrator_webhook_secret"),
+                                                                 body)}}[case]
+    assert client.post("/webhooks/orchestrator/disputes", data=body, headers=headers).status_code == 401
+    assert rows(c, fraud_event) == []
+
+
+# ---- workflow completion ------------------------------------------------------------------------------
+
+def test_workflow_completion_records_the_settled_payment_once(c, client):
+    from billingctl.services.checkout import create_checkout
+
+    co = create_checkout(c, "user_w", "credits-pro-USD-monthly")
+    payment = c.sandbox.pay(co["order_id"], drop_webhook=True)
+    secret = {"X-Webhook-Secret": c.settings.secret("workflow_callback_secret")}
+    body = {"workflow_id": "wf_1", "status": "completed", "payment_id": payment["id"]}
+    first = client.post("/webhooks/workflow-completion", json=body, headers=secret).get_json()
+    assert first["outcome"] == "recorded" and first["credits_applied"] == 2000
+    assert client.post("/webhooks/workflow-completion", json=body, headers=secret).get_json()["outcome"] == \
+        "duplicate"
+    assert rows(c, users, id="user_w")[0]["credits"] == 2000
+
+
+@pytest.mark.parametrize("headers", [{}, {"X-Webhook-Secret": "wrong"}, {"X-Webhook-Secret": ""}])
+def test_workflow_completion_requires_the_secret(client, headers):
+    response = client.post("/webhooks/workflow-completion", json={"workflow_id": "w", "status": "completed"},
+                           headers=headers)
+    assert response.status_code == 401
+
+
+def test_workflow_completion_malformed_after_auth_is_400(c, client):
+    secret = {"X-Webhook-Secret": c.settings.secret("workflow_callback_secret")}
+    assert client.post("/webhooks/workflow-completion", data=b"[]", headers=secret).status_code == 400
+
+
+# ---- identity verification -----------------------------------------------------------------------------
+
+def idv_header(secret, body, t):
+    return f"t={t},v1={hmac.new(secret.encode(), f'{t}.'.encode() + body, hashlib.sha256).hexdigest()}"
+
+
+@pytest.mark.parametrize(("offset", "status"), [(300, 200), (-300, 200), (301, 401), (-301, 401), (0, 200)])
+def test_identity_verification_window(c, client, offset, status):
+    body = json.dumps({"id": f"iv_{offset}", "user_id": "user_v", "status": "verified"}).encode()
+    t = int(c.clock.now().timestamp()) + offset
+    header = idv_header(c.settings.secret("idv_webhook_secret"), body, t)
+    response = client.post("/webhooks/identity-verification", data=body, headers={"Verification-Signature": header})
+    assert response.status_code == status
+    stored = rows(c, users, id="user_v")
+    assert (stored[0]["idv_status"] if stored else None) == ("verified" if status == 200 else None)
+
+
+@pytest.mark.parametrize("header", ["t=abc,v1=00", "t=,v1=00", "", "v1=00", "t=1e3,v1=00"])
+def test_identity_verification_rejects_non_numeric_and_empty_timestamps(client, header):
+    response = client.post("/webhooks/identity-verification", data=b'{"id":"i","user_id":"u","status":"x"}',
+                           headers={"Verification-Signature": header})
+    assert response.status_code == 401
+
+
+def test_identity_verification_rotation_and_replay(c, client):
+    body = json.dumps({"id": "iv_rot", "user_id": "user_r", "status": "rejected"}).encode()
+    t = int(c.clock.now().timestamp())
+    header = idv_header("old-secret-gone", body, t) + " " + idv_header(c.settings.secret("idv_webhook_secret"), body, t)
+    first = client.post("/webhooks/identity-verification", data=body, headers={"Verification-Signature": header})
+    again = client.post("/webhooks/identity-verification", data=body, headers={"Verification-Signature": header})
+    assert first.get_json()["outcome"] == "stored" and again.get_json()["outcome"] == "duplicate"
+    tampered = body.replace(b"rejected", b"verified")
+    assert client.post("/webhooks/identity-verification", data=tampered,
+                       headers={"Verification-Signature": header}).status_code == 401
+    assert rows(c, users, id="user_r")[0]["idv_status"] == "rejected"
+
+
+# ---- front-end identity provider (Standard Webhooks) ------------------------------------------------------
+
+def standard_headers(secret, msg_id, body, ts=None):
+    ts = int(time.time()) if ts is None else ts
+    sig = base64.b64encode(hmac.new(secret.encode(), f"{msg_id}.{ts}.".encode() + body, hashlib.sha256).digest())
+    return {"webhook-id": msg_id, "webhook-timestamp": str(ts), "webhook-signature": f"v1,{sig.decode()}"}
+
+
+def test_identity_events_maintain_users_and_login_attempts(c, client):
+    secret = c.settings.secret("identity_webhook_secret")
+    events = [("msg_1", {"type": "user.created", "data": {"id": "user_i", "email_addresses": [
+                  {"email_address": "ada@example.test"}]}}),
+              ("msg_2", {"type": "session.created", "data": {"user_id": "user_i", "client_ip": "203.0.113.9"}}),
+              ("msg_3", {"type": "user.deleted", "data": {"id": "user_i"}})]
+    for msg_id, payload in events:
+        body = json.dumps(payload).encode()
+        response = client.post("/webhooks/identity", data=body, headers=standard_headers(secret, msg_id, body))
+        assert response.status_code == 200, response.get_json()
+    body = json.dumps(events[0][1]).encode()
+    replay = client.post("/webhooks/identity", data=body, headers=standard_headers(secret, "msg_1", body))
+    assert replay.get_json()["outcome"] == "duplicate"
+    user = rows(c, users, id="user_i")[0]
+    assert user["email"] == "ada@example.test" and user["deleted_at"] is not None
+    assert [(r["user_id"], r["ip_address"]) for r in rows(c, login_attempt)] == [("user_i", "203.0.113.9")]
+
+
+@pytest.mark.parametrize("case", ["wrong secret", "missing headers", "stale"])
+def test_identity_events_refuse_bad_signatures(c, client, case):
+    body = b'{"type": "user.created", "data": {"id": "user_bad"}}'
+    secret = c.settings.secret("identity_webhook_secret")
+    headers = {"wrong secret": standard_headers("another-secret", "m", body), "missing headers": {},
+               "stale": standard_headers(secret, "m", body, ts=int(time.time()) - 3600)}[case]
+    assert client.post("/webhooks/identity", data=body, headers=headers).status_code == 401
+    assert rows(c, users, id="user_bad") == []
+
+
+# ---- robots, sitemap, /auth-content/ ----------------------------------------------------------------------
+
+def test_robots_and_sitemap_without_authentication(client):
+    robots = client.get("/robots.txt")
+    assert robots.status_code == 200 and "Disallow: /auth-content/" in robots.get_data(as_text=True)
+    sitemap = client.get("/sitemap.xml")
+    assert sitemap.status_code == 200 and sitemap.mimetype == "application/xml" and b"<urlset" in sitemap.data
+
+
+def session(c, user="user_a"):
+    return {"Authorization": f"Bearer {token(user, c.settings.secret('session_jwt_key'))}"}
+
+
+def test_auth_content_without_a_session_is_a_bare_404(client):
+    response = client.get("/auth-content/guide.txt")
+    assert response.status_code == 404 and response.data == b"" and "Location" not in response.headers
+
+
+def test_auth_content_with_a_session_serves_the_file(c, client):
+    assert client.get("/auth-content/guide.txt", headers=session(c)).data == b"members only"
+    assert client.get("/auth-content/missing.txt", headers=session(c)).status_code == 404
+
+
+TRAVERSALS = ["/auth-content/../secret.txt", "/auth-content/%2e%2e/secret.txt", "/auth-content/..%2fsecret.txt",
+              "/auth-content/%2e%2e%2fsecret.txt", "/auth-content/a%5c..%5csecret.txt",
+              "/auth-content/a\\..\\secret.txt",
+              "/auth-content/%252e%252e/secret.txt", "/auth-content//etc/passwd", "/auth-content/guide.txt%00.png",
+              "/auth-content/%2Fetc%2Fpasswd", "/auth-content/.%2e/secret.txt"]
+
+
+@pytest.mark.parametrize("path", TRAVERSALS)
+@pytest.mark.parametrize("signed_in", [False, True])
+def test_auth_content_traversal_is_400(c, client, path, signed_in):
+    response = client.get(path, headers=session(c) if signed_in else {})
+    assert response.status_code == 400
+    assert b"outside" not in response.data
+
+
+def test_the_public_route_table_holds_nothing_else(c):
+    app = create_public_app(container=c)
+    rules = sorted(r.rule for r in app.url_map.iter_rules() if r.endpoint != "static")
+    assert rules == sorted([
+        "/api/billing/checkout", "/api/billing/products", "/api/checkout/status",
+        "/api/subscriptions/<subscription_id>",
+        "/auth-content/<path:subpath>", "/media/transform/<options>/<path:origin>", "/robots.txt", "/sitemap.xml",
+        "/webhooks/identity", "/webhooks/identity-verification", "/webhooks/orchestrator/disputes",
+        "/webhooks/orchestrator/payments", "/webhooks/subscription-provider", "/webhooks/workflow-completion"])
+    client = app.test_client()
+    for path in ("/internal/character-admin/", "/internal/anything", "/metrics", "/debug/pprof/", "/healthz"):
+        assert client.get(path).status_code == 404
+
+
+# ---- media signatures ---------------------------------------------------------------------------------------
+
+def openssl_signature(secret: str, message: str) -> str:
+    """An independent computation: openssl's HMAC, base64, made URL-safe without padding."""
+    digest = subprocess.run(["openssl", "dgst", "-sha256", "-hmac", secret, "-binary"], input=message.encode(),
+                            capture_output=True, check=True).stdout
+    return base64.b64encode(digest).decode().replace("+", "-").replace("/", "_").rstrip("=")
+
+
+@pytest.mark.parametrize(("path", "ts"), [("/media/u1/a.png", 1_700_000_000), ("/m/b.jpg?w=200&h=1", 1_800_000_123),
+                                          ("/v/clip-01.mp4", 0)])
+def test_known_answer_vectors(path, ts):
+    secret = "known-answer-secret"
+    separator = "&" if "?" in path else "?"
+    assert media.sign(secret, path, ts) == f"{path}{separator}verify={ts}-{openssl_signature(secret, f'{path}{ts}')}"
+
+
+def test_media_round_trip_and_every_rejection():
+    secret, ts, ttl = "s3cret", 1_700_000_000, 300000
+    url = media.sign(secret, "/media/a.png", ts)
+    assert media.verify(secret, url, ts + 10, ttl).valid
+    assert media.verify(secret, "https://media.example.com" + url, ts + 10, ttl).valid
+    assert not media.verify(secret, url.replace("a.png", "b.png"), ts, ttl).valid  # tampered path
+    with_query = media.sign(secret, "/media/a.png?w=100", ts)
+    assert "&verify=" in with_query and media.verify(secret, with_query, ts, ttl).valid
+    assert not media.verify(secret, with_query.replace("w=100", "w=999"), ts, ttl).valid  # tampered query
+    assert not media.verify("other", url, ts, ttl).valid  # wrong secret
+    assert media.verify(secret, url, ts + ttl - 1, ttl).valid
+    assert "expired" in media.verify(secret, url, ts + ttl, ttl).reason  # expired at exactly the TTL
+    assert "future" in media.verify(secret, url, ts - 1, ttl).reason
+    assert not media.verify(secret, url + "&x=1", ts, ttl).valid  # verify must be last
+    assert not media.verify(secret, "/media/a.png", ts, ttl).valid  # missing
+    assert not media.verify(secret, "/media/a.png?verify=abc-def", ts, ttl).valid  # malformed
+    assert len("?verify=") == len("&verify=") == 8
+
+
+def test_signed_urls_are_cached_72h_and_the_duration_is_ignored(c):
+    first = media.signed_url(c, "/media/x.png", duration=5)
+    c.clock.advance(3600)
+    assert media.signed_url(c, "/media/x.png", duration=999999) == first
+
+
+def test_health_warns_when_the_edge_ttl_is_below_72h(make_settings, db_url):
+    from billingctl.services.health import check_media
+
+    short = Container(make_settings(database_url=db_url, media_edge_ttl_seconds=72 * 3600 - 1))
+    assert check_media(short).ok is False and "403" in check_media(short).detail
+    fine = Container(make_settings(database_url=db_url))
+    assert check_media(fine).ok is True
+
+
+def test_image_transformations(c, client):
+    from billingctl.domain.errors import InvalidInput
+
+    with pytest.raises(InvalidInput):
+        media.transformation_url(c, "https://evil.example.net/a.png", "width=200")
+    with pytest.raises(InvalidInput):
+        media.transformation_url(c, "//evil.example.net/a.png", "width=200")
+    url = media.transformation_url(c, "https://media.example.com/img/a.png", "width=200")
+    assert url.startswith("/media/transform/width=200/img/a.png?verify=")
+    response = client.get(url)
+    assert response.status_code == 302 and response.headers["Cache-Control"] == media.IMAGE_CACHE_CONTROL
+    forged = url[: url.rindex("-") + 1] + "AAAA"
+    assert client.get(forged).status_code == 403
+
+
+def test_media_cli_sign_and_verify(tmp_path):
+    import os
+    import sys
+
+    env = {"PATH": os.environ["PATH"], "BILLING_MEDIA_SIGNING_SECRET": "cli-secret",
+           "BILLING_DATABASE_URL": f"sqlite:///{tmp_path / 'm.db'}"}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "billingctl", *args], capture_output=True, text=True, env=env,
+                              timeout=60)
+
+    url = run("media", "sign", "/media/a.png", "--at", "1000").stdout.strip()
+    assert url == f"/media/a.png?verify=1000-{openssl_signature('cli-secret', '/media/a.png1000')}"
+    assert run("media", "verify", url, "--at", "1001").returncode == 0
+    expired = run("media", "verify", url, "--at", str(1000 + 300000))
+    assert expired.returncode == 3 and "expired" in expired.stderr
+    assert run("media", "verify", url.replace("a.png", "b.png"), "--at", "1001").returncode == 3
