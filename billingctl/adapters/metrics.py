@@ -65,6 +65,10 @@ class Metrics:
             "billing_activation_errors", "Failed subscription activations.", registry=r
         )
         self.sync_errors = Counter("billing_sync_errors", "Failed subscription syncs.", registry=r)
+        self.reconcile_violations = Gauge(
+            "billing_reconcile_violations", "Invariant violations found by the last reconcile.", registry=r,
+            multiprocess_mode="max",
+        )
         self.payments_recorded = Counter(
             "billing_payments_recorded", "Payments recorded by path.", ["path"], registry=r
         )

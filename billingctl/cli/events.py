@@ -129,33 +129,36 @@ def subscriptions_cancel(subscription_id: str, reason: str = typer.Option(..., "
 
 
 @command(events_app, "list")
-def events_list(status: str = typer.Option(None, "--status", help="pending, processed or parked"),
+def events_list(source: str = typer.Option(None, "--source", help="orchestrator, provider, workflow, idv, identity"),
+                state: str = typer.Option(None, "--state", help="pending, processed or parked"),
+                since: str = typer.Option(None, "--since", help="ISO 8601: received since."),
                 limit: int = typer.Option(50, "--limit")):
-    """The inbox, newest first."""
+    """The inbox of every source, newest first."""
     from billingctl.services.inbox import list_events
 
     cli = get_ctx()
-    rows = list_events(cli.container, status, limit)
-    cli.output.table(rows, ["id", "source", "event_id", "event_type", "status", "attempts", "last_error"],
-                     title="event inbox", data=rows)
+    rows = list_events(cli.container, source, state, _parse_since(since), limit)
+    cli.output.table(rows, ["id", "source", "event_id", "event_type", "status", "attempts", "deliveries", "seen_by",
+                            "last_error"], title="event inbox", data=rows)
 
 
 @command(events_app, "show")
-def events_show(source: str, event_id: str):
-    """One inbox event with its payload."""
+def events_show(inbox_id: int = typer.Argument(..., metavar="ID")):
+    """One event: payload, deliveries (by webhook, poller, replay), processing attempts and errors."""
     from billingctl.services.inbox import get_event
 
     cli = get_ctx()
-    cli.output.result(get_event(cli.container, source, event_id))
+    cli.output.result(get_event(cli.container, inbox_id))
 
 
 @command(events_app, "replay")
-def events_replay(source: str, event_id: str):
-    """Re-process a parked or pending provider event (processing is idempotent)."""
+def events_replay(inbox_id: int = typer.Argument(..., metavar="ID"), reason: str = typer.Option(..., "--reason"),
+                  yes: bool = typer.Option(False, "--yes")):
+    """Reprocess one stored event through its normal path (a no-op where it already took effect)."""
+    from billingctl.domain.errors import Refused
     from billingctl.services.inbox import replay
 
     cli = get_ctx()
-    if cli.dry_run:
-        cli.output.result({"dry_run": True, "source": source, "event_id": event_id})
-        return
-    cli.output.result(replay(cli.container, source, event_id))
+    if not yes and not cli.dry_run:
+        raise Refused("replay changes state: add --yes (or --dry-run)")
+    cli.output.result(replay(cli.container, inbox_id, reason, cli.actor, dry_run=cli.dry_run))

@@ -39,18 +39,33 @@ def version():
 
 
 def _register() -> None:
-    from billingctl.cli import alerts, checkout, db, demo, events, health, media, orphans, payments, sandbox
+    from billingctl.cli import (
+        alerts,
+        checkout,
+        db,
+        demo,
+        events,
+        health,
+        jobs,
+        media,
+        orphans,
+        payments,
+        reconcile,
+        sandbox,
+    )
 
     app.add_typer(db.app, name="db")
     app.add_typer(alerts.app, name="alerts")
     app.add_typer(sandbox.app, name="sandbox")
     app.add_typer(orphans.app, name="orphans")
     app.add_typer(media.app, name="media")
+    app.add_typer(jobs.app, name="jobs")
     health.register(app)
     demo.register(app)
     payments.register(app)
     checkout.register(app)
     events.register(app)
+    reconcile.register(app)
 
 
 _register()

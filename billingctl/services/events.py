@@ -117,12 +117,12 @@ def _analytics(container, event: dict, payload: dict) -> None:
 
 # ---- the inbox path shared by the poller and the webhook ---------------------------------------
 
-def handle_event(container, event: dict) -> str:
+def handle_event(container, event: dict, via: str = "poller") -> str:
     """Store and process one provider event; returns its inbox status afterwards."""
     event_id, kind = str(event["id"]), str(event.get("event_type") or "unknown")
     with container.uow() as uow:
         status = inbox.accept(uow, container.clock, SOURCE, event_id, kind, event,
-                              parse_time(event.get("occurred_at")))
+                              parse_time(event.get("occurred_at")), via=via)
         uow.commit()
     if status != "pending":
         return status

@@ -9,13 +9,21 @@ from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import event_inbox
 
 
-def accept(uow, clock, source: str, event_id: str, event_type: str, payload: dict, occurred_at=None) -> str:
-    """Store the event; returns its status ('pending' for new or unfinished work, 'processed', 'parked')."""
+def accept(uow, clock, source: str, event_id: str, event_type: str, payload: dict, occurred_at=None,
+           via: str = "webhook") -> str:
+    """Store the event (or count one more delivery of it); returns its status: 'pending' for new or
+    unfinished work, 'processed', 'parked'."""
     insert_ignore(uow, event_inbox, {"source": source, "event_id": event_id, "event_type": event_type,
                                      "payload": payload, "occurred_at": occurred_at, "status": "pending",
-                                     "received_at": clock.now()}, ["source", "event_id"])
-    return uow.execute(select(event_inbox.c.status).where(
-        event_inbox.c.source == source, event_inbox.c.event_id == event_id)).scalar_one()
+                                     "received_at": clock.now(), "seen_by": []}, ["source", "event_id"])
+    row = uow.execute(select(event_inbox.c.id, event_inbox.c.status, event_inbox.c.seen_by).where(
+        event_inbox.c.source == source, event_inbox.c.event_id == event_id)).one()
+    seen = list(row.seen_by or [])
+    values = {"deliveries": event_inbox.c.deliveries + 1}
+    if via not in seen:
+        values["seen_by"] = [*seen, via]
+    uow.execute(update(event_inbox).where(event_inbox.c.id == row.id).values(**values))
+    return row.status
 
 
 def finish(uow, clock, source: str, event_id: str, error: str | None = None, max_attempts: int = 10) -> str:
@@ -29,45 +37,57 @@ def finish(uow, clock, source: str, event_id: str, error: str | None = None, max
     return status
 
 
-def list_events(container, status: str | None = None, limit: int = 50) -> list[dict]:
+def list_events(container, source: str | None = None, state: str | None = None, since=None,
+                limit: int = 50) -> list[dict]:
     query = select(event_inbox.c.id, event_inbox.c.source, event_inbox.c.event_id, event_inbox.c.event_type,
-                   event_inbox.c.status, event_inbox.c.attempts, event_inbox.c.last_error,
-                   event_inbox.c.occurred_at).order_by(event_inbox.c.id.desc()).limit(limit)
-    if status:
-        query = query.where(event_inbox.c.status == status)
+                   event_inbox.c.status, event_inbox.c.attempts, event_inbox.c.deliveries, event_inbox.c.seen_by,
+                   event_inbox.c.last_error, event_inbox.c.received_at).order_by(event_inbox.c.id.desc()).limit(limit)
+    if source:
+        query = query.where(event_inbox.c.source == source)
+    if state:
+        query = query.where(event_inbox.c.status == state)
+    if since is not None:
+        query = query.where(event_inbox.c.received_at >= since)
     with container.uow() as uow:
         return [dict(r) for r in uow.execute(query).mappings()]
 
 
-def get_event(container, source: str, event_id: str) -> dict:
+def get_event(container, inbox_id: int) -> dict:
     from billingctl.domain.errors import NotFound
 
     with container.uow() as uow:
-        row = uow.execute(select(event_inbox).where(event_inbox.c.source == source,
-                                                    event_inbox.c.event_id == event_id)).mappings().first()
+        row = uow.execute(select(event_inbox).where(event_inbox.c.id == inbox_id)).mappings().first()
     if row is None:
-        raise NotFound(f"no {source} event {event_id}")
+        raise NotFound(f"no inbox event {inbox_id}")
     return dict(row)
 
 
-def replay(container, source: str, event_id: str) -> dict:
-    """Put a parked event back to pending and process it again (processing is idempotent)."""
-    from billingctl.domain.errors import Refused
+def replay(container, inbox_id: int, reason: str, actor: str, dry_run: bool = False) -> dict:
+    """Reprocess one stored event through its normal path; a no-op where it already took effect
+    (every handler is idempotent), audited."""
+    from billingctl.adapters.db.tables import audit_log
+    from billingctl.domain.errors import InvalidInput
+    from billingctl.services.webhook_events import dispatch
 
-    row = get_event(container, source, event_id)
-    if row["status"] == "processed":
-        raise Refused(f"event {event_id} is already processed")
-    if source != "provider":
-        raise Refused("only provider events can be replayed from the inbox")
+    if not reason or not reason.strip():
+        raise InvalidInput("a reason is required")
+    row = get_event(container, inbox_id)
+    plan = {"id": inbox_id, "source": row["source"], "event_id": row["event_id"], "event_type": row["event_type"],
+            "status_before": row["status"]}
+    if dry_run:
+        return {**plan, "dry_run": True}
     with container.uow() as uow:
-        uow.execute(update(event_inbox).where(event_inbox.c.id == row["id"]).values(status="pending", attempts=0))
+        uow.execute(update(event_inbox).where(event_inbox.c.id == inbox_id).values(status="pending", attempts=0))
+        uow.execute(audit_log.insert().values(actor=actor, action="events.replay", target=f"{row['source']}:"
+                                              f"{row['event_id']}", reason=reason, details=plan,
+                                              created_at=container.clock.now()))
         uow.commit()
-    from billingctl.services.events import handle_event
+    result = dispatch(container, row["source"], row["event_type"], row["payload"], via="replay")
+    return {**plan, "result": result, "status_after": get_event(container, inbox_id)["status"]}
 
-    return {"event_id": event_id, "status": handle_event(container, row["payload"])}
 
-
-def process_once(container, source: str, event_id: str, event_type: str, payload: dict, handler) -> dict:
+def process_once(container, source: str, event_id: str, event_type: str, payload: dict, handler,
+                 via: str = "webhook") -> dict:
     """Accept an event into the inbox and run `handler()` unless it was processed before.
     A handler's BillingError is kept on the inbox row (visible in `events list`) and reported."""
     import logging
@@ -75,7 +95,7 @@ def process_once(container, source: str, event_id: str, event_type: str, payload
     from billingctl.domain.errors import BillingError
 
     with container.uow() as uow:
-        status = accept(uow, container.clock, source, event_id, event_type, payload)
+        status = accept(uow, container.clock, source, event_id, event_type, payload, via=via)
         uow.commit()
     if status != "pending":
         return {"event_id": event_id, "outcome": "duplicate"}

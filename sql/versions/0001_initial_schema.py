@@ -72,6 +72,8 @@ def upgrade() -> None:
     sa.Column('status', sa.String(length=16), server_default=sa.text("'pending'"), nullable=False),
     sa.Column('attempts', sa.Integer(), server_default=sa.text('0'), nullable=False),
     sa.Column('last_error', sa.Text(), nullable=True),
+    sa.Column('deliveries', sa.Integer(), server_default=sa.text('0'), nullable=False),
+    sa.Column('seen_by', sa.JSON(), nullable=False),
     sa.Column('received_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('processed_at', sa.DateTime(timezone=True), nullable=True),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_event_inbox')),

@@ -44,9 +44,17 @@ def test_poll_sync_invalidate_cancel_and_inspect(container, env):
     shown = json.loads(billingctl(["--json", "subscriptions", "show", co["subscription_id"], "--customer",
                                    "user_e"], env).stdout)
     assert shown["status"] == "cancelled"
-    inbox = json.loads(billingctl(["--json", "events", "list"], env).stdout)
-    assert inbox and {row["status"] for row in inbox} == {"processed"}
-    one = inbox[0]
-    assert billingctl(["events", "replay", one["source"], one["event_id"]], env).returncode == 3  # processed
+    inbox = json.loads(billingctl(["--json", "events", "list", "--source", "provider"], env).stdout)
+    assert inbox and {row["status"] for row in inbox} == {"processed"} and {r["source"] for r in inbox} == {"provider"}
+    paid = next(r for r in inbox if r["event_type"] == "payment_succeeded")
+    assert paid["seen_by"] == ["poller"]
+    shown = json.loads(billingctl(["--json", "events", "show", str(paid["id"])], env).stdout)
+    assert shown["payload"]["event_type"] == "payment_succeeded"
+    assert billingctl(["events", "replay", str(paid["id"]), "--reason", "check"], env).returncode == 3  # no --yes
+    replayed = json.loads(billingctl(["--json", "events", "replay", str(paid["id"]), "--reason", "check", "--yes"],
+                                     env).stdout)
+    assert replayed["status_after"] == "processed"
+    assert json.loads(billingctl(["--json", "users", "show", "user_e"], env).stdout)["credits"] == 2000  # no-op
+    assert billingctl(["events", "show", "999999"], env).returncode == 3
     watch = billingctl(["--json", "poll", "--watchdog"], env)
     assert watch.returncode == 0 and json.loads(watch.stdout)["stale"] is False

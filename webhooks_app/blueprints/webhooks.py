@@ -48,25 +48,9 @@ def orchestrator_payments():
 
 
 def handle_payment_event(c, event_type: str, payment: dict) -> dict:
-    from billingctl.services.inbox import process_once
-    from billingctl.services.payments import record_payment, reverse_refund, update_transaction_status
+    from billingctl.services.webhook_events import dispatch
 
-    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
-    event_id = f"{event_type}:{payment['id']}:{payment.get('status')}" + (
-        f":{refunded}" if event_type == "PAYMENT.REFUND" else "")
-
-    def handle() -> dict:
-        if event_type == "PAYMENT.STATUS" and payment.get("status") == "SETTLED":
-            # One attempt per provider call here: the webhook answers quickly, the activations job finishes.
-            with c.provider.http.attempts(1):
-                return record_payment(c, payment, "webhook")
-        if event_type == "PAYMENT.STATUS":
-            return update_transaction_status(c, payment)
-        if event_type == "PAYMENT.REFUND":
-            return reverse_refund(c, payment["id"], refunded, "webhook")
-        return {"outcome": "ignored"}
-
-    return process_once(c, "orchestrator", event_id, event_type, {"payment": payment}, handle)
+    return dispatch(c, "orchestrator", event_type, {"payment": payment})
 
 
 @bp.post("/subscription-provider")
@@ -90,7 +74,7 @@ def subscription_provider():
     event = body.get("event") if isinstance(body.get("event"), dict) else body
     if not event.get("id") or not isinstance(event.get("event_type"), str):
         raise InvalidInput("event id and event_type are required")
-    status = handle_event(c, event)
+    status = handle_event(c, event, via="webhook")
     return jsonify({"event_id": event["id"], "status": status}), 200
 
 
@@ -105,18 +89,13 @@ def orchestrator_disputes():
     payment, event_type = body.get("payment"), body.get("eventType")
     if not isinstance(payment, dict) or not payment.get("id") or not isinstance(event_type, str):
         raise InvalidInput("eventType and payment.id are required")
-    from billingctl.services.fraud_signals import record_dispute
-    from billingctl.services.inbox import process_once
+    from billingctl.services.webhook_events import dispatch
 
-    dispute_id = (body.get("dispute") or {}).get("id") or payment["id"]
-    result = process_once(c, "orchestrator", f"{event_type}:{dispute_id}", event_type, body,
-                          lambda: record_dispute(c, event_type, payment, body.get("dispute") or {}))
-    return jsonify(result), 200
+    return jsonify(dispatch(c, "orchestrator", event_type, body)), 200
 
 
 @bp.post("/workflow-completion")
 def workflow_completion():
-    from billingctl.services.inbox import process_once
     from webhooks_app.auth import constant_time_equal
 
     c = container()
@@ -130,25 +109,14 @@ def workflow_completion():
     if not isinstance(workflow_id, str) or not workflow_id or not isinstance(status, str):
         raise InvalidInput("workflow_id and status are required")
 
-    def handle() -> dict:
-        from billingctl.services.payments import record_payment
+    from billingctl.services.webhook_events import dispatch
 
-        payment_id = body.get("payment_id")
-        if status != "completed" or not payment_id:
-            return {"outcome": "ignored"}
-        payment = c.orchestrator.get_payment(payment_id)
-        if payment.get("status") != "SETTLED":
-            return {"outcome": "not_settled", "status": payment.get("status")}
-        with c.provider.http.attempts(1):
-            return record_payment(c, payment, "workflow_callback")
-
-    return jsonify(process_once(c, "workflow", workflow_id, f"workflow.{status}", body, handle)), 200
+    return jsonify(dispatch(c, "workflow", f"workflow.{status}", body)), 200
 
 
 @bp.post("/identity-verification")
 def identity_verification():
-    from billingctl.services.inbox import process_once
-    from billingctl.services.users import store_verification
+    from billingctl.services.webhook_events import dispatch
     from webhooks_app.signatures import verify_timestamped
 
     c = container()
@@ -159,15 +127,12 @@ def identity_verification():
     event_id, user_id, outcome = body.get("id"), body.get("user_id"), body.get("status")
     if not all(isinstance(v, str) and v for v in (event_id, user_id, outcome)):
         raise InvalidInput("id, user_id and status are required")
-    result = process_once(c, "idv", event_id, f"verification.{outcome}", body,
-                          lambda: store_verification(c, user_id, outcome))
-    return jsonify(result), 200
+    return jsonify(dispatch(c, "idv", f"verification.{outcome}", body)), 200
 
 
 @bp.post("/identity")
 def identity():
-    from billingctl.services.inbox import process_once
-    from billingctl.services.users import apply_identity_event
+    from billingctl.services.webhook_events import dispatch
     from webhooks_app.signatures import verify_standard_webhook
 
     c = container()
@@ -177,9 +142,7 @@ def identity():
     event_type, data = body.get("type"), body.get("data")
     if not isinstance(event_type, str) or not isinstance(data, dict):
         raise InvalidInput("type and data are required")
-    result = process_once(c, "identity", request.headers["webhook-id"], event_type, body,
-                          lambda: apply_identity_event(c, event_type, data))
-    return jsonify(result), 200
+    return jsonify(dispatch(c, "identity", event_type, body, event_id=request.headers["webhook-id"])), 200
 
 
 def register(app) -> None:

@@ -217,6 +217,9 @@ event_inbox = Table(
     Column("status", String(16), nullable=False, server_default=text("'pending'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
     Column("last_error", Text),
+    # How many times the event arrived, and by which paths (webhook, poller, replay).
+    Column("deliveries", Integer, nullable=False, server_default=text("0")),
+    Column("seen_by", JSON, nullable=False, default=list),
     _ts("received_at", nullable=False),
     _ts("processed_at"),
     UniqueConstraint("source", "event_id"),

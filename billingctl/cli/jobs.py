@@ -1,0 +1,72 @@
+"""`billingctl jobs list|run|render`: the schedule table and the lease-holding runner."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import typer
+
+from billingctl.cli.context import command, get_ctx
+
+app = typer.Typer(help="Scheduled jobs (cron and systemd run `jobs run NAME`).", no_args_is_help=True)
+
+
+@command(app, "list")
+def list_():
+    """Every job: interval, command, lease holder, last success and lag."""
+    from jobs.runner import leases
+    from jobs.schedule import BY_NAME
+
+    cli = get_ctx()
+    rows = [{**row, "command": "billingctl " + " ".join(BY_NAME[row["job"]].command)}
+            for row in leases(cli.container)]
+    cli.output.table(rows, ["job", "every_seconds", "command", "holder", "last_success_at", "lag_seconds",
+                            "last_error"], title="jobs", data=rows)
+
+
+@command(app, "run")
+def run(name: str, loop: bool = typer.Option(False, "--loop", help="Keep running at the job's interval."),
+        max_runs: int = typer.Option(0, "--max-runs", hidden=True)):
+    """Run one job under its lease (exit 75 at once when another instance holds it)."""
+    from billingctl.domain.errors import BillingError, LeaseHeld, NotFound
+    from jobs.runner import run as run_job
+    from jobs.schedule import BY_NAME
+
+    cli = get_ctx()
+    job = BY_NAME.get(name)
+    if job is None:
+        raise NotFound(f"no job {name!r}; see `billingctl jobs list`")
+    if not loop:
+        cli.output.result(run_job(cli.container, job))
+        return
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    runs = 0
+    while not stopping:
+        started = time.monotonic()
+        try:
+            cli.output.result(run_job(cli.container, job))
+        except LeaseHeld as exc:
+            cli.output.info(exc.message)
+        except BillingError as exc:  # a failed run is logged; the loop goes on
+            cli.output.error(exc.message)
+        runs += 1
+        if max_runs and runs >= max_runs:
+            break
+        time.sleep(max(0.0, job.interval_seconds - (time.monotonic() - started)))
+
+
+@command(app, "render")
+def render(out: Path = typer.Option(Path("."), "--out", help="Project root to write crontab and systemd/ into.")):
+    """Write `crontab` and `systemd/` from the schedule table."""
+    from jobs.units import render_crontab, render_units
+
+    cli = get_ctx()
+    (out / "systemd").mkdir(parents=True, exist_ok=True)
+    (out / "crontab").write_text(render_crontab())
+    units = render_units()
+    for filename, text in units.items():
+        (out / "systemd" / filename).write_text(text)
+    cli.output.result({"crontab": str(out / "crontab"), "units": sorted(units)})

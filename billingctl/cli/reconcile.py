@@ -1,0 +1,29 @@
+"""`billingctl reconcile`: check the invariants, print each violation, exit 5 when there is one."""
+
+from __future__ import annotations
+
+import typer
+
+from billingctl.cli.context import command, get_ctx
+
+
+def register(app: typer.Typer) -> None:
+    @command(app, "reconcile")
+    def reconcile_cmd(since: str = typer.Option(None, "--since", help="ISO 8601: payments settled since.")):
+        """Payments recorded once, ledger and credits consistent, subscriptions as at the provider."""
+        from billingctl.cli.events import _parse_since, _progress
+        from billingctl.cli.exitcodes import PARTIAL
+        from billingctl.services.reconcile import reconcile
+
+        cli = get_ctx()
+        with _progress("reconciling") as progress:
+            report = reconcile(cli.container, _parse_since(since), progress=progress)
+        if cli.json:
+            cli.output.result(report)
+        elif report["violations"]:
+            cli.output.table(report["violations"], ["check", "payment_id", "user_id", "subscription_id", "detail"],
+                             title="reconcile: violations")
+        else:
+            cli.output.result(report, human=f"reconcile: clean ({report['checked']})")
+        if report["violations"]:
+            raise typer.Exit(PARTIAL)

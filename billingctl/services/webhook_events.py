@@ -1,0 +1,84 @@
+"""What each event source's events do, once they are authenticated: the one dispatch used by the
+webhook views, the pollers and `billingctl events replay` alike. Every handler is idempotent."""
+
+from __future__ import annotations
+
+from billingctl.services.inbox import process_once
+
+
+def payment_event_id(event_type: str, payment: dict) -> str:
+    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
+    suffix = f":{refunded}" if event_type == "PAYMENT.REFUND" else ""
+    return f"{event_type}:{payment['id']}:{payment.get('status')}{suffix}"
+
+
+def _orchestrator(container, event_type: str, payload: dict) -> dict:
+    from billingctl.services.fraud_signals import record_dispute
+    from billingctl.services.payments import record_payment, reverse_refund, update_transaction_status
+
+    payment = payload["payment"]
+    if event_type.startswith("DISPUTE."):
+        return record_dispute(container, event_type, payment, payload.get("dispute") or {})
+    if event_type == "PAYMENT.STATUS" and payment.get("status") == "SETTLED":
+        # One attempt per provider call: a webhook answers quickly, the activations job finishes.
+        with container.provider.http.attempts(1):
+            return record_payment(container, payment, "webhook")
+    if event_type == "PAYMENT.STATUS":
+        return update_transaction_status(container, payment)
+    if event_type == "PAYMENT.REFUND":
+        refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
+        return reverse_refund(container, payment["id"], refunded, "webhook")
+    return {"outcome": "ignored"}
+
+
+def _workflow(container, event_type: str, payload: dict) -> dict:
+    from billingctl.services.payments import record_payment
+
+    payment_id = payload.get("payment_id")
+    if payload.get("status") != "completed" or not payment_id:
+        return {"outcome": "ignored"}
+    payment = container.orchestrator.get_payment(payment_id)
+    if payment.get("status") != "SETTLED":
+        return {"outcome": "not_settled", "status": payment.get("status")}
+    with container.provider.http.attempts(1):
+        return record_payment(container, payment, "workflow_callback")
+
+
+def _idv(container, event_type: str, payload: dict) -> dict:
+    from billingctl.services.users import store_verification
+
+    return store_verification(container, payload["user_id"], payload["status"])
+
+
+def _identity(container, event_type: str, payload: dict) -> dict:
+    from billingctl.services.users import apply_identity_event
+
+    return apply_identity_event(container, event_type, payload["data"])
+
+
+HANDLERS = {"orchestrator": _orchestrator, "workflow": _workflow, "idv": _idv, "identity": _identity}
+
+
+def event_id_for(source: str, event_type: str, payload: dict, given: str | None = None) -> str:
+    if given:
+        return given
+    if source == "orchestrator" and event_type.startswith("DISPUTE."):
+        return f"{event_type}:{(payload.get('dispute') or {}).get('id') or payload['payment']['id']}"
+    if source == "orchestrator":
+        return payment_event_id(event_type, payload["payment"])
+    if source == "workflow":
+        return payload["workflow_id"]
+    return payload["id"]
+
+
+def dispatch(container, source: str, event_type: str, payload: dict, event_id: str | None = None,
+             via: str = "webhook") -> dict:
+    """Accept into the inbox and process once through the source's handler."""
+    if source == "provider":
+        from billingctl.services.events import handle_event
+
+        return {"event_id": payload["id"], "status": handle_event(container, payload, via=via)}
+    handler = HANDLERS[source]
+    event_id = event_id_for(source, event_type, payload, event_id)
+    return process_once(container, source, event_id, event_type, payload,
+                        lambda: handler(container, event_type, payload), via=via)

@@ -1,0 +1,124 @@
+"""Runs a job under its lease: any number of hosts may run the timers, one executes at a time.
+
+The lease is a row of `job_lease` taken by a conditional update (free, or expired); a second runner
+exits 75 at once; a crashed holder's lease expires after the job's lease_seconds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from datetime import timedelta
+
+from sqlalchemy import or_, select, update
+
+from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.tables import job_lease
+from billingctl.domain.errors import BatchFailed, BillingError, LeaseHeld
+from jobs.schedule import Job, resolve
+
+log = logging.getLogger("billingctl.jobs")
+
+
+def holder_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def acquire(container, job: Job, holder: str) -> bool:
+    now = container.clock.now()
+    expires = now + timedelta(seconds=job.lease_seconds)
+    with container.uow() as uow:
+        if insert_ignore(uow, job_lease, {"name": job.name, "holder": holder, "acquired_at": now,
+                                          "expires_at": expires}, ["name"]):
+            uow.commit()
+            return True
+        taken = uow.execute(update(job_lease).where(
+            job_lease.c.name == job.name,
+            or_(job_lease.c.holder.is_(None), job_lease.c.expires_at.is_(None), job_lease.c.expires_at < now),
+        ).values(holder=holder, acquired_at=now, expires_at=expires)).rowcount == 1
+        uow.commit()
+    return taken
+
+
+def release(container, job: Job, holder: str, error: str | None) -> None:
+    now = container.clock.now()
+    values = {"holder": None, "expires_at": None}
+    values.update({"last_success_at": now, "last_error": None} if error is None else
+                  {"last_failure_at": now, "last_error": error[:500]})
+    with container.uow() as uow:
+        uow.execute(update(job_lease).where(job_lease.c.name == job.name, job_lease.c.holder == holder)
+                    .values(**values))
+        uow.commit()
+
+
+def run_once(container, job: Job) -> dict:
+    holder = holder_id()
+    if not acquire(container, job, holder):
+        with container.uow() as uow:
+            current = uow.execute(select(job_lease.c.holder, job_lease.c.expires_at).where(
+                job_lease.c.name == job.name)).first()
+        container.metrics.job_runs.labels(job=job.name, outcome="lease_held").inc()
+        raise LeaseHeld(f"job {job.name} is running elsewhere ({current.holder}, lease until "
+                        f"{current.expires_at.isoformat() if current.expires_at else '?'})")
+    started = time.monotonic()
+    error = None
+    try:
+        result = resolve(job)(container)
+        if _failed_items(result):
+            error = f"{_failed_items(result)} item(s) failed"
+        return {"job": job.name, "result": result, "seconds": round(time.monotonic() - started, 3)}
+    except BillingError as exc:
+        error = exc.message
+        raise
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        release(container, job, holder, error)
+        container.metrics.job_runs.labels(job=job.name, outcome="ok" if error is None else "failed").inc()
+        log.info("job finished", extra={"job": job.name, "error": error})
+
+
+def _failed_items(result) -> int:
+    """How many items of a batch failed, by the shape each job reports."""
+    if not isinstance(result, dict):
+        return 0
+    total = 0
+    for key in ("failed", "errors", "events_failed", "void_failed"):
+        value = result.get(key)
+        total += len(value) if isinstance(value, list) else (value if isinstance(value, int) else 0)
+    outcomes = result.get("outcomes")
+    if isinstance(outcomes, dict):
+        total += outcomes.get("error", 0)
+    if result.get("violations"):
+        total += len(result["violations"])
+    return total
+
+
+def run(container, job: Job) -> dict:
+    outcome = run_once(container, job)
+    failed = _failed_items(outcome["result"])
+    if failed:
+        raise BatchFailed(f"job {job.name}: {failed} item(s) failed", result=outcome)
+    return outcome
+
+
+def leases(container) -> list[dict]:
+    from jobs.schedule import JOBS
+
+    now = container.clock.now()
+    with container.uow() as uow:
+        rows = {r["name"]: dict(r) for r in uow.execute(select(job_lease)).mappings()}
+    report = []
+    for job in JOBS:
+        row = rows.get(job.name, {})
+        last = row.get("last_success_at")
+        lag = (now - last).total_seconds() if last else None
+        report.append({"job": job.name, "every_seconds": job.interval_seconds,
+                       "holder": row.get("holder") if row.get("expires_at") and row["expires_at"] > now else None,
+                       "last_success_at": last, "lag_seconds": round(lag, 1) if lag is not None else None,
+                       "last_error": row.get("last_error"),
+                       "late": lag is not None and lag > 3 * job.interval_seconds + 60})
+    return report

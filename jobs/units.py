@@ -1,0 +1,110 @@
+"""Renders `crontab` and `systemd/` from the schedule table. `billingctl jobs render` writes them;
+tests/e2e/test_jobs.py fails when the committed files drift from the table."""
+
+from __future__ import annotations
+
+from jobs.schedule import JOBS, Job
+
+BILLINGCTL = "/opt/billing/.venv/bin/billingctl"
+ENV_FILE = "/etc/billing/billing.env"
+STATE_DIR = "/var/lib/billing"
+HARDENING = """NoNewPrivileges=yes
+ProtectSystem=strict
+ProtectHome=yes
+PrivateTmp=yes
+PrivateDevices=yes
+ProtectKernelTunables=yes
+ProtectKernelModules=yes
+ProtectControlGroups=yes
+RestrictSUIDSGID=yes
+RestrictNamespaces=yes
+LockPersonality=yes
+MemoryDenyWriteExecute=yes
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
+SystemCallArchitectures=native
+CapabilityBoundingSet=
+ReadWritePaths=/var/lib/billing /run/billing-metrics"""
+COMMON = f"""User=billing
+Group=billing
+WorkingDirectory={STATE_DIR}
+EnvironmentFile={ENV_FILE}
+Environment=PROMETHEUS_MULTIPROC_DIR=/run/billing-metrics
+{HARDENING}"""
+
+
+def cron_lines(job: Job) -> list[str]:
+    command = (f"set -a && . {ENV_FILE} && {BILLINGCTL} jobs run {job.name} "
+               f">> /var/log/billing/{job.name}.log 2>&1")
+    seconds = job.interval_seconds
+    if seconds < 60:
+        return [f"* * * * * billing {'sleep ' + str(offset) + ' && ' if offset else ''}{command}"
+                for offset in range(0, 60, seconds)]
+    if seconds < 3600:
+        return [f"*/{seconds // 60} * * * * billing {command}" if seconds > 60 else f"* * * * * billing {command}"]
+    if seconds < 86400:
+        return [f"0 */{seconds // 3600} * * * billing {command}" if seconds > 3600 else f"0 * * * * billing {command}"]
+    return [f"30 3 * * * billing {command}"]
+
+
+def render_crontab() -> str:
+    lines = ["# Generated from jobs/schedule.py by `billingctl jobs render`; do not edit by hand.",
+             "# /etc/cron.d/billing: every host may carry it; the job lease lets one run at a time.",
+             "SHELL=/bin/sh", ""]
+    for job in JOBS:
+        lines.append(f"# {job.name}: {job.description} (every {job.interval_seconds} s)")
+        lines.extend(cron_lines(job))
+    return "\n".join(lines) + "\n"
+
+
+def render_units(billingctl: str = BILLINGCTL) -> dict[str, str]:
+    units = {}
+    for job in JOBS:
+        units[f"billing-job-{job.name}.service"] = f"""# Generated from jobs/schedule.py; do not edit by hand.
+[Unit]
+Description=billing job {job.name}: {job.description}
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=oneshot
+ExecStart={billingctl} jobs run {job.name}
+# 75: another host holds the lease; that is not a failure.
+SuccessExitStatus=75
+TimeoutStartSec={job.lease_seconds}
+{COMMON}
+"""
+        units[f"billing-job-{job.name}.timer"] = f"""# Generated from jobs/schedule.py; do not edit by hand.
+[Unit]
+Description=every {job.interval_seconds} s: billing job {job.name}
+
+[Timer]
+OnBootSec={min(job.interval_seconds, 60)}s
+OnUnitActiveSec={job.interval_seconds}s
+AccuracySec={1 if job.interval_seconds < 60 else 5}s
+Unit=billing-job-{job.name}.service
+
+[Install]
+WantedBy=timers.target
+"""
+    gunicorn = billingctl.replace("billingctl", "gunicorn")
+    for app, port in (("public", 8000), ("internal", 8001)):
+        bind = "0.0.0.0" if app == "public" else "127.0.0.1"
+        units[f"billing-{app}.service"] = f"""# Generated from jobs/units.py; do not edit by hand.
+[Unit]
+Description=billing {app} web app (gunicorn)
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+ExecStart={gunicorn} --bind {bind}:{port} --workers 4 --timeout 30 'webhooks_app.wsgi:{app}()'
+Restart=on-failure
+RestartSec=2
+RuntimeDirectory=billing-metrics
+RuntimeDirectoryPreserve=yes
+{COMMON}
+
+[Install]
+WantedBy=multi-user.target
+"""
+    return units
