@@ -28,7 +28,9 @@ def list_():
 
 @command(app, "run")
 def run(name: str, loop: bool = typer.Option(False, "--loop", help="Keep running at the job's interval."),
-        max_runs: int = typer.Option(0, "--max-runs", hidden=True)):
+        interval: float = typer.Option(None, "--interval", help="With --loop: seconds between runs (default: "
+                                                                "the table's)."),
+        max_runs: int = typer.Option(0, "--max-runs", help="With --loop: stop after this many runs.")):
     """Run one job under its lease (exit 75 at once when another instance holds it)."""
     from billingctl.domain.errors import BillingError, LeaseHeld, NotFound
     from jobs.runner import run as run_job
@@ -55,7 +57,8 @@ def run(name: str, loop: bool = typer.Option(False, "--loop", help="Keep running
         runs += 1
         if max_runs and runs >= max_runs:
             break
-        time.sleep(max(0.0, job.interval_seconds - (time.monotonic() - started)))
+        every = job.interval_seconds if interval is None else interval
+        time.sleep(max(0.0, every - (time.monotonic() - started)))
 
 
 @command(app, "render")

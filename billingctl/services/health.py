@@ -114,6 +114,23 @@ def check_media(container) -> Check:
                  f"{container.settings.media_edge_ttl_seconds} s (above the 72 h signed-URL cache)")
 
 
+def check_jobs(container) -> Check:
+    from jobs.runner import leases
+
+    rows = leases(container)
+    late = [r["job"] for r in rows if r["late"]]
+    failing = [r["job"] for r in rows if r["last_error"]]
+    never = [r["job"] for r in rows if r["last_success_at"] is None]
+    parts = []
+    if late:
+        parts.append("late: " + ", ".join(late))
+    if failing:
+        parts.append("last run failed: " + ", ".join(failing))
+    if never:
+        parts.append(f"{len(never)} never ran")
+    return Check("jobs", not late and not failing, "; ".join(parts) or "all on schedule", {"jobs": rows})
+
+
 def health_report(container, scope: str = "full") -> dict:
     """scope "app": what a web worker itself needs (the /healthz probe); "full": everything on call."""
     checks = [*check_database(container), check_redis(container)]
@@ -125,6 +142,7 @@ def health_report(container, scope: str = "full") -> dict:
         checks.append(check_poller(container))
         checks.append(check_orphans(container))
         checks.append(check_outbox(container))
+        checks.append(check_jobs(container))
     return {
         "ok": all(c.ok for c in checks),
         "checks": [asdict(c) for c in checks],
