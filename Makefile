@@ -15,16 +15,20 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-# Debian's PostgreSQL and Redis servers for the integration tests (apt-get update once, then install).
+# Debian's PostgreSQL and Redis servers for the integration tests, and promtool (Debian's prometheus)
+# for the alert rules (apt-get update once, then install what is missing).
 servers:
-	@if ! command -v redis-server >/dev/null 2>&1 || [ -z "$(PG_BIN)" ]; then \
+	@if ! command -v redis-server >/dev/null 2>&1 || [ -z "$(PG_BIN)" ] || ! command -v promtool >/dev/null 2>&1; then \
 		$(SUDO) apt-get update -qq && \
-		$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql redis-server >/dev/null; \
+		$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+			postgresql redis-server prometheus >/dev/null; \
 	fi
-	@command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null
+	@command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null && command -v promtool >/dev/null
 
-lint: venv
+lint: venv servers
 	$(BIN)/ruff check .
+	promtool check rules prometheus/alerts.yml
+	cd prometheus && promtool test rules alerts_test.yml
 
 test: venv servers lint
 	$(BIN)/pytest -p no:cacheprovider --basetemp=.pytest-tmp $(PYTEST_ARGS)

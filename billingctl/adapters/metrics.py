@@ -65,6 +65,10 @@ class Metrics:
             "billing_activation_errors", "Failed subscription activations.", registry=r
         )
         self.sync_errors = Counter("billing_sync_errors", "Failed subscription syncs.", registry=r)
+        self.poller_last_run = Gauge(
+            "billing_event_poller_last_run_timestamp_seconds", "Unix time of the newest event poller run.",
+            registry=r, multiprocess_mode="max",
+        )
         self.reconcile_violations = Gauge(
             "billing_reconcile_violations", "Invariant violations found by the last reconcile.", registry=r,
             multiprocess_mode="max",

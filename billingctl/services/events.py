@@ -203,6 +203,7 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
             created_at=container.clock.now(), events_seen=seen, events_processed=processed, events_failed=failed,
             cursor=str(int(new_cursor.timestamp())) if new_cursor else None, error=error))
         uow.commit()
+    container.metrics.poller_last_run.set(container.clock.now().timestamp())
     result = {"events_seen": seen, "events_processed": processed, "events_failed": failed,
               "cursor": new_cursor, "error": error}
     if scan is not None:

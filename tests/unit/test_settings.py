@@ -70,3 +70,14 @@ def test_empty_secret_counts_as_missing_in_production():
     values = {**PROD_SECRETS, **PROD_PLAIN, "session_jwt_algorithms": "RS256", "media_signing_secret": ""}
     with pytest.raises(ConfigError, match="BILLING_MEDIA_SIGNING_SECRET"):
         load_settings(env="production", **values)
+
+
+def test_every_alert_links_an_existing_runbook():
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    rules = (root / "prometheus" / "alerts.yml").read_text()
+    links = re.findall(r"runbook: (docs/runbooks/\S+\.md)", rules)
+    assert len(links) == rules.count("- alert:")
+    assert all((root / link).is_file() for link in links)
