@@ -1,38 +1,100 @@
-"""The demo behind `billingctl demo`: a newcomer's walk through the main job, on the embedded
-default (SQLite, in-process sandbox providers). Every step goes through the real services."""
+"""The demo behind `billingctl demo`: a newcomer's walk through the main job on the embedded default
+(SQLite, in-process sandbox providers, no servers). Every step goes through the real services and
+the real HTTP clients; it is re-runnable (each run uses new users) and finishes with a clean reconcile."""
 
 from __future__ import annotations
 
 import uuid
 
+PRO, NSFW = "credits-pro-USD-monthly", "credits-pro-nsfw-USD-monthly"
 
-def run_demo(container, say=print) -> dict:
+
+class Narrator:
+    def __init__(self, say, rich: bool):
+        self.say, self.rich, self.n = say, rich, 0
+
+    def step(self, title: str) -> None:
+        self.n += 1
+        if self.rich:
+            from rich.console import Console
+
+            Console(stderr=True).rule(f"[bold]{self.n}. {title}")
+        else:
+            self.say(f"\n{self.n}. {title}")
+
+    def line(self, text: str) -> None:
+        self.say(f"   {text}")
+
+
+def run_demo(container, say=print, rich: bool = False) -> dict:
     from billingctl.adapters.db.engine import redact
+    from billingctl.services import events, orphans
     from billingctl.services.checkout import create_checkout
     from billingctl.services.payments import record_payment
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.renewals import run_renewals
+    from billingctl.services.sync import cancel_subscription
     from billingctl.services.users import show_user
 
+    sandbox = container.sandbox
+    out = Narrator(say, rich)
+    tag = uuid.uuid4().hex[:6]
+    ada, bo, cy = f"ada_{tag}", f"bo_{tag}", f"cy_{tag}"
     say(f"database: {redact(container.settings.database_url)} (created and migrated on first use)")
     say(f"sandbox:  {container.settings.sandbox_db} (provider and orchestrator simulators, in-process)")
-    user_id = f"demo_{uuid.uuid4().hex[:8]}"
 
-    say(f"\n1. {user_id} starts an NSFW checkout; the amount comes from the provider's catalog")
-    checkout = create_checkout(container, user_id, "credits-pro-nsfw-USD-monthly")
-    say(f"   pending subscription {checkout['subscription_id']} (status future), order {checkout['order_id']}, "
-        f"{checkout['amount']} {checkout['currency_code']} minor units")
+    out.step(f"{ada} starts an SFW checkout")
+    co = create_checkout(container, ada, PRO)
+    out.line(f"pending subscription {co['subscription_id']} (future, start over a year ahead), order "
+             f"{co['order_id']}, {co['amount']} {co['currency_code']} minor units from the catalog")
 
-    say("2. the shopper pays; the orchestrator delivers its signed webhook three times")
-    payment = container.sandbox.pay(checkout["order_id"], duplicates=3)
-    say(f"   payment {payment['id']} SETTLED on {payment['processor']['name']}")
+    out.step("the payment settles on SFW_ADYEN; the signed webhook is recorded and activates the subscription")
+    paid = sandbox.pay(co["order_id"], processor="SFW_ADYEN")
+    user = show_user(container, ada)
+    out.line(f"payment {paid['id']} SETTLED; credits={user['credits']} (ledger {user['ledger_sum']}); "
+             f"sfw lock={user['sfw_processor']}; subscription {sandbox.subscription(co['subscription_id'])['status']}")
 
-    say("3. the event poller and the settled-payments poller see the same payment later")
-    late = [record_payment(container, payment, path)["outcome"] for path in ("event_poller", "settled_poller")]
-    say(f"   outcomes: {', '.join(late)}")
+    out.step("the same webhook arrives twice more and the pollers see the payment too")
+    for _ in range(2):
+        sandbox.send_webhook("PAYMENT.STATUS", paid)
+    late = [record_payment(container, paid, p)["outcome"] for p in ("event_poller", "settled_poller")]
+    out.line(f"outcomes: {', '.join(late)}; credits still {show_user(container, ada)['credits']}")
 
-    user = show_user(container, user_id)
-    remote = container.sandbox.subscription(checkout["subscription_id"])["status"]
-    say(f"\nresult: credits={user['credits']} (ledger {user['ledger_sum']}), purchases={user['purchases']}, "
-        f"nsfw lock={user['nsfw_processor']} / {user['nsfw_processor_mid']}, subscription at provider={remote}")
-    say("next: `billingctl users show " + user_id + "`, `billingctl lock show " + user_id + "`, `billingctl health`")
-    return {"user_id": user_id, "credits": user["credits"], "purchases": user["purchases"],
-            "nsfw_processor": user["nsfw_processor"], "subscription_status": remote}
+    out.step(f"{bo} pays, but the orchestrator's webhook is lost: the event poller catches it")
+    co_bo = create_checkout(container, bo, NSFW)
+    sandbox.pay(co_bo["order_id"], method="PAYPAL", drop_webhook=True)
+    polled = events.poll(container)
+    out.line(f"poll: {polled['events_processed']} events processed; {bo} credits="
+             f"{show_user(container, bo)['credits']}, nsfw lock={show_user(container, bo)['nsfw_processor']}")
+
+    out.step(f"{bo}'s renewal comes due; the stored wallet is swapped for the vaulted card (NSFW)")
+    sandbox.add_instrument(bo, "PAYMENT_CARD")
+    sandbox.change_term_end(co_bo["subscription_id"], sandbox.now() - 1)  # the term ends now
+    renewals = run_renewals(container)
+    out.line(f"renewals: {renewals['outcomes']}; {bo} credits={show_user(container, bo)['credits']} "
+             "(log marker nsfw_renewal_card_substitution)")
+
+    out.step(f"{cy}'s first checkout is cancelled, then its old session is paid: an orphan")
+    co_cy = create_checkout(container, cy, PRO)
+    cancel_subscription(container, co_cy["subscription_id"], "checkout abandoned", "demo")
+    orphan = sandbox.pay(co_cy["order_id"])
+    outcome = orphans.handle_payment(container, sandbox.store.get("payment", orphan["id"]))
+    out.line(f"settled-payments poller: {outcome}; {cy} credits={show_user(container, cy)['credits']}")
+
+    out.step(f"{ada} is charged again for the plan she already holds: a same-plan duplicate")
+    dup = create_checkout(container, ada, PRO)
+    cancel_subscription(container, dup["subscription_id"], "checkout retried", "demo")
+    charged = sandbox.pay(dup["order_id"])
+    outcome = orphans.handle_payment(container, sandbox.store.get("payment", charged["id"]))
+    refunded = sandbox.store.get("payment", charged["id"])["processor"]["amountRefunded"]
+    out.line(f"recovery: {outcome}; refunded {refunded}; chat alert queued; credits still "
+             f"{show_user(container, ada)['credits']}")
+
+    out.step("reconcile: every settled payment recorded once, ledger and credits agree, subscriptions match")
+    report = reconcile(container)
+    out.line("clean" if report["ok"] else f"{len(report['violations'])} violation(s): {report['violations'][:3]}")
+
+    say("\nnext: `billingctl health`, `billingctl users show " + ada + "`, `billingctl events list`, "
+        "`billingctl orphans list`, `billingctl alerts list`")
+    return {"users": {u: show_user(container, u) for u in (ada, bo, cy)}, "reconcile_ok": report["ok"],
+            "violations": report["violations"]}

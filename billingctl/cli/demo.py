@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from billingctl.cli.context import command, get_ctx
@@ -10,9 +12,18 @@ from billingctl.cli.context import command, get_ctx
 def register(app: typer.Typer) -> None:
     @command(app, "demo")
     def demo():
-        """Create the embedded database and walk through the main job on the sandbox."""
+        """Walk through the main job on the sandbox: checkout, settle, webhooks, pollers, renewal, orphans."""
+        from billingctl.cli.exitcodes import PARTIAL
         from billingctl.demo import run_demo
 
         cli = get_ctx()
-        report = run_demo(cli.container, say=cli.output.info)
-        cli.output.result(report, human="demo finished: " + ", ".join(f"{k}={v}" for k, v in report.items()))
+        report = run_demo(cli.container, say=cli.output.info, rich=not cli.json and sys.stderr.isatty())
+        if cli.json:
+            cli.output.result(report)
+        else:
+            rows = [{"user": u, "credits": v["credits"], "ledger_sum": v["ledger_sum"], "purchases": v["purchases"],
+                     "sfw_lock": v["sfw_processor"], "nsfw_lock": v["nsfw_processor"]}
+                    for u, v in report["users"].items()]
+            cli.output.table(rows, title="final state")
+        if not report["reconcile_ok"]:
+            raise typer.Exit(PARTIAL)
