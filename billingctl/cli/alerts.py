@@ -44,6 +44,12 @@ def deliver():
     from billingctl.services.alerts import deliver_outbox
 
     cli = get_ctx()
+    if cli.dry_run:
+        from billingctl.services.alerts import list_outbox
+
+        due = [r["dedupe_key"] for r in list_outbox(cli.container, "pending", 1000)]
+        cli.output.result({"dry_run": True, "pending": due})
+        return
     result = deliver_outbox(cli.container)
     cli.output.result(result)
     if result["failed"]:

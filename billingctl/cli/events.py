@@ -55,6 +55,11 @@ def register(app: typer.Typer) -> None:
         from billingctl.services import events
 
         cli = get_ctx()
+        if cli.dry_run:
+            cli.output.result({"dry_run": True, "cursor": events._read_cursor(cli.container),
+                               "overlap_seconds": events.OVERLAP.total_seconds(), "all_invoices": all_invoices,
+                               "since": _parse_since(since), "freshness": events.poller_freshness(cli.container)})
+            return
         if watchdog:
             fresh = events.watchdog(cli.container)
             cli.output.result(fresh)
@@ -91,6 +96,11 @@ def register(app: typer.Typer) -> None:
         from billingctl.services.sync import sync_all
 
         cli = get_ctx()
+        if cli.dry_run:
+            from billingctl.services.sync import sync_all_plan
+
+            cli.output.result(sync_all_plan(cli.container, _parse_since(since)))
+            return
         with _progress("syncing subscriptions") as progress:
             result = sync_all(cli.container, _parse_since(since), progress=progress)
         cli.output.result(result)
@@ -103,6 +113,9 @@ def register(app: typer.Typer) -> None:
         from billingctl.services.subscriptions import invalidate_customer
 
         cli = get_ctx()
+        if cli.dry_run:
+            cli.output.result({"dry_run": True, "customer_id": customer_id, "would_invalidate": True})
+            return
         cli.output.result(invalidate_customer(cli.container, customer_id))
 
 

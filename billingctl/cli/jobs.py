@@ -40,6 +40,13 @@ def run(name: str, loop: bool = typer.Option(False, "--loop", help="Keep running
     job = BY_NAME.get(name)
     if job is None:
         raise NotFound(f"no job {name!r}; see `billingctl jobs list`")
+    if cli.dry_run:
+        from jobs.runner import leases
+
+        lease = next(r for r in leases(cli.container) if r["job"] == name)
+        cli.output.result({"dry_run": True, "job": name, "command": "billingctl " + " ".join(job.command),
+                           "lease": lease})
+        return
     if not loop:
         cli.output.result(run_job(cli.container, job))
         return

@@ -16,6 +16,13 @@ def run():
     from billingctl.services.orphans import run_orphans
 
     cli = get_ctx()
+    if cli.dry_run:
+        from billingctl.services.orphans import _read_cursor
+
+        cursor = _read_cursor(cli.container)
+        seen = [p["id"] for p in cli.container.orchestrator.list_payments("SETTLED", from_date=cursor)]
+        cli.output.result({"dry_run": True, "cursor": cursor, "settled_payments_to_check": seen})
+        return
     result = run_orphans(cli.container)
     cli.output.result(result)
     if result["outcomes"].get("error"):

@@ -172,3 +172,16 @@ def cancel_subscription(container, subscription_id: str, reason: str, actor: str
                                               created_at=container.clock.now()))
         uow.commit()
     return {"subscription_id": subscription_id, "status": remote["status"]}
+
+
+def sync_all_plan(container, since) -> dict:
+    """--dry-run: what sync-all would change, without writing."""
+    changes = []
+    with container.uow() as uow:
+        local = {r["id"]: dict(r) for r in uow.execute(select(subscription)).mappings()}
+    for row in container.provider.list_subscriptions(updated_after=since):
+        remote = row["subscription"]
+        difference = diff(local.get(remote["id"]), remote_fields(remote))
+        if difference:
+            changes.append({"subscription_id": remote["id"], "differences": sorted(difference)})
+    return {"dry_run": True, "since": since, "would_update": changes}

@@ -55,7 +55,8 @@ def test_dry_run_changes_nothing(settings, container):
         ["users", "freeze", ada, "--reason", "x"], ["checkout", "cleanup"], ["sync", sub],
         ["subscriptions", "cancel", sub, "--reason", "x"], ["events", "replay", str(inbox_id), "--reason", "x"],
         ["orphans", "retry", orphan_id], ["orphans", "resolve", orphan_id, "--refund", "--reason", "x"],
-        ["renewals", "run"],
+        ["renewals", "run"], ["poll"], ["poll", "--all-invoices"], ["sync-all", "--since", "2020-01-01T00:00:00Z"],
+        ["invalidate", ada], ["orphans", "run"], ["alerts", "deliver"], ["jobs", "run", "poll"],
     ]
     before = snapshot(container.engine)
     sandbox_before = container.sandbox.store.count_requests("provider", "POST")
