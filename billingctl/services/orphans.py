@@ -28,6 +28,7 @@ DUPLICATE_TEXT = "same-plan duplicate charge during orphan recovery"
 TOO_RECENT = timedelta(seconds=15)  # spec section 1 rule 3: the webhook or the event poller is still due
 CLAIM = timedelta(minutes=5)
 OPEN = ("retrying",)
+OWNED = ("retrying", "recovered", "duplicate_refunded", "exhausted", "needs_review", "resolved")
 HUMAN = ("exhausted", "needs_review")
 
 
@@ -132,7 +133,7 @@ def attempt(container, payment_id: str, payment: dict | None = None, force: bool
     if row is None:
         return "waiting"
     try:
-        payment = payment or container.orchestrator.get_payment(payment_id)
+        payment = container.orchestrator.get_payment(payment_id)  # fresh: refunds since it was listed count
         outcome = _recover(container, row, payment)
     except e.BillingError as exc:
         return _failed(container, row, exc.message)
@@ -151,6 +152,16 @@ def _recover(container, row: dict, payment: dict) -> str:
         _finish(container, row["payment_id"], "needs_review", last_error="user is frozen")
         _alert(container, f"Orphaned payment {row['payment_id']} belongs to frozen user {user_id} - manual review "
                           "required", f"orphan-frozen:{row['payment_id']}")
+        return "needs_review"
+    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
+    if refunded >= int(payment.get("amount") or 0) > 0:
+        # Refunded at the orchestrator before recovery: nothing to re-subscribe, nothing to refund.
+        _finish(container, row["payment_id"], "resolved", resolution="refunded_elsewhere")
+        return "refunded_elsewhere"
+    if refunded:
+        _finish(container, row["payment_id"], "needs_review", last_error=f"partially refunded ({refunded})")
+        _alert(container, f"Orphaned payment {row['payment_id']} is partially refunded - manual review required",
+               f"orphan-partial:{row['payment_id']}")
         return "needs_review"
     holding = _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
     if holding:
@@ -175,6 +186,9 @@ def _refund_duplicate(container, row: dict, holding: str) -> str:
     _alert(container, DUPLICATE_TEXT, f"orphan-duplicate:{payment_id}", payment_id=payment_id,
            user_id=row["user_id"], plan=row["item_price_id"], active_subscription=holding)
     refund(container, payment_id)
+    from billingctl.adapters.faults import crash_point
+
+    crash_point(container.settings, "orphan.after_refund")
     _finish(container, payment_id, "duplicate_refunded", resolution="refunded")
     log.warning(DUPLICATE_TEXT, extra={"payment_id": payment_id, "active_subscription": holding})
     return "duplicate_refunded"
@@ -197,6 +211,9 @@ def _resubscribe(container, row: dict, payment: dict) -> str:
         row["user_id"], row["item_price_id"], now + PENDING_START_OFFSET,
         idempotency_key=f"orphan-subscription:{row['payment_id']}")
     sub, invoice = created["subscription"], created.get("invoice") or {}
+    from billingctl.adapters.faults import crash_point
+
+    crash_point(container.settings, "orphan.after_subscription_created")
     recovered = {**payment, "orderId": invoice.get("id") or payment.get("orderId"),
                  "metadata": {**(payment.get("metadata") or {}), "subscription_id": sub["id"]}}
     result = record_payment(container, recovered, "orphan_recovery")

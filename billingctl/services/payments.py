@@ -25,6 +25,7 @@ from billingctl.adapters.db.tables import (
     transaction,
     users,
 )
+from billingctl.adapters.faults import crash_point
 from billingctl.domain import errors as e
 from billingctl.services import alerts, catalog
 from billingctl.services.processor_lock import lock_after_settle
@@ -118,7 +119,12 @@ def record_payment(container, payment: dict, path: str, followups: bool = True) 
                     "user_id": facts.user_id, "credits_applied": 0}
         result = _record_locally(container, facts, path)
         if followups:
-            result.update(complete_followups(container, facts.subscription_id))
+            # The subscription the purchase belongs to (orphan recovery may have recorded it elsewhere).
+            result.update(complete_followups(container, result["subscription_id"]))
+    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
+    if refunded and result["outcome"] == "recorded":
+        # Recorded after it was refunded (a late poller): the refund reports may all be behind us.
+        result["refund"] = reverse_refund(container, facts.payment_id, refunded, path)
     if result["outcome"] == "recorded" and facts.lane == "nsfw" and _is_checkout_payment(payment):
         from billingctl.services.checkout import set_primary_after_first_payment
 
@@ -150,8 +156,10 @@ def _record_locally(container, facts: PaymentFacts, path: str) -> dict:
             "processor": facts.processor, "recorded_via": path, "settled_at": facts.settled_at, "created_at": now,
         }, ["transaction_id"])
         if not new:
-            return {"payment_id": facts.payment_id, "outcome": "duplicate", "subscription_id": facts.subscription_id,
-                    "user_id": facts.user_id, "credits_applied": 0}
+            stored = uow.execute(select(purchase.c.subscription_id, purchase.c.user_id).where(
+                purchase.c.transaction_id == facts.payment_id)).one()
+            return {"payment_id": facts.payment_id, "outcome": "duplicate", "subscription_id": stored.subscription_id,
+                    "user_id": stored.user_id, "credits_applied": 0}
         _upsert_transaction(uow, facts.payment_id, "captured", now, amount=facts.amount,
                             currency_code=facts.currency_code, customer_id=facts.user_id, invoice_id=facts.invoice_id,
                             subscription_id=facts.subscription_id, processor=facts.processor,
@@ -178,7 +186,9 @@ def _record_locally(container, facts: PaymentFacts, path: str) -> dict:
             "subscription_id": facts.subscription_id, "item_price_id": facts.item_price_id, "lane": facts.lane,
             "amount": facts.amount, "currency_code": facts.currency_code, "credits": facts.credits, "path": path,
         }, f"analytics:payment:{facts.payment_id}")
+        crash_point(container.settings, "record.before_commit")
         uow.commit()
+    crash_point(container.settings, "record.after_commit")
     if facts.settled_at is not None:
         container.metrics.payment_recording_latency.observe(max(0.0, (now - facts.settled_at).total_seconds()))
     container.metrics.payments_recorded.labels(path=path).inc()
@@ -239,6 +249,7 @@ def complete_followups(container, subscription_id: str) -> dict:
             continue
         try:
             container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
+            crash_point(container.settings, "provider_record.after_call")
         except e.ExternalInvalidRequest as exc:
             # Already paid (by the orchestrator's workflow with this reference) or void: nothing to record.
             log.info("invoice already settled at the provider: %s", exc.message,
@@ -280,6 +291,7 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
     period = catalog.plan(container, bought.item_price_id).period_days if bought.item_price_id else 30
     try:
         remote = container.provider.change_term_end(subscription_id, now + timedelta(days=period))["subscription"]
+        crash_point(container.settings, "activate.after_provider")
     except e.ExternalError as exc:
         container.metrics.activation_errors.inc()
         with container.uow() as uow:

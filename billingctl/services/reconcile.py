@@ -14,10 +14,10 @@ from datetime import timedelta
 from sqlalchemy import func, select
 
 from billingctl.adapters.db.tables import credit_ledger, orphan_recovery, purchase, subscription, users
+from billingctl.services.orphans import OWNED as OWNED_BY_RECOVERY
 from billingctl.services.payments import parse_time
 
 TOO_RECENT = timedelta(seconds=15)
-OWNED = ("retrying", "exhausted", "needs_review", "resolved", "duplicate_refunded", "recovered")
 
 
 def reconcile(container, since=None, progress=None) -> dict:
@@ -41,7 +41,7 @@ def reconcile(container, since=None, progress=None) -> dict:
         if settled is not None and now - settled < TOO_RECENT:
             continue
         pid = payment["id"]
-        if pid not in purchases and orphans.get(pid) not in OWNED:
+        if pid not in purchases and orphans.get(pid) not in OWNED_BY_RECOVERY:
             violations.append({"check": "payment_unrecorded", "payment_id": pid,
                                "detail": "settled at the orchestrator, no purchase and no orphan record"})
         if pid in purchases and orphans.get(pid) == "duplicate_refunded":
