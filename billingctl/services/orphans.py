@@ -153,6 +153,9 @@ def _recover(container, row: dict, payment: dict) -> str:
         _alert(container, f"Orphaned payment {row['payment_id']} belongs to frozen user {user_id} - manual review "
                           "required", f"orphan-frozen:{row['payment_id']}")
         return "needs_review"
+    holding = _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
+    if holding:
+        return _refund_duplicate(container, row, holding)  # idempotent: a refund already made is not repeated
     refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
     if refunded >= int(payment.get("amount") or 0) > 0:
         # Refunded at the orchestrator before recovery: nothing to re-subscribe, nothing to refund.
@@ -163,9 +166,6 @@ def _recover(container, row: dict, payment: dict) -> str:
         _alert(container, f"Orphaned payment {row['payment_id']} is partially refunded - manual review required",
                f"orphan-partial:{row['payment_id']}")
         return "needs_review"
-    holding = _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
-    if holding:
-        return _refund_duplicate(container, row, holding)
     return _resubscribe(container, row, payment)
 
 

@@ -214,3 +214,25 @@ def test_retry_runs_one_attempt_now(world):
     with pytest.raises(e.Refused):
         orphans.retry(world.c, payment["id"], "ops")
     assert world.credits() == 2000
+
+
+def test_an_orphan_refunded_before_recovery_is_not_resubscribed(world):
+    """Found by the interleavings test: recovery used to re-subscribe and credit refunded money."""
+    _, payment = orphan(world)
+    world.sandbox.refund(payment["id"])
+    assert orphans.run_orphans(world.c)["outcomes"] == {"refunded_elsewhere": 1}
+    assert world.purchases() == 0 and len(world.sandbox.store.all("subscription")) == 1
+    assert row(world, payment["id"])["resolution"] == "refunded_elsewhere"
+
+
+def test_a_duplicate_report_follows_up_on_the_purchases_own_subscription(world):
+    """Found by the interleavings test: a late settled-poller report of a recovered orphan used to try
+    to activate the cancelled subscription and fail with PaymentNotRecorded."""
+    from billingctl.services.payments import record_payment
+
+    _, payment = orphan(world)
+    orphans.run_orphans(world.c)
+    result = record_payment(world.c, world.sandbox.store.get("payment", payment["id"]), "settled_poller")
+    assert result["outcome"] == "duplicate"
+    assert result["subscription_id"] == row(world, payment["id"])["subscription_id"]
+    assert result["activation"] == "already_active"

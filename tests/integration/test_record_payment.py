@@ -211,3 +211,15 @@ def test_reordered_webhooks_still_record_once(world):
     world.sandbox.send_webhook("PAYMENT.STATUS", {**payment, "status": "DECLINED"})
     with world.c.uow() as uow:
         assert uow.execute(select(transaction.c.status)).scalar_one() == "captured"
+
+
+def test_a_payment_recorded_after_its_refund_is_reversed_at_once(world):
+    """A late poller records a payment the customer was already refunded for: credits net to zero."""
+    co = world.checkout()
+    payment = world.settle(co["order_id"])
+    world.sandbox.hold_webhooks()  # the refund webhook is lost too
+    world.sandbox.refund(payment["id"])
+    world.sandbox.store.set_meta("held_webhooks", [])
+    result = record_payment(world.c, world.sandbox.store.get("payment", payment["id"]), "settled_poller")
+    assert result["refund"]["credits_reversed"] == 2000
+    assert world.credits() == 0
