@@ -63,17 +63,20 @@ class Container:
             self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2, health_check_interval=30
         )
 
+    def _redis_error(self, component: str) -> None:
+        self.metrics.redis_errors.labels(component=component).inc()
+
     @cached_property
     def locks(self):
         from billingctl.adapters.locks import LockManager
 
-        return LockManager(self.redis)
+        return LockManager(self.redis, on_error=self._redis_error)
 
     @cached_property
     def cache(self):
         from billingctl.adapters.cache import Cache
 
-        return Cache(self.redis)
+        return Cache(self.redis, on_error=self._redis_error)
 
     # ---- external systems ------------------------------------------------------------------
     @cached_property
@@ -110,7 +113,7 @@ class Container:
         for dependency in ("subscription_provider", "orchestrator"):
             store = RedisBreakerStore(self.redis, dependency) if self.redis is not None else MemoryBreakerStore()
             result[dependency] = CircuitBreaker(dependency, config, self.clock, store,
-                                                gauge=self.metrics.circuit_breaker_state)
+                                                gauge=self.metrics.circuit_breaker_state, on_error=self._redis_error)
         return result
 
     @cached_property
@@ -120,7 +123,8 @@ class Container:
         s = self.settings
         return RateLimiter(s.provider_rate_limit, s.provider_rate_window_seconds,
                            key_for(s.secret("provider_api_key"), "subscription_provider"),
-                           redis_url=s.redis_url, max_wait=s.provider_rate_max_wait_seconds)
+                           redis_url=s.redis_url, max_wait=s.provider_rate_max_wait_seconds,
+                           on_error=self._redis_error)
 
     def _http(self, dependency: str, base_url: str | None, headers: dict, app_factory, limiter=None):
         import httpx

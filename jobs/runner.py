@@ -34,12 +34,30 @@ def acquire(container, job: Job, holder: str) -> bool:
                                           "expires_at": expires}, ["name"]):
             uow.commit()
             return True
-        taken = uow.execute(update(job_lease).where(
-            job_lease.c.name == job.name,
-            or_(job_lease.c.holder.is_(None), job_lease.c.expires_at.is_(None), job_lease.c.expires_at < now),
-        ).values(holder=holder, acquired_at=now, expires_at=expires)).rowcount == 1
+        current = uow.execute(select(job_lease.c.holder).where(job_lease.c.name == job.name)).scalar()
+        free = or_(job_lease.c.holder.is_(None), job_lease.c.expires_at.is_(None), job_lease.c.expires_at < now)
+        if current and _dead_here(current):
+            # The holder was a process on this host that no longer exists (killed, or its database went
+            # away before it could release): take over now rather than wait out the lease.
+            free = or_(free, job_lease.c.holder == current)
+        taken = uow.execute(update(job_lease).where(job_lease.c.name == job.name, free)
+                            .values(holder=holder, acquired_at=now, expires_at=expires)).rowcount == 1
         uow.commit()
     return taken
+
+
+def _dead_here(holder: str) -> bool:
+    host, _, rest = holder.partition(":")
+    pid = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 
 def release(container, job: Job, holder: str, error: str | None) -> None:
@@ -76,7 +94,10 @@ def run_once(container, job: Job) -> dict:
         error = f"{type(exc).__name__}: {exc}"
         raise
     finally:
-        release(container, job, holder, error)
+        try:
+            release(container, job, holder, error)
+        except Exception as exc:  # the database may be the thing that failed: the lease expires on its own
+            log.error("could not release the lease of %s: %s", job.name, type(exc).__name__)
         container.metrics.job_runs.labels(job=job.name, outcome="ok" if error is None else "failed").inc()
         log.info("job finished", extra={"job": job.name, "error": error})
 

@@ -46,13 +46,21 @@ class PostgresServer:
         if self.as_root:
             shutil.chown(self.root, "postgres", "postgres")
         self._run([_pg_bin("initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8"])
+        self.launch()
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def launch(self) -> None:
+        """Start the server on its existing data directory."""
         options = (
             f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
             "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
         )
         self._run([_pg_bin("pg_ctl"), "-D", str(self.data), "-o", options, "-l",
                    str(self.root / "log"), "-w", "-t", "60", "start"])
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def halt(self) -> None:
+        """Stop the server, keeping its data (an outage)."""
+        self._run([_pg_bin("pg_ctl"), "-D", str(self.data), "-m", "immediate", "-w", "stop"])
 
     def stop(self) -> None:
         try:

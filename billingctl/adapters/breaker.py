@@ -112,7 +112,9 @@ class RedisBreakerStore:
 
 
 class CircuitBreaker:
-    def __init__(self, dependency: str, config: BreakerConfig, clock, store, fallback=None, gauge=None):
+    def __init__(self, dependency: str, config: BreakerConfig, clock, store, fallback=None, gauge=None,
+                 on_error=None):
+        self.on_error = on_error or (lambda component: None)
         self.dependency = dependency
         self.config = config
         self.clock = clock
@@ -131,6 +133,7 @@ class CircuitBreaker:
                 raise
             log.warning("breaker state store failed, using in-process state: %s", type(exc).__name__,
                         extra={"dependency": self.dependency})
+            self.on_error("breaker")
             return getattr(self._fallback, op)(*args)
 
     def state(self) -> str:

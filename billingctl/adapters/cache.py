@@ -11,8 +11,9 @@ log = logging.getLogger("billingctl.cache")
 
 
 class Cache:
-    def __init__(self, redis=None, prefix: str = "billing:cache:"):
+    def __init__(self, redis=None, prefix: str = "billing:cache:", on_error=None):
         self.redis = redis
+        self.on_error = on_error or (lambda component: None)
         self.prefix = prefix
         self._local: dict[str, tuple[float, str]] = {}
         self._lock = threading.Lock()
@@ -29,6 +30,7 @@ class Cache:
                         raw = None
         except Exception as exc:
             log.warning("cache read failed: %s", type(exc).__name__)
+            self.on_error("cache")
             return None
         return json.loads(raw) if raw is not None else None
 
@@ -42,6 +44,7 @@ class Cache:
                     self._local[key] = (time.monotonic() + ttl, raw)
         except Exception as exc:
             log.warning("cache write failed: %s", type(exc).__name__)
+            self.on_error("cache")
 
     def delete(self, *keys: str) -> None:
         try:
@@ -53,3 +56,4 @@ class Cache:
                         self._local.pop(k, None)
         except Exception as exc:
             log.warning("cache delete failed: %s", type(exc).__name__)
+            self.on_error("cache")

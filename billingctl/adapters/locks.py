@@ -17,8 +17,9 @@ _local_guard = threading.Lock()
 
 
 class LockManager:
-    def __init__(self, redis=None):
+    def __init__(self, redis=None, on_error=None):
         self.redis = redis
+        self.on_error = on_error or (lambda component: None)
 
     @contextmanager
     def hold(self, name: str, ttl: float = 30.0, wait: float = 15.0):
@@ -46,6 +47,7 @@ class LockManager:
         except Exception as exc:
             log.warning("redis lock unavailable, relying on the database: %s", type(exc).__name__,
                         extra={"lock": name})
+            self.on_error("lock")
             got = False
         try:
             yield got

@@ -73,6 +73,10 @@ class Metrics:
             "billing_reconcile_violations", "Invariant violations found by the last reconcile.", registry=r,
             multiprocess_mode="max",
         )
+        self.redis_errors = Counter(
+            "billing_redis_errors", "Redis failures absorbed by a fallback (locks, cache, limiter, breaker).",
+            ["component"], registry=r,
+        )
         self.payments_recorded = Counter(
             "billing_payments_recorded", "Payments recorded by path.", ["path"], registry=r
         )

@@ -26,7 +26,8 @@ def key_for(api_key: str | None, dependency: str) -> str:
 
 class RateLimiter:
     def __init__(self, limit: int, window_seconds: int, key: str, redis_url: str | None = None,
-                 max_wait: float = 30.0, sleep: Callable[[float], None] = time.sleep):
+                 max_wait: float = 30.0, sleep: Callable[[float], None] = time.sleep, on_error=None):
+        self.on_error = on_error or (lambda component: None)
         self.item = RateLimitItemPerSecond(limit, window_seconds)
         self.key = key
         self.max_wait = max_wait
@@ -43,6 +44,7 @@ class RateLimiter:
             if self._limiter is self._memory:
                 raise
             log.warning("shared rate limiter unavailable, limiting in-process: %s", type(exc).__name__)
+            self.on_error("limiter")
             return self._memory.hit(self.item, self.key)
 
     def _reset_in(self) -> float:

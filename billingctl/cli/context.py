@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import typer
 
-from billingctl.cli.exitcodes import UNEXPECTED, exit_code_for
+from billingctl.cli.exitcodes import EXTERNAL, UNEXPECTED, exit_code_for
 from billingctl.cli.output import Output
 from billingctl.domain.errors import BillingError
 
@@ -49,6 +49,13 @@ def get_ctx() -> CliContext:
     return _current
 
 
+def _is_database_outage(exc: BaseException) -> bool:
+    """SQLAlchemy's OperationalError / InterfaceError: the database went away (checked by name so
+    the CLI's start-up does not import SQLAlchemy)."""
+    return type(exc).__module__.startswith("sqlalchemy") and type(exc).__name__ in (
+        "OperationalError", "InterfaceError", "DisconnectionError")
+
+
 def command(app: typer.Typer, name: str | None = None, **kwargs):
     """Register a command whose errors become one stderr line and the table's exit code."""
 
@@ -67,6 +74,9 @@ def command(app: typer.Typer, name: str | None = None, **kwargs):
                 cli.output.error("interrupted")
                 raise typer.Exit(130) from None
             except Exception as exc:
+                if _is_database_outage(exc):
+                    cli.output.error(f"database unavailable: {str(exc).splitlines()[0][:200]}")
+                    raise typer.Exit(EXTERNAL) from None
                 cli.output.error(f"unexpected {type(exc).__name__}: {exc}")
                 if os.environ.get("BILLING_DEBUG"):
                     import traceback
