@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     internal_token: SecretStr | None = None
     session_jwt_key: SecretStr | None = None
     session_jwt_algorithms: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["HS256"])
+    session_jwt_audience: str | None = None  # when set, the token's aud must match
+    session_jwt_issuer: str | None = None  # when set, the token's iss must match
     sign_in_url: str = "/sign-in"
 
     orchestrator_webhook_secret: SecretStr | None = None

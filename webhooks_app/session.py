@@ -19,8 +19,12 @@ def _verify(token: str, settings) -> str:
     if not key:
         raise AuthenticationFailed("session verification is not configured")
     try:
+        required = ["exp", "sub"] + (["aud"] if settings.session_jwt_audience else []) + (
+            ["iss"] if settings.session_jwt_issuer else [])
         claims = jwt.decode(token, key, algorithms=list(settings.session_jwt_algorithms),
-                            options={"require": ["exp", "sub"]}, leeway=0)
+                            audience=settings.session_jwt_audience, issuer=settings.session_jwt_issuer,
+                            options={"require": required, "verify_aud": bool(settings.session_jwt_audience)},
+                            leeway=0)
     except jwt.ExpiredSignatureError:
         raise
     except jwt.PyJWTError:
