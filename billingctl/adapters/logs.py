@@ -35,3 +35,5 @@ def configure_logging(level: str = "INFO") -> None:
     handler._billing = True
     root.addHandler(handler)
     root.setLevel(level)
+    # One line per outbound HTTP request is noise at INFO; our clients log failures themselves.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

@@ -29,6 +29,7 @@ class SandboxStore:
         self._local = threading.local()
         Path(self.path).parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(self.path, timeout=30)
+        db.execute("PRAGMA journal_mode=WAL")  # a simulator: many small writes, several processes
         db.executescript(SCHEMA)
         db.close()
 
@@ -45,6 +46,7 @@ class SandboxStore:
             self._local.db = db
             try:
                 db.execute("PRAGMA busy_timeout=30000")
+                db.execute("PRAGMA synchronous=NORMAL")
                 db.execute("BEGIN IMMEDIATE")
                 yield db
                 db.execute("COMMIT")

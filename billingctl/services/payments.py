@@ -254,7 +254,7 @@ def complete_followups(container, subscription_id: str) -> dict:
             # Already paid (by the orchestrator's workflow with this reference) or void: nothing to record.
             log.info("invoice already settled at the provider: %s", exc.message,
                      extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
-        except e.ExternalError as exc:
+        except e.BillingError as exc:  # any other failure (down, not found yet, breaker open): retried later
             result["provider_recorded"] = False
             log.warning("recording at the provider failed; will retry: %s", exc.message,
                         extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
