@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from billingctl.adapters.http import ResilientClient
+from billingctl.adapters.subscription_provider import seg
 
 API_VERSION = "2.4"
 
@@ -54,17 +55,17 @@ class OrchestratorClient:
                 return
 
     def get_payment(self, payment_id: str) -> dict:
-        return self.http.request("GET", f"/payments/{payment_id}")
+        return self.http.request("GET", f"/payments/{seg(payment_id)}")
 
     def refund_payment(self, payment_id: str, amount: int | None = None, reason: str = "",
                        idempotency_key: str | None = None) -> dict:
         body = {"reason": reason} | ({"amount": amount} if amount is not None else {})
-        return self.http.request("POST", f"/payments/{payment_id}/refund", json=body,
+        return self.http.request("POST", f"/payments/{seg(payment_id)}/refund", json=body,
                                  idempotency_key=idempotency_key or f"refund:{payment_id}")
 
     def list_payment_instruments(self, customer_id: str) -> list[dict]:
         return self.http.request("GET", "/payment-instruments", params={"customer_id": customer_id}).get("data", [])
 
     def set_default_instrument(self, token: str, idempotency_key: str | None = None) -> dict:
-        return self.http.request("POST", f"/payment-instruments/{token}/default", json={},
+        return self.http.request("POST", f"/payment-instruments/{seg(token)}/default", json={},
                                  idempotency_key=idempotency_key)

@@ -5,10 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import datetime
+from urllib.parse import quote
 
 from billingctl.adapters.http import ResilientClient
 
 PAGE_LIMIT = 100
+
+
+def seg(value: str) -> str:
+    """One path segment, percent-encoded: an id never changes the path it is placed in."""
+    return quote(str(value), safe="")
 
 
 def _ts(value: datetime | int | None) -> int | None:
@@ -45,7 +51,7 @@ class SubscriptionProviderClient:
 
     # -- subscriptions ------------------------------------------------------------------------
     def get_subscription(self, subscription_id: str) -> dict:
-        return self._get(f"/subscriptions/{subscription_id}")
+        return self._get(f"/subscriptions/{seg(subscription_id)}")
 
     def list_subscriptions(self, updated_after: datetime | int | None = None) -> Iterator[dict]:
         return self.paginate("/subscriptions", {"updated_at[after]": _ts(updated_after),
@@ -53,17 +59,17 @@ class SubscriptionProviderClient:
 
     def create_subscription_for_items(self, customer_id: str, item_price_id: str, start_date: datetime | int,
                                       idempotency_key: str | None = None) -> dict:
-        return self._post(f"/customers/{customer_id}/subscription_for_items",
+        return self._post(f"/customers/{seg(customer_id)}/subscription_for_items",
                           {"subscription_items[item_price_id][0]": item_price_id, "start_date": _ts(start_date)},
                           idempotency_key)
 
     def change_term_end(self, subscription_id: str, term_ends_at: datetime | int,
                         idempotency_key: str | None = None) -> dict:
-        return self._post(f"/subscriptions/{subscription_id}/change_term_end",
+        return self._post(f"/subscriptions/{seg(subscription_id)}/change_term_end",
                           {"term_ends_at": _ts(term_ends_at)}, idempotency_key)
 
     def cancel_subscription(self, subscription_id: str, idempotency_key: str | None = None) -> dict:
-        return self._post(f"/subscriptions/{subscription_id}/cancel_for_items", {}, idempotency_key)
+        return self._post(f"/subscriptions/{seg(subscription_id)}/cancel_for_items", {}, idempotency_key)
 
     # -- events -------------------------------------------------------------------------------
     def list_events(self, occurred_after: datetime | int | None = None) -> Iterator[dict]:
@@ -78,7 +84,7 @@ class SubscriptionProviderClient:
 
     # -- invoices -----------------------------------------------------------------------------
     def get_invoice(self, invoice_id: str) -> dict:
-        return self._get(f"/invoices/{invoice_id}")
+        return self._get(f"/invoices/{seg(invoice_id)}")
 
     def list_invoices(self, status: str | None = None, subscription_id: str | None = None,
                       updated_after: datetime | int | None = None) -> Iterator[dict]:
@@ -86,21 +92,21 @@ class SubscriptionProviderClient:
                                            "updated_at[after]": _ts(updated_after)}, wrapper="invoice")
 
     def void_invoice(self, invoice_id: str, idempotency_key: str | None = None) -> dict:
-        return self._post(f"/invoices/{invoice_id}/void", {}, idempotency_key)
+        return self._post(f"/invoices/{seg(invoice_id)}/void", {}, idempotency_key)
 
     def record_payment(self, invoice_id: str, amount: int, reference_number: str,
                        idempotency_key: str | None = None) -> dict:
-        return self._post(f"/invoices/{invoice_id}/record_payment",
+        return self._post(f"/invoices/{seg(invoice_id)}/record_payment",
                           {"transaction[amount]": amount, "transaction[reference_number]": reference_number,
                            "transaction[payment_method]": "other"},
-                          idempotency_key or f"record_payment:{invoice_id}:{reference_number}")
+                          idempotency_key or f"record_payment:{seg(invoice_id)}:{reference_number}")
 
     # -- catalog and customers ----------------------------------------------------------------
     def get_item_price(self, item_price_id: str) -> dict:
-        return self._get(f"/item_prices/{item_price_id}")["item_price"]
+        return self._get(f"/item_prices/{seg(item_price_id)}")["item_price"]
 
     def list_item_prices(self) -> Iterator[dict]:
         return self.paginate("/item_prices", {}, wrapper="item_price")
 
     def get_customer(self, customer_id: str) -> dict:
-        return self._get(f"/customers/{customer_id}")["customer"]
+        return self._get(f"/customers/{seg(customer_id)}")["customer"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from billingctl.domain.errors import InvalidInput
@@ -49,3 +50,19 @@ def processor_column(lane: str) -> str:
 def is_unlocked(value: str | None) -> bool:
     """Unlocked means NULL or the empty string (spec section 2)."""
     return value is None or value == ""
+
+
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def looks_like_id(value) -> bool:
+    """Ids of the provider and the orchestrator: letters, digits, '.', '_' and '-' (at most 128)."""
+    return isinstance(value, str) and bool(_ID.match(value))
+
+
+def require_id(value, name: str) -> str:
+    from billingctl.domain.errors import InvalidInput
+
+    if not looks_like_id(value):
+        raise InvalidInput(f"{name} is not a valid id")
+    return value

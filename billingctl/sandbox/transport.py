@@ -9,7 +9,11 @@ import httpx
 class SandboxTransport(httpx.WSGITransport):
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         request.headers["X-Sandbox-In-Process"] = "1"
-        response = super().handle_request(request)
+        try:
+            response = super().handle_request(request)
+        except Exception:  # a crash inside the simulator is what a remote server's 500 would be
+            return httpx.Response(500, json={"message": "sandbox error", "type": "api_error",
+                                             "api_error_code": "internal_error"}, request=request)
         fault = response.headers.get("X-Sandbox-Fault")
         if fault == "timeout":
             raise httpx.ReadTimeout("sandbox: simulated timeout", request=request)

@@ -14,6 +14,7 @@ from sqlalchemy import and_, select, update
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import checkout_session, purchase, subscription, users
 from billingctl.domain import errors as e
+from billingctl.domain.plans import looks_like_id
 from billingctl.domain.quota import CUSTOMER
 from billingctl.services import catalog, fraud_quota
 from billingctl.services.payments import parse_time
@@ -29,8 +30,8 @@ CLEANUP_AGE = timedelta(days=1)
 
 
 def _plan_or_400(container, item_price_id):
-    if not item_price_id or not isinstance(item_price_id, str) or len(item_price_id) > 128:
-        raise e.InvalidInput("item_price_id is required")
+    if not looks_like_id(item_price_id):
+        raise e.InvalidInput("item_price_id is required: letters, digits, '.', '_' and '-'")
     try:
         return catalog.plan(container, item_price_id)
     except e.ExternalNotFound:
@@ -125,6 +126,8 @@ def _undo_subscription(container, subscription_id: str, invoice_id: str | None) 
 def checkout_status(container, user_id: str, order_id: str) -> dict:
     if not order_id:
         raise e.InvalidInput("order_id is required")
+    if not looks_like_id(order_id):
+        raise e.NotFound("not found")
     now = container.clock.now()
     with container.uow() as uow:
         row = uow.execute(select(checkout_session).where(checkout_session.c.invoice_id == order_id,

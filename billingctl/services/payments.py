@@ -27,6 +27,7 @@ from billingctl.adapters.db.tables import (
 )
 from billingctl.adapters.faults import crash_point
 from billingctl.domain import errors as e
+from billingctl.domain.plans import require_id
 from billingctl.services import alerts, catalog
 from billingctl.services.processor_lock import lock_after_settle
 
@@ -275,6 +276,7 @@ def complete_followups(container, subscription_id: str) -> dict:
 
 def activate_subscription(container, subscription_id: str, _locked: bool = False) -> dict:
     """future -> active: only when a purchase exists; the provider's term-end change, then the local copy."""
+    require_id(subscription_id, "subscription_id")
     if not _locked:
         with container.locks.hold(f"subscription:{subscription_id}"):
             return activate_subscription(container, subscription_id, _locked=True)
@@ -338,6 +340,7 @@ def retry_pending(container) -> dict:
 
 
 def record_payment_by_id(container, payment_id: str, path: str = "cli") -> dict:
+    require_id(payment_id, "payment_id")
     payment = container.orchestrator.get_payment(payment_id)
     return record_payment(container, payment, path)
 

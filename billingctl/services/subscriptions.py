@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from billingctl.adapters.db.tables import subscription
 from billingctl.domain import errors as e
+from billingctl.domain.plans import require_id
 from billingctl.services.payments import parse_time
 
 log = logging.getLogger("billingctl.subscriptions")
@@ -21,6 +22,7 @@ def _generation(container, customer_id: str) -> int:
 
 
 def invalidate_customer(container, customer_id: str) -> dict:
+    require_id(customer_id, "customer_id")
     generation = _generation(container, customer_id) + 1
     container.cache.set(f"gen:{customer_id}", generation, 30 * 86400)
     return {"customer_id": customer_id, "invalidated": True, "generation": generation}
@@ -34,6 +36,10 @@ def view(remote: dict) -> dict:
 
 
 def get_for_user(container, user_id: str, subscription_id: str) -> dict:
+    from billingctl.domain.plans import looks_like_id
+
+    if not looks_like_id(subscription_id):
+        raise e.NotFound("not found")  # cannot be anyone's subscription
     key = f"subscription:{user_id}:{_generation(container, user_id)}:{subscription_id}"
     cached = container.cache.get(key)
     breaker_open = container.breakers["subscription_provider"].state() == "open"

@@ -11,6 +11,7 @@ from sqlalchemy import select, update
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import audit_log, poller_cursor, subscription
 from billingctl.domain import errors as e
+from billingctl.domain.plans import require_id
 
 log = logging.getLogger("billingctl.sync")
 
@@ -66,6 +67,7 @@ def apply_remote_subscription(container, remote: dict, source: str = "sync", for
 
 
 def sync_subscription(container, subscription_id: str, dry_run: bool = False) -> dict:
+    require_id(subscription_id, "subscription_id")
     try:
         remote = container.provider.get_subscription(subscription_id)["subscription"]
     except e.ExternalError as exc:
@@ -159,6 +161,7 @@ def cancel_at_provider(container, subscription_id: str) -> dict:
 
 
 def cancel_subscription(container, subscription_id: str, reason: str, actor: str, dry_run: bool = False) -> dict:
+    require_id(subscription_id, "subscription_id")
     if not reason or not reason.strip():
         raise e.InvalidInput("a reason is required")
     if dry_run:

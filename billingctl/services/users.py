@@ -6,6 +6,7 @@ from sqlalchemy import func, select, update
 
 from billingctl.adapters.db.tables import audit_log, credit_ledger, fraud_event, purchase, subscription, users
 from billingctl.domain.errors import NotFound
+from billingctl.domain.plans import require_id
 from billingctl.services.processor_lock import read_lock
 
 
@@ -40,6 +41,7 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
            dry_run: bool = False) -> dict:
     """Disable further payments; optionally void pending invoices and notify the user. Idempotent:
     a second run changes nothing more."""
+    require_id(user_id, "user_id")
     from billingctl.adapters.db.sql import insert_ignore
     from billingctl.domain.errors import BillingError, InvalidInput
     from billingctl.services import alerts
