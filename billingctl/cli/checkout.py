@@ -6,9 +6,12 @@ import typer
 
 from billingctl.cli.context import command, get_ctx
 
-checkout_app = typer.Typer(help="Checkouts.", no_args_is_help=True)
-quota_app = typer.Typer(help="The NSFW authorization-attempt quota.", no_args_is_help=True)
-products_app = typer.Typer(help="Plans from the provider's catalog.", no_args_is_help=True)
+checkout_app = typer.Typer(help="Checkouts.",
+                  no_args_is_help=True, rich_markup_mode=None)
+quota_app = typer.Typer(help="The NSFW authorization-attempt quota.",
+                  no_args_is_help=True, rich_markup_mode=None)
+products_app = typer.Typer(help="Plans from the provider's catalog.",
+                  no_args_is_help=True, rich_markup_mode=None)
 
 
 def register(app: typer.Typer) -> None:

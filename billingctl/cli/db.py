@@ -6,7 +6,8 @@ import typer
 
 from billingctl.cli.context import command, get_ctx
 
-app = typer.Typer(help="Database schema.", no_args_is_help=True)
+app = typer.Typer(help="Database schema.",
+                  no_args_is_help=True, rich_markup_mode=None)
 
 
 @command(app, "upgrade")

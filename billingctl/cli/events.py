@@ -10,8 +10,10 @@ import typer
 
 from billingctl.cli.context import command, get_ctx
 
-subscriptions_app = typer.Typer(help="Subscriptions (the provider is the source of truth).", no_args_is_help=True)
-events_app = typer.Typer(help="The event inbox (every source).", no_args_is_help=True)
+subscriptions_app = typer.Typer(help="Subscriptions (the provider is the source of truth).",
+                  no_args_is_help=True, rich_markup_mode=None)
+events_app = typer.Typer(help="The event inbox (every source).",
+                  no_args_is_help=True, rich_markup_mode=None)
 
 
 def _parse_since(value: str | None) -> datetime | None:

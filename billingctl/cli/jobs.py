@@ -10,7 +10,8 @@ import typer
 
 from billingctl.cli.context import command, get_ctx
 
-app = typer.Typer(help="Scheduled jobs (cron and systemd run `jobs run NAME`).", no_args_is_help=True)
+app = typer.Typer(help="Scheduled jobs (cron and systemd run `jobs run NAME`).",
+                  no_args_is_help=True, rich_markup_mode=None)
 
 
 @command(app, "list")

@@ -8,7 +8,8 @@ import typer
 
 from billingctl.cli.context import command, get_ctx
 
-app = typer.Typer(help="Signed media URLs.", no_args_is_help=True)
+app = typer.Typer(help="Signed media URLs.",
+                  no_args_is_help=True, rich_markup_mode=None)
 
 
 def _secret() -> str:

@@ -36,6 +36,15 @@ class Output:
         if self.json_mode:
             sys.stdout.write(dumps(data) + "\n")
             return
+        if not sys.stdout.isatty():
+            # A pipe (cron, systemd, a script): plain text, no Rich import on the job's start-up path.
+            if human is not None:
+                sys.stdout.write(f"{human}\n")
+            elif isinstance(data, dict):
+                sys.stdout.write("".join(f"{k}: {v}\n" for k, v in data.items()))
+            else:
+                sys.stdout.write(f"{data}\n")
+            return
         if human is not None:
             self._console().print(human)
         elif isinstance(data, dict):

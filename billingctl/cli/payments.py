@@ -6,9 +6,12 @@ import typer
 
 from billingctl.cli.context import command, get_ctx
 
-payments_app = typer.Typer(help="Payment recording.", no_args_is_help=True)
-lock_app = typer.Typer(help="The per-lane processor lock.", no_args_is_help=True)
-users_app = typer.Typer(help="Users: credits, lane locks, frozen state.", no_args_is_help=True)
+payments_app = typer.Typer(help="Payment recording.",
+                  no_args_is_help=True, rich_markup_mode=None)
+lock_app = typer.Typer(help="The per-lane processor lock.",
+                  no_args_is_help=True, rich_markup_mode=None)
+users_app = typer.Typer(help="Users: credits, lane locks, frozen state.",
+                  no_args_is_help=True, rich_markup_mode=None)
 
 
 def register(app: typer.Typer) -> None:
@@ -133,8 +136,10 @@ def users_freeze(user_id: str, reason: str = typer.Option(..., "--reason"),
                              dry_run=cli.dry_run))
 
 
-renewals_app = typer.Typer(help="Renewals and dunning.", no_args_is_help=True)
-fraud_app = typer.Typer(help="Fraud watches.", no_args_is_help=True)
+renewals_app = typer.Typer(help="Renewals and dunning.",
+                  no_args_is_help=True, rich_markup_mode=None)
+fraud_app = typer.Typer(help="Fraud watches.",
+                  no_args_is_help=True, rich_markup_mode=None)
 
 
 @command(renewals_app, "run")

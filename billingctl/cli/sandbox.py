@@ -7,6 +7,7 @@ import typer
 from billingctl.cli.context import command, get_ctx
 
 app = typer.Typer(help="The local sandbox of the subscription provider and the payment orchestrator.",
+                  rich_markup_mode=None,
                   no_args_is_help=True)
 
 FAULT_KINDS = ("429", "500", "503", "401", "timeout", "reset", "malformed", "slow", "error_after_effect")

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import and_, or_, select, update
 
+from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import audit_log, transaction, user_credits
 from billingctl.domain.errors import InvalidInput, NotFound, Refused
 from billingctl.domain.plans import LANES, is_unlocked, lane_of_processor, processor_column
@@ -39,14 +40,7 @@ def read_lock(uow, user_id: str) -> dict | None:
 
 
 def ensure_row(uow, user_id: str, now) -> None:
-    from sqlalchemy import text
-
-    if uow.dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    uow.execute(insert(user_credits).values(user_id=user_id, created_at=now).on_conflict_do_nothing(
-        index_elements=["user_id"], index_where=text("deleted_at IS NULL")))
+    insert_ignore(uow, user_credits, {"user_id": user_id, "created_at": now}, ["user_id"], "deleted_at IS NULL")
 
 
 def _count(metrics, lane: str, psp: str, outcome: str) -> None:

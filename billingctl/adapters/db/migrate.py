@@ -41,7 +41,37 @@ def upgrade(engine: Engine, revision: str = "head") -> tuple[str | None, str | N
     return before, current_revision(engine)
 
 
+def head_revision_from_files() -> str | None:
+    """The head revision read straight from sql/versions (no Alembic import on the CLI's hot path)."""
+    import re
+
+    revisions, parents = set(), set()
+    for path in (SCRIPT_LOCATION / "versions").glob("*.py"):
+        text = path.read_text()
+        revision = re.search(r"^revision\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+        down = re.search(r"^down_revision\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+        if revision:
+            revisions.add(revision.group(1))
+        if down:
+            parents.add(down.group(1))
+    heads = revisions - parents
+    return heads.pop() if len(heads) == 1 else None
+
+
+def _stamped_revision(engine: Engine) -> str | None:
+    from sqlalchemy import text
+
+    try:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT version_num FROM alembic_version")).scalar()
+    except Exception:
+        return None
+
+
 def ensure_current(engine: Engine) -> None:
     """The embedded SQLite database is created and migrated on first use."""
+    head = head_revision_from_files()
+    if head is not None and _stamped_revision(engine) == head:
+        return
     if current_revision(engine) != head_revision():
         upgrade(engine)

@@ -1,0 +1,85 @@
+"""Shared set-up for the benchmarks: a throwaway PostgreSQL, containers, seeded sandbox data."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+from pathlib import Path
+
+from billingctl.adapters.db.engine import make_engine
+from billingctl.adapters.db.migrate import upgrade
+from billingctl.bootstrap import Container
+from billingctl.settings import load_settings
+
+
+@contextlib.contextmanager
+def postgres():
+    """A migrated database on a throwaway server (or BILLING_TEST_DATABASE_URL's server)."""
+    from tests.conftest import create_database
+    from tests.servers import PostgresServer
+
+    given = os.environ.get("BILLING_TEST_DATABASE_URL")
+    server = None
+    if given:
+        server_url = given
+    else:
+        server = PostgresServer()
+        server_url = server.start()
+    try:
+        url = create_database(server_url, "billing_bench")
+        engine = make_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        yield url
+    finally:
+        if server:
+            server.stop()
+
+
+def container(database_url: str, workdir: Path, **overrides) -> Container:
+    for key in [k for k in os.environ if k.startswith("BILLING_") and not k.startswith("BILLING_TEST_")]:
+        del os.environ[key]
+    settings = load_settings(database_url=database_url, sandbox_db=str(workdir / "sandbox.db"),
+                             provider_rate_limit=1_000_000, **overrides)
+    return Container(settings)
+
+
+def workdir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="billing-bench-"))
+
+
+def percentile(values: list[float], p: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else 0.0
+
+
+def seed_payments(c: Container, n: int, prefix: str = "bench") -> list[dict]:
+    """n pending subscriptions with invoices at the provider and their settled payments."""
+    now = int(c.sandbox.store.now())
+    subs, invoices, payments = [], [], []
+    for i in range(n):
+        user, sub, inv, pay = f"{prefix}_u{i % 500}", f"sub_{prefix}_{i}", f"inv_{prefix}_{i}", f"pay_{prefix}_{i}"
+        subs.append({"id": sub, "customer_id": user, "status": "future", "start_date": now + 400 * 86400,
+                     "created_at": now, "updated_at": now, "currency_code": "USD", "coupons": [], "deleted": False,
+                     "subscription_items": [{"item_price_id": "credits-basic-USD-monthly", "unit_price": 999}]})
+        invoices.append({"id": inv, "subscription_id": sub, "customer_id": user, "status": "payment_due", "total": 999,
+                         "amount_paid": 0, "currency_code": "USD", "updated_at": now,
+                         "line_items": [{"entity_id": "credits-basic-USD-monthly", "amount": 999}]})
+        payments.append({"id": pay, "status": "SETTLED", "orderId": inv, "customerId": user, "amount": 999,
+                         "currencyCode": "USD", "date": now,
+                         "processor": {"name": "SFW_STRIPE", "processorMerchantId": "acct_1"},
+                         "metadata": {"user_id": user, "subscription_id": sub,
+                                      "item_price_id": "credits-basic-USD-monthly", "lane": "sfw"}})
+    c.sandbox.store.put_many("subscription", subs)
+    c.sandbox.store.put_many("invoice", invoices)
+    c.sandbox.store.put_many("payment", payments)
+    return payments
