@@ -37,6 +37,9 @@ demo: venv
 	$(BIN)/billingctl demo
 
 bench: venv servers
+	@command -v wrk >/dev/null && command -v hyperfine >/dev/null || \
+		($(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk hyperfine >/dev/null)
+	$(BIN)/pip install -q pyinstrument
 	$(BIN)/python -m bench
 
 clean:

@@ -12,7 +12,13 @@ from billingctl.adapters.db.tables import event_inbox
 def accept(uow, clock, source: str, event_id: str, event_type: str, payload: dict, occurred_at=None,
            via: str = "webhook") -> str:
     """Store the event (or count one more delivery of it); returns its status: 'pending' for new or
-    unfinished work, 'processed', 'parked'."""
+    unfinished work, 'processed', 'parked'. A repeat of a finished event by a path already recorded is
+    read-only: the duplicate fast path takes no row lock (so `deliveries` counts deliveries until the
+    event is finished, plus the first one from each path)."""
+    seen_row = uow.execute(select(event_inbox.c.status, event_inbox.c.seen_by).where(
+        event_inbox.c.source == source, event_inbox.c.event_id == event_id)).first()
+    if seen_row is not None and seen_row.status != "pending" and via in (seen_row.seen_by or []):
+        return seen_row.status
     insert_ignore(uow, event_inbox, {"source": source, "event_id": event_id, "event_type": event_type,
                                      "payload": payload, "occurred_at": occurred_at, "status": "pending",
                                      "received_at": clock.now(), "seen_by": []}, ["source", "event_id"])
