@@ -24,13 +24,14 @@ def deliveries(payments: list[dict]) -> list[dict]:
     return items
 
 
-def run_ours(c, items, workers: int, followups: bool) -> dict:
+def timed(items, workers: int, deliver) -> dict:
+    """Deliver every item from `workers` threads; throughput and per-delivery latency."""
     latencies: list[float] = []
     lock = threading.Lock()
 
     def one(payment):
         started = time.perf_counter()
-        record_payment(c, payment, "webhook", followups=followups)
+        deliver(payment)
         with lock:
             latencies.append(time.perf_counter() - started)
 
@@ -41,6 +42,10 @@ def run_ours(c, items, workers: int, followups: bool) -> dict:
     return {"deliveries_per_s": round(len(items) / elapsed, 1), "payments_per_s": round(len(items) / 3 / elapsed, 1),
             "p50_ms": round(percentile(latencies, 50) * 1000, 2), "p99_ms": round(percentile(latencies, 99) * 1000, 2),
             "seconds": round(elapsed, 2)}
+
+
+def run_ours(c, items, workers: int, followups: bool) -> dict:
+    return timed(items, workers, lambda payment: record_payment(c, payment, "webhook", followups=followups))
 
 
 def _libpq(url: str) -> str:
@@ -100,27 +105,18 @@ def baseline_one(conn, p: dict) -> None:
 def run_baseline(url: str, items, workers: int) -> dict:
     local = threading.local()
     connections = []
-    latencies: list[float] = []
-    lock = threading.Lock()
 
-    def one(payment):
-        if not hasattr(local, "conn"):
+    def deliver(payment):
+        if not hasattr(local, "conn"):  # one connection per thread, opened on its first delivery
             local.conn = psycopg.connect(_libpq(url), autocommit=True)
             connections.append(local.conn)
-        started = time.perf_counter()
         baseline_one(local.conn, payment)
-        with lock:
-            latencies.append(time.perf_counter() - started)
 
-    started = time.perf_counter()
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(one, items))
-    elapsed = time.perf_counter() - started
-    for conn in connections:
-        conn.close()
-    return {"deliveries_per_s": round(len(items) / elapsed, 1), "payments_per_s": round(len(items) / 3 / elapsed, 1),
-            "p50_ms": round(percentile(latencies, 50) * 1000, 2), "p99_ms": round(percentile(latencies, 99) * 1000, 2),
-            "seconds": round(elapsed, 2)}
+    try:
+        return timed(items, workers, deliver)
+    finally:
+        for conn in connections:
+            conn.close()
 
 
 def run(url: str, payments_n: int = 2000, curve_n: int = 400) -> dict:

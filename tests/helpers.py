@@ -83,3 +83,13 @@ class ProductionStack:
     def __exit__(self, *exc):
         self.container.close()
         self.server.__exit__(*exc)
+
+
+def billingctl(args, env, **kw):
+    """Run the CLI as a user does: a fresh process, only the given BILLING_ variables."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "billingctl", *args], capture_output=True, text=True,
+                          env={"PATH": os.environ["PATH"], **env}, timeout=120, **kw)

@@ -1,25 +1,17 @@
 """`billingctl poll | sync | sync-all | invalidate | subscriptions | events` as an operator runs them."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from billingctl.services.checkout import create_checkout
+from tests.helpers import billingctl
 
 pytestmark = pytest.mark.e2e
 
 
-def billingctl(args, env):
-    return subprocess.run([sys.executable, "-m", "billingctl", *args], capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"], **env}, timeout=120)
 
 
-@pytest.fixture
-def env(settings):
-    return {"BILLING_DATABASE_URL": settings.database_url, "BILLING_SANDBOX_DB": settings.sandbox_db}
 
 
 def test_poll_sync_invalidate_cancel_and_inspect(container, env):

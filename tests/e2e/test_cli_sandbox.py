@@ -9,14 +9,12 @@ import time
 import httpx
 import pytest
 
+from tests.helpers import billingctl
 from tests.servers import free_port
 
 pytestmark = pytest.mark.e2e
 
 
-def billingctl(args, env, **kw):
-    return subprocess.run([sys.executable, "-m", "billingctl", *args], capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"], **env}, timeout=120, **kw)
 
 
 @pytest.fixture

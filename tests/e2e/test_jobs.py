@@ -16,19 +16,14 @@ from billingctl.domain.errors import LeaseHeld
 from jobs import runner
 from jobs.schedule import BY_NAME, JOBS
 from jobs.units import render_crontab, render_units
+from tests.helpers import billingctl
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def billingctl(args, env, **kw):
-    return subprocess.run([sys.executable, "-m", "billingctl", *args], capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"], **env}, timeout=120, **kw)
 
 
-@pytest.fixture
-def env(settings):
-    return {"BILLING_DATABASE_URL": settings.database_url, "BILLING_SANDBOX_DB": settings.sandbox_db}
 
 
 def test_the_table_covers_the_design(container):

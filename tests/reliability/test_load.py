@@ -16,6 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
+from bench.common import seed_payments
 from billingctl.adapters.db.tables import credit_ledger, purchase, users
 from billingctl.sandbox.model import sign_body
 from tests.servers import free_port
@@ -25,33 +26,10 @@ UNIQUE, CLIENTS, DEADLINE = int(os.environ.get("LOAD_UNIQUE", 3334)), 8, 600
 FIGURES: dict = {}
 
 
-def seed(container, n):
-    """n pending subscriptions with invoices at the provider, and their settled payments."""
-    now = int(container.sandbox.store.now())
-    subs, invoices, payments = [], [], []
-    for i in range(n):
-        user, sub, inv, pay = f"load_{i % 200}", f"sub_load_{i}", f"inv_load_{i}", f"pay_load_{i}"
-        subs.append({"id": sub, "customer_id": user, "status": "future", "start_date": now + 400 * 86400,
-                     "created_at": now, "updated_at": now, "currency_code": "USD", "coupons": [], "deleted": False,
-                     "subscription_items": [{"item_price_id": "credits-basic-USD-monthly", "unit_price": 999}]})
-        invoices.append({"id": inv, "subscription_id": sub, "customer_id": user, "status": "payment_due",
-                         "total": 999, "amount_paid": 0, "currency_code": "USD", "updated_at": now,
-                         "line_items": [{"entity_id": "credits-basic-USD-monthly", "amount": 999}]})
-        payments.append({"id": pay, "status": "SETTLED", "orderId": inv, "customerId": user, "amount": 999,
-                         "currencyCode": "USD", "date": now,
-                         "processor": {"name": "SFW_STRIPE", "processorMerchantId": "acct_1"},
-                         "metadata": {"user_id": user, "subscription_id": sub,
-                                      "item_price_id": "credits-basic-USD-monthly", "lane": "sfw"}})
-    container.sandbox.store.put_many("subscription", subs)
-    container.sandbox.store.put_many("invoice", invoices)
-    container.sandbox.store.put_many("payment", payments)
-    return payments
-
-
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_five_thousand_webhooks_through_gunicorn(settings, container, tmp_path):
     gunicorn = shutil.which("gunicorn") or os.path.join(os.path.dirname(sys.executable), "gunicorn")
-    payments = seed(container, UNIQUE)
+    payments = seed_payments(container, UNIQUE, prefix="load")
     deliveries = payments + random.Random(7).sample(payments, UNIQUE // 2)  # a third of the 5,001 are repeats
     random.Random(11).shuffle(deliveries)
     port = free_port()
@@ -108,4 +86,4 @@ def test_five_thousand_webhooks_through_gunicorn(settings, container, tmp_path):
         assert uow.execute(select(func.count(func.distinct(purchase.c.transaction_id)))).scalar_one() == UNIQUE
         total = uow.execute(select(func.sum(users.c.credits))).scalar_one()
         ledger = uow.execute(select(func.sum(credit_ledger.c.amount))).scalar_one()
-    assert total == ledger == UNIQUE * 1000
+    assert total == ledger == UNIQUE * 1000  # the basic plan: 1000 credits

@@ -30,21 +30,26 @@ def _json(raw: bytes) -> dict:
     return body
 
 
+def _orchestrator_body(c, secret_name: str) -> dict:
+    """Both orchestrator receivers: the signature (primary or secondary header) over the raw body, then
+    the body, then `signedAt` within 5 minutes (part of authentication, checked before anything in the
+    body is used), then the fields every event needs."""
+    raw = request.get_data(cache=False)
+    verify_orchestrator(raw, request.headers.get("X-Signature-Primary"), request.headers.get("X-Signature-Secondary"),
+                        secrets_of(c.settings.secret(secret_name)))
+    body = _json(raw)  # signature verified: a malformed body is a 400
+    check_timestamp(body.get("signedAt"), c.clock.now().timestamp())
+    payment, event_type = body.get("payment"), body.get("eventType")
+    if not isinstance(payment, dict) or not payment.get("id") or not isinstance(event_type, str):
+        raise InvalidInput("eventType and payment.id are required")
+    return body
+
+
 @bp.post("/orchestrator/payments")
 def orchestrator_payments():
     c = container()
-    raw = request.get_data(cache=False)
-    verify_orchestrator(raw, request.headers.get("X-Signature-Primary"), request.headers.get("X-Signature-Secondary"),
-                        secrets_of(c.settings.secret("orchestrator_webhook_secret")))
-    body = _json(raw)  # signature verified: a malformed body is a 400
-    # The timestamp is part of authentication: checked before anything in the body is used.
-    check_timestamp(body.get("signedAt"), c.clock.now().timestamp())
-    payment = body.get("payment")
-    event_type = body.get("eventType")
-    if not isinstance(payment, dict) or not payment.get("id") or not isinstance(event_type, str):
-        raise InvalidInput("eventType and payment.id are required")
-    result = handle_payment_event(c, event_type, payment)
-    return jsonify(result), 200
+    body = _orchestrator_body(c, "orchestrator_webhook_secret")
+    return jsonify(handle_payment_event(c, body["eventType"], body["payment"])), 200
 
 
 def handle_payment_event(c, event_type: str, payment: dict) -> dict:
@@ -80,18 +85,11 @@ def subscription_provider():
 
 @bp.post("/orchestrator/disputes")
 def orchestrator_disputes():
-    c = container()
-    raw = request.get_data(cache=False)
-    verify_orchestrator(raw, request.headers.get("X-Signature-Primary"), request.headers.get("X-Signature-Secondary"),
-                        secrets_of(c.settings.secret("orchestrator_disputes_secret")))
-    body = _json(raw)
-    check_timestamp(body.get("signedAt"), c.clock.now().timestamp())
-    payment, event_type = body.get("payment"), body.get("eventType")
-    if not isinstance(payment, dict) or not payment.get("id") or not isinstance(event_type, str):
-        raise InvalidInput("eventType and payment.id are required")
     from billingctl.services.webhook_events import dispatch
 
-    return jsonify(dispatch(c, "orchestrator", event_type, body)), 200
+    c = container()
+    body = _orchestrator_body(c, "orchestrator_disputes_secret")
+    return jsonify(dispatch(c, "orchestrator", body["eventType"], body)), 200
 
 
 @bp.post("/workflow-completion")
