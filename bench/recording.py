@@ -57,7 +57,6 @@ def baseline_one(conn, p: dict) -> None:
     meta = p["metadata"]
     with conn.transaction():
         conn.execute("SELECT status FROM subscription WHERE id = %s", (meta["subscription_id"],))
-    with conn.transaction():
         conn.execute("INSERT INTO users (id, created_at, credits) VALUES (%s, %s, 0) ON CONFLICT (id) DO NOTHING",
                      (p["customerId"], now))
         new = conn.execute(

@@ -111,14 +111,9 @@ def record_payment(container, payment: dict, path: str, followups: bool = True) 
     """Record a settled payment exactly once, then record it at the provider and activate."""
     facts = facts_from_payment(container, payment)
     with container.locks.hold(f"subscription:{facts.subscription_id}"):
-        if path != "orphan_recovery" and _cancelled_without_purchase(container, facts):
-            # A checkout-retry orphan: settled for a cancelled subscription. The settled-payments
-            # poller recovers it (re-subscribe or refund); recording it here would credit a dead plan.
-            log.warning("payment settled for a cancelled subscription; left to orphan recovery",
-                        extra={"payment_id": facts.payment_id, "subscription_id": facts.subscription_id})
-            return {"payment_id": facts.payment_id, "outcome": "orphaned", "subscription_id": facts.subscription_id,
-                    "user_id": facts.user_id, "credits_applied": 0}
         result = _record_locally(container, facts, path)
+        if result["outcome"] == "orphaned":
+            return result
         if followups:
             # The subscription the purchase belongs to (orphan recovery may have recorded it elsewhere).
             result.update(complete_followups(container, result["subscription_id"]))
@@ -138,17 +133,23 @@ def _is_checkout_payment(payment: dict) -> bool:
     return (payment.get("paymentMethod") or {}).get("paymentType") == "FIRST_PAYMENT"
 
 
-def _cancelled_without_purchase(container, facts: PaymentFacts) -> bool:
-    with container.uow() as uow:
-        status = uow.execute(select(subscription.c.status).where(subscription.c.id == facts.subscription_id)).scalar()
-        if status != "cancelled":
-            return False
-        return uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == facts.payment_id)).first() is None
+def _cancelled_without_purchase(uow, facts: PaymentFacts) -> bool:
+    status = uow.execute(select(subscription.c.status).where(subscription.c.id == facts.subscription_id)).scalar()
+    if status != "cancelled":
+        return False
+    return uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == facts.payment_id)).first() is None
 
 
 def _record_locally(container, facts: PaymentFacts, path: str) -> dict:
     now = container.clock.now()
     with container.uow() as uow:
+        if path != "orphan_recovery" and _cancelled_without_purchase(uow, facts):
+            # A checkout-retry orphan: settled for a cancelled subscription. The settled-payments poller
+            # recovers it (re-subscribe or refund); recording it here would credit a dead plan.
+            log.warning("payment settled for a cancelled subscription; left to orphan recovery",
+                        extra={"payment_id": facts.payment_id, "subscription_id": facts.subscription_id})
+            return {"payment_id": facts.payment_id, "outcome": "orphaned", "subscription_id": facts.subscription_id,
+                    "user_id": facts.user_id, "credits_applied": 0}
         insert_ignore(uow, users, {"id": facts.user_id, "created_at": now, "credits": 0}, ["id"])
         new = insert_ignore(uow, purchase, {
             "invoice_id": facts.invoice_id, "transaction_id": facts.payment_id,
