@@ -87,6 +87,7 @@ class Container:
 
         return Sandbox(SandboxStore(self.settings.sandbox_db),
                        webhook_secret=self.settings.secret("orchestrator_webhook_secret") or "",
+                       disputes_secret=self.settings.secret("orchestrator_disputes_secret") or "",
                        deliver=self._deliver_webhook)
 
     def _deliver_webhook(self, path: str, body: bytes, headers: dict) -> int:
@@ -126,7 +127,8 @@ class Container:
                            redis_url=s.redis_url, max_wait=s.provider_rate_max_wait_seconds,
                            on_error=self._redis_error)
 
-    def _http(self, dependency: str, base_url: str | None, headers: dict, app_factory, limiter=None):
+    def _http(self, dependency: str, base_url: str | None, headers: dict, app_factory, idempotency_header: str,
+              limiter=None):
         import httpx
 
         from billingctl.adapters.http import HttpPolicy, ResilientClient
@@ -151,18 +153,23 @@ class Container:
         policy = HttpPolicy(timeout=s.http_timeout_seconds, max_attempts=s.http_max_attempts,
                             backoff_max=s.http_backoff_max_seconds)
         return ResilientClient(dependency, client, policy=policy, breaker=self.breakers[dependency],
-                               limiter=limiter, on_error=on_error,
-                               idempotency_header="Idempotency-Key" if dependency == "subscription_provider"
-                               else "X-Idempotency-Key")
+                               limiter=limiter, on_error=on_error, idempotency_header=idempotency_header)
 
     @cached_property
     def provider(self):
         from billingctl.adapters.subscription_provider import SubscriptionProviderClient
         from billingctl.sandbox.apps import create_provider_app
 
-        key = self.settings.secret("provider_api_key") or "sandbox-provider-key"
-        http = self._http("subscription_provider", self.settings.provider_url, {"Authorization": f"Bearer {key}"},
-                          create_provider_app, limiter=self.provider_limiter)
+        s = self.settings
+        key = s.secret("provider_api_key") or "sandbox-provider-key"
+        if s.provider_auth == "basic":
+            import base64
+
+            authorization = "Basic " + base64.b64encode(f"{key}:".encode()).decode()
+        else:
+            authorization = f"Bearer {key}"
+        http = self._http("subscription_provider", s.provider_url, {"Authorization": authorization},
+                          create_provider_app, s.provider_idempotency_header, limiter=self.provider_limiter)
         return SubscriptionProviderClient(http)
 
     @cached_property
@@ -172,7 +179,8 @@ class Container:
 
         key = self.settings.secret("orchestrator_api_key") or "sandbox-orchestrator-key"
         http = self._http("orchestrator", self.settings.orchestrator_url,
-                          {"X-API-KEY": key, "X-API-VERSION": API_VERSION}, create_orchestrator_app)
+                          {"X-API-KEY": key, "X-API-VERSION": API_VERSION}, create_orchestrator_app,
+                          "X-Idempotency-Key")
         return OrchestratorClient(http)
 
     def close(self) -> None:

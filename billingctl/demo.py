@@ -60,11 +60,12 @@ def run_demo(container, say=print, rich: bool = False) -> dict:
     late = [record_payment(container, paid, p)["outcome"] for p in ("event_poller", "settled_poller")]
     out.line(f"outcomes: {', '.join(late)}; credits still {show_user(container, ada)['credits']}")
 
-    out.step(f"{bo} pays, but the orchestrator's webhook is lost: the event poller catches it")
+    out.step(f"{bo} pays, but the orchestrator's webhook is lost: the settled-payments poller catches it")
     co_bo = create_checkout(container, bo, NSFW)
-    sandbox.pay(co_bo["order_id"], method="PAYPAL", drop_webhook=True)
+    lost = sandbox.pay(co_bo["order_id"], method="PAYPAL", drop_webhook=True)
+    found = orphans.handle_payment(container, sandbox.summary(lost))  # what its list of settled payments holds
     polled = events.poll(container)
-    out.line(f"poll: {polled['events_processed']} events processed; {bo} credits="
+    out.line(f"settled-payments poller: {found}; event poll: {polled['events_processed']} events; {bo} credits="
              f"{show_user(container, bo)['credits']}, nsfw lock={show_user(container, bo)['nsfw_processor']}")
 
     out.step(f"{bo}'s renewal comes due; the stored wallet is swapped for the vaulted card (NSFW)")

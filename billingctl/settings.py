@@ -52,6 +52,10 @@ class Settings(BaseSettings):
 
     provider_url: str | None = None
     provider_api_key: SecretStr | None = None
+    # How the API key is sent: `bearer` (spec 5.11) or `basic` (the real provider: the key as user name,
+    # empty password). The header the provider reads for idempotent POSTs.
+    provider_auth: Literal["bearer", "basic"] = "bearer"
+    provider_idempotency_header: str = Field(default="chargebee-idempotency-key", pattern=r"^[A-Za-z0-9-]{1,64}$")
     orchestrator_url: str | None = None
     orchestrator_api_key: SecretStr | None = None
     sandbox_db: str = "./billing-sandbox.db"
@@ -146,6 +150,24 @@ class Settings(BaseSettings):
             raise ValueError("must be a sqlite:/// or postgresql+psycopg:// URL")
         if value.lower().startswith("postgresql://"):
             value = "postgresql+psycopg://" + value[len("postgresql://") :]
+        return value
+
+    @field_validator("identity_webhook_secret")
+    @classmethod
+    def _standard_webhooks_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        """Read as the Standard Webhooks reference library reads it (optional "whsec_", then base64), so
+        a secret it cannot read is refused at start-up rather than failing every delivery."""
+        if value is None or not value.get_secret_value():
+            return value
+        import base64
+        import binascii
+
+        try:
+            decoded = base64.b64decode(value.get_secret_value().removeprefix("whsec_") + "==")
+        except (binascii.Error, ValueError):
+            decoded = b""
+        if not decoded:
+            raise ValueError("must be the Standard Webhooks signing secret: whsec_ followed by base64")
         return value
 
     @model_validator(mode="after")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import threading
+from contextlib import contextmanager
 
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
@@ -70,6 +72,7 @@ class ProductionStack:
 
         self.server = LoopbackServer(create_combined_app(self.sandbox)).__enter__()
         secrets = {name: f"prod-{name}" for name in REQUIRED_IN_PRODUCTION}
+        secrets["identity_webhook_secret"] = "whsec_" + base64.b64encode(b"prod-identity-webhook-secret").decode()
         secrets["session_jwt_key"] = self.public_pem
         url = self.server.url
         self.container = Container(self.make_settings(
@@ -93,3 +96,31 @@ def billingctl(args, env, **kw):
 
     return subprocess.run([sys.executable, "-m", "billingctl", *args], capture_output=True, text=True,
                           env={"PATH": os.environ["PATH"], **env}, timeout=120, **kw)
+
+
+@contextmanager
+def sandbox_served(env: dict):
+    """`billingctl sandbox serve` in its own process on a free loopback port; yields its base URL."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "billingctl", "sandbox", "serve", "--port", str(port)],
+                            env={"PATH": os.environ["PATH"], **env}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(base, timeout=0.2)
+                break
+            except httpx.TransportError:
+                time.sleep(0.1)
+        yield base
+    finally:
+        proc.terminate()
+        proc.wait(10)

@@ -65,17 +65,20 @@ def verify_timestamped(raw: bytes, header: str | None, secrets: list[str], now: 
         raise AuthenticationFailed("invalid signature")
 
 
-def verify_standard_webhook(raw: bytes, headers, secret: str | None) -> None:
-    """Standard Webhooks (webhook-id, webhook-timestamp, webhook-signature), by the reference library."""
+def verify_standard_webhook(raw: bytes, headers, secret: str | None) -> str:
+    """Standard Webhooks, verified by the reference library; returns the message id. Senders built on
+    Svix name the same three headers svix-id, svix-timestamp and svix-signature. The secret is read as
+    the library reads it: an optional "whsec_" prefix, then base64."""
     from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
     if not secret:
         raise AuthenticationFailed("webhook secret is not configured")
-    key = secret if secret.startswith("whsec_") else secret.encode()
-    needed = {name: headers.get(name) for name in ("webhook-id", "webhook-timestamp", "webhook-signature")}
+    needed = {f"webhook-{name}": headers.get(f"webhook-{name}") or headers.get(f"svix-{name}")
+              for name in ("id", "timestamp", "signature")}
     if not all(needed.values()):
         raise AuthenticationFailed("missing webhook signature headers")
     try:
-        Webhook(key).verify(raw, needed, json_parse=False)
+        Webhook(secret).verify(raw, needed, json_parse=False)
     except (WebhookVerificationError, ValueError) as exc:
         raise AuthenticationFailed("invalid signature") from exc
+    return needed["webhook-id"]

@@ -31,16 +31,29 @@ class HttpPolicy:
     backoff_multiplier: float = 0.25
 
 
-def error_from_response(response: httpx.Response, dependency: str) -> e.ExternalError | e.ExternalNotFound:
-    """Key on the status and the provider's api_error_code, never on the message text."""
+def error_body(response: httpx.Response) -> tuple[str | None, str]:
+    """(message, error code) from either system's error shape: the provider's flat
+    {message, api_error_code} or the orchestrator's nested {"error": {"errorId", "description"}}."""
     try:
         body = response.json()
     except ValueError:
-        body = {}
+        return None, ""
     if not isinstance(body, dict):
-        body = {}
-    message = str(body.get("message") or f"{dependency} answered HTTP {response.status_code}")[:300]
-    api_code = body.get("api_error_code") or body.get("errorId") or ""
+        return None, ""
+    nested = body.get("error")
+    if isinstance(nested, dict):
+        return _text(nested.get("description")), _text(nested.get("errorId")) or ""
+    return _text(body.get("message")), _text(body.get("api_error_code")) or _text(body.get("errorId")) or ""
+
+
+def _text(value) -> str | None:
+    return value[:300] if isinstance(value, str) and value else None
+
+
+def error_from_response(response: httpx.Response, dependency: str) -> e.ExternalError | e.ExternalNotFound:
+    """Key on the status and the provider's api_error_code, never on the message text."""
+    given, api_code = error_body(response)
+    message = given or f"{dependency} answered HTTP {response.status_code}"
     status = response.status_code
     details = {"status": status, "api_error_code": api_code, "dependency": dependency,
                "request_id": response.headers.get("x-request-id")}

@@ -1,5 +1,7 @@
-"""Client of the subscription provider (/api/v2): bearer API key, form-encoded POSTs, responses
-wrapped by object name, pagination as a generator (limit 100)."""
+"""Client of the subscription provider (/api/v2): the API key as Bearer or Basic, form-encoded POSTs,
+dates as unix seconds, responses wrapped by object name, pagination as a generator (limit 100).
+Paths and parameter names are those of the provider's official SDK (tests/integration/test_provider_wire.py
+compares the two on the wire)."""
 
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ class SubscriptionProviderClient:
         return self.http.request("GET", f"/api/v2{path}", params=params)
 
     def _post(self, path: str, data: dict | None = None, idempotency_key: str | None = None) -> dict:
-        return self.http.request("POST", f"/api/v2{path}", data=data or {}, idempotency_key=idempotency_key)
+        # Form-encoded even when empty (a cancel, a void), as the provider's SDK sends it.
+        return self.http.request("POST", f"/api/v2{path}", data=data or {}, idempotency_key=idempotency_key,
+                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
 
     def paginate(self, path: str, params: dict | None = None, wrapper: str | None = None) -> Iterator[dict]:
         """Every object of a list endpoint, page after page; callers never see offsets."""
@@ -62,6 +66,13 @@ class SubscriptionProviderClient:
         return self._post(f"/customers/{seg(customer_id)}/subscription_for_items",
                           {"subscription_items[item_price_id][0]": item_price_id, "start_date": _ts(start_date)},
                           idempotency_key)
+
+    def start_subscription(self, subscription_id: str, start_date: datetime | int,
+                           idempotency_key: str | None = None) -> dict:
+        """Move a future subscription's start to `start_date` (update_for_items): at or before now it
+        starts, and the response carries the invoice of its first term."""
+        return self._post(f"/subscriptions/{seg(subscription_id)}/update_for_items",
+                          {"start_date": _ts(start_date)}, idempotency_key)
 
     def change_term_end(self, subscription_id: str, term_ends_at: datetime | int,
                         idempotency_key: str | None = None) -> dict:
@@ -105,8 +116,19 @@ class SubscriptionProviderClient:
     def get_item_price(self, item_price_id: str) -> dict:
         return self._get(f"/item_prices/{seg(item_price_id)}")["item_price"]
 
-    def list_item_prices(self) -> Iterator[dict]:
-        return self.paginate("/item_prices", {}, wrapper="item_price")
+    def list_item_prices(self, item_type: str | None = "plan") -> Iterator[dict]:
+        return self.paginate("/item_prices", {"item_type[is]": item_type}, wrapper="item_price")
 
     def get_customer(self, customer_id: str) -> dict:
         return self._get(f"/customers/{seg(customer_id)}")["customer"]
+
+    def create_customer(self, customer_id: str, email: str | None = None,
+                        idempotency_key: str | None = None) -> dict:
+        data = {"id": customer_id}
+        if email:
+            data["email"] = email
+        return self._post("/customers", data, idempotency_key or f"customer:{seg(customer_id)}")["customer"]
+
+    # -- transactions ---------------------------------------------------------------------------
+    def get_transaction(self, transaction_id: str) -> dict:
+        return self._get(f"/transactions/{seg(transaction_id)}")["transaction"]

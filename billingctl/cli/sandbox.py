@@ -49,10 +49,12 @@ def serve(port: int = typer.Option(8900, "--port"), host: str = typer.Option("12
 
 @command(app, "catalog")
 def catalog():
-    """The sandbox's item prices (id, lane, amount, currency, credits)."""
+    """The sandbox's item prices (id, type, lane, amount, currency, credits); addons, charges and plans
+    of other products carry no lane or credits, as in a real catalog."""
     cli, sandbox = _sandbox()
-    rows = [{"id": p["id"], "lane": p["metadata"]["lane"], "amount": p["price"], "currency": p["currency_code"],
-             "credits": p["metadata"]["credits"]} for p in sandbox.store.all("item_price")]
+    rows = [{"id": p["id"], "item_type": p["item_type"], "lane": (p.get("metadata") or {}).get("lane"),
+             "amount": p["price"], "currency": p["currency_code"], "credits": (p.get("metadata") or {}).get("credits")}
+            for p in sandbox.store.all("item_price")]
     cli.output.table(rows, title="sandbox catalog")
 
 
@@ -142,3 +144,29 @@ def clock(advance: float = typer.Argument(0.0, help="Seconds to move the sandbox
     cli, sandbox = _sandbox()
     now = sandbox.store.advance_clock(advance) if advance else sandbox.store.now()
     cli.output.result({"now": now})
+
+
+@command(app, "async-charges")
+def async_charges(status: str = typer.Argument(..., help="PENDING, AUTHORIZED, SETTLING, or off")):
+    """Merchant-initiated charges answer this non-final status and stay in flight until `finish`."""
+    cli, sandbox = _sandbox()
+    _call(sandbox.async_charges, None if status.lower() == "off" else status.upper())
+    cli.output.result({"async_charges": None if status.lower() == "off" else status.upper()})
+
+
+@command(app, "finish")
+def finish(payment_id: str, decline: bool = typer.Option(False, "--decline", help="Decline instead of settling."),
+           drop_webhook: bool = typer.Option(False, "--drop-webhook", help="Do not deliver PAYMENT.STATUS.")):
+    """An in-flight payment settles (or is declined); its PAYMENT.STATUS webhook follows."""
+    cli, sandbox = _sandbox()
+    payment = _call(sandbox.finish_payment, payment_id, settle=not decline, drop_webhook=drop_webhook)
+    cli.output.result(payment, human=f"{payment_id} {payment['status']}")
+
+
+@command(app, "dispute")
+def dispute(payment_id: str):
+    """Open a chargeback: DISPUTE.OPENED in the orchestrator's flat shape, signed, to the disputes receiver."""
+    cli, sandbox = _sandbox()
+    result = _call(sandbox.open_dispute, payment_id)
+    cli.output.result(result, human=f"dispute {result['dispute']['processorDisputeId']} on {payment_id}: "
+                                    f"delivered {result['delivered']}")

@@ -4,11 +4,19 @@ injection: 429 with Retry-After, 5xx, timeouts, connection resets, malformed JSO
 
 from __future__ import annotations
 
+import base64
+import binascii
 import time
 
 from flask import Flask, Response, g, jsonify, request
 
 from billingctl.sandbox.model import Sandbox, SandboxError
+
+# The header the real provider reads for idempotent POSTs (its official SDK sends this one).
+PROVIDER_IDEMPOTENCY_HEADER = "chargebee-idempotency-key"
+ORCHESTRATOR_IDEMPOTENCY_HEADER = "X-Idempotency-Key"
+AUTH_FAILED = {"message": "Sorry, authentication failed. Invalid api key", "type": "invalid_request",
+               "api_error_code": "api_authentication_failed", "http_status_code": 401}
 
 RATE_LIMIT_BODY = {"message": "Please try after some time", "type": "operation_failed",
                    "api_error_code": "api_request_limit_exceeded", "error_code": "api_request_limit_exceeded",
@@ -36,8 +44,7 @@ def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
             return jsonify({"message": "internal error", "type": "api_error", "api_error_code": "internal_error"}), \
                 int(kind)
         if kind == "401":
-            return jsonify({"message": "Sorry, authentication failed. Invalid api key",
-                            "type": "invalid_request", "api_error_code": "api_authentication_failed"}), 401
+            return jsonify(AUTH_FAILED), 401
         if kind in ("timeout", "reset"):
             if not in_process:
                 time.sleep(fault["delay"] or 0)
@@ -61,10 +68,35 @@ def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
         return response
 
 
-def _install_errors(app: Flask) -> None:
+def _install_errors(app: Flask, nested: bool = False) -> None:
+    """The provider answers {message, type, api_error_code, param}; the orchestrator nests its errors
+    as {"error": {"errorId", "description", "diagnosticsId"}}."""
+
     @app.errorhandler(SandboxError)
     def _sandbox_error(exc: SandboxError):
+        if nested:
+            return jsonify({"error": {"errorId": exc.api_error_code, "description": str(exc),
+                                      "diagnosticsId": f"diag_{int(time.time() * 1000)}"}}), exc.status
         return jsonify(exc.body), exc.status
+
+    @app.errorhandler(ValueError)
+    def _bad_value(exc: ValueError):
+        return _sandbox_error(SandboxError(400, f"invalid parameter value: {exc}"[:200], "param_wrong_value"))
+
+
+def provider_key(header: str) -> str | None:
+    """The API key from either scheme the provider accepts: Basic (key as user name, empty password,
+    what the real provider and its SDK use) or Bearer (spec 5.11)."""
+    scheme, _, value = header.partition(" ")
+    if scheme.lower() == "bearer":
+        return value.strip() or None
+    if scheme.lower() == "basic":
+        try:
+            user, _, _password = base64.b64decode(value.strip(), validate=True).decode("latin-1").partition(":")
+        except (binascii.Error, ValueError):
+            return None
+        return user or None
+    return None
 
 
 def _idempotent(sandbox: Sandbox, header: str, fn):
@@ -85,74 +117,90 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     _install_faults(app, sandbox, "provider")
     _install_errors(app)
     prefix = "/api/v2"
+    store = sandbox.store
 
     @app.before_request
     def _auth():
-        header = request.headers.get("Authorization", "")
-        revoked = sandbox.store.meta("revoked_provider_keys", [])
-        key = header.removeprefix("Bearer ").strip()
-        if not header.startswith("Bearer ") or not key or key in revoked:
-            return jsonify({"message": "Sorry, authentication failed. Invalid api key",
-                            "type": "invalid_request", "api_error_code": "api_authentication_failed"}), 401
+        key = provider_key(request.headers.get("Authorization", ""))
+        if not key or key in store.meta("revoked_provider_keys", []):
+            return jsonify(AUTH_FAILED), 401
         g.key = key
         return None
 
-    def page(items: list[dict], wrapper: str | None):
-        limit = min(int(request.args.get("limit", 100)), 100)
+    def idempotent(fn):
+        return _idempotent(sandbox, PROVIDER_IDEMPOTENCY_HEADER, fn)
+
+    def form(name: str, required: bool = True) -> str | None:
+        value = request.form.get(name)
+        if required and value in (None, ""):
+            raise SandboxError(400, f"{name} : cannot be blank", "param_wrong_value", name)
+        return value
+
+    def page(kind: str, wrapper: str | None, filters: list, sort: str | None = None, wrap=None):
+        """One page read from the store (filtered and sorted by SQLite, decoded page by page);
+        next_offset only when more rows exist."""
+        limit = min(int(request.args.get("limit", 10)), 100)
         offset = int(request.args.get("offset") or 0)
-        chunk = items[offset: offset + limit]
-        body = {"list": [{wrapper: item} if wrapper else item for item in chunk]}
-        if offset + limit < len(items):
+        chunk, more = store.page(kind, filters, sort, offset, limit)
+        rows = [wrap(item) if wrap else ({wrapper: item} if wrapper else item) for item in chunk]
+        body = {"list": rows}
+        if more:
             body["next_offset"] = str(offset + limit)
         return jsonify(body)
 
-    def after(name: str) -> int | None:
+    def after(name: str) -> list:
         value = request.args.get(f"{name}[after]")
-        return int(value) if value not in (None, "") else None
+        return [(name, ">", int(value))] if value not in (None, "") else []
+
+    def equals(param: str, field: str) -> list:
+        value = request.args.get(f"{param}[is]")
+        return [(field, "=", value)] if value not in (None, "") else []
+
+    def sort_key(default: str | None) -> str | None:
+        return request.args.get("sort_by[asc]") or default
 
     @app.get(f"{prefix}/subscriptions/<sub_id>")
     def get_subscription(sub_id):
         sub = sandbox.subscription(sub_id)
-        return jsonify({"subscription": sub, "customer": sandbox.customer(sub["customer_id"], create=True)})
+        return jsonify({"subscription": sub, "customer": sandbox.customer(sub["customer_id"])})
 
     @app.get(f"{prefix}/subscriptions")
     def list_subscriptions():
-        since = after("updated_at")
-        subs = [s for s in sandbox.store.all("subscription") if since is None or s["updated_at"] > since]
-        subs.sort(key=lambda s: (s["updated_at"], s["id"]))
-        customers = {}
-        items = []
-        for s in subs:
-            customers.setdefault(s["customer_id"], sandbox.customer(s["customer_id"], create=True))
-            items.append({"subscription": s, "customer": customers[s["customer_id"]]})
-        return page(items, None)
+        return page("subscription", None, after("updated_at") + equals("status", "status"), sort_key("updated_at"),
+                    wrap=lambda s: {"subscription": s, "customer": sandbox.customer(s["customer_id"])})
+
+    @app.post(f"{prefix}/customers")
+    def create_customer():
+        return idempotent(lambda: sandbox.create_customer(form("id", required=False), form("email", required=False)))
 
     @app.post(f"{prefix}/customers/<customer_id>/subscription_for_items")
     def subscription_for_items(customer_id):
-        item_price_id = request.form.get("subscription_items[item_price_id][0]")
-        if not item_price_id:
-            raise SandboxError(400, "subscription_items[item_price_id][0] is required", param="item_price_id")
-        start = request.form.get("start_date")
-        return _idempotent(sandbox, "Idempotency-Key", lambda: sandbox.create_subscription_for_items(
+        item_price_id = form("subscription_items[item_price_id][0]")
+        start = form("start_date", required=False)
+        return idempotent(lambda: sandbox.create_subscription_for_items(
             customer_id, item_price_id, int(start) if start else None))
+
+    @app.post(f"{prefix}/subscriptions/<sub_id>/update_for_items")
+    def update_for_items(sub_id):
+        start = form("start_date", required=False)
+        if not start:
+            raise SandboxError(400, "the sandbox supports update_for_items with start_date only", "param_wrong_value",
+                               "start_date")
+        return idempotent(lambda: sandbox.start_future_subscription(sub_id, int(start)))
 
     @app.post(f"{prefix}/subscriptions/<sub_id>/change_term_end")
     def change_term_end(sub_id):
-        term = request.form.get("term_ends_at")
-        if not term:
-            raise SandboxError(400, "term_ends_at is required", param="term_ends_at")
-        return _idempotent(sandbox, "Idempotency-Key", lambda: sandbox.change_term_end(sub_id, int(term)))
+        term = int(form("term_ends_at"))
+        return idempotent(lambda: sandbox.change_term_end(sub_id, term))
 
     @app.post(f"{prefix}/subscriptions/<sub_id>/cancel_for_items")
     def cancel(sub_id):
-        return _idempotent(sandbox, "Idempotency-Key", lambda: sandbox.cancel(sub_id))
+        return idempotent(lambda: sandbox.cancel(sub_id))
 
     @app.get(f"{prefix}/events")
     def events():
-        since = after("occurred_at")
-        items = [ev for ev in sandbox.store.all("event") if since is None or ev["occurred_at"] > since]
-        items.sort(key=lambda ev: ev["occurred_at"])
-        return page(items, "event")
+        return page("event", "event", after("occurred_at") + equals("event_type", "event_type"),
+                    sort_key("occurred_at"))
 
     @app.get(f"{prefix}/invoices/<invoice_id>")
     def get_invoice(invoice_id):
@@ -161,26 +209,28 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     @app.get(f"{prefix}/invoices")
     def list_invoices():
         sandbox.renew_due()  # renewals materialize lazily, on the sandbox's clock
-        status = request.args.get("status[is]")
-        sub_id = request.args.get("subscription_id[is]")
-        since = after("updated_at")
-        items = [i for i in sandbox.store.all("invoice")
-                 if (not status or i["status"] == status) and (not sub_id or i["subscription_id"] == sub_id)
-                 and (since is None or i["updated_at"] > since)]
-        return page(items, "invoice")
+        return page("invoice", "invoice", equals("status", "status") + equals("subscription_id", "subscription_id")
+                    + after("updated_at"), request.args.get("sort_by[asc]"))
 
     @app.post(f"{prefix}/invoices/<invoice_id>/void")
     def void(invoice_id):
-        return _idempotent(sandbox, "Idempotency-Key", lambda: sandbox.void_invoice(invoice_id))
+        return idempotent(lambda: sandbox.void_invoice(invoice_id))
 
     @app.post(f"{prefix}/invoices/<invoice_id>/record_payment")
     def record_payment(invoice_id):
-        amount = request.form.get("transaction[amount]")
-        reference = request.form.get("transaction[reference_number]")
-        if not amount or not reference:
-            raise SandboxError(400, "transaction[amount] and transaction[reference_number] are required")
-        return _idempotent(sandbox, "Idempotency-Key",
-                           lambda: sandbox.record_payment(invoice_id, int(amount), reference))
+        method = form("transaction[payment_method]")
+        reference = form("transaction[reference_number]", required=False) or ""
+        amount = form("transaction[amount]", required=False)
+        due = sandbox.invoice(invoice_id)["amount_due"]
+        return idempotent(lambda: sandbox.record_payment(invoice_id, int(amount) if amount else due, reference,
+                                                         method))
+
+    @app.get(f"{prefix}/transactions/<txn_id>")
+    def get_transaction(txn_id):
+        txn = store.get("transaction", txn_id)
+        if txn is None:
+            raise SandboxError(404, f"Sorry, we couldn't find that resource: {txn_id}", "resource_not_found")
+        return jsonify({"transaction": txn})
 
     @app.get(f"{prefix}/item_prices/<item_price_id>")
     def get_item_price(item_price_id):
@@ -188,7 +238,7 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
 
     @app.get(f"{prefix}/item_prices")
     def list_item_prices():
-        return page(sandbox.store.all("item_price"), "item_price")
+        return page("item_price", "item_price", equals("item_type", "item_type") + equals("status", "status"))
 
     @app.get(f"{prefix}/customers/<customer_id>")
     def get_customer(customer_id):
@@ -200,7 +250,7 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
 def create_orchestrator_app(sandbox: Sandbox) -> Flask:
     app = Flask("sandbox-orchestrator")
     _install_faults(app, sandbox, "orchestrator")
-    _install_errors(app)
+    _install_errors(app, nested=True)
 
     @app.before_request
     def _auth():
@@ -208,6 +258,9 @@ def create_orchestrator_app(sandbox: Sandbox) -> Flask:
         if not key or key in sandbox.store.meta("revoked_orchestrator_keys", []):
             return jsonify({"error": {"errorId": "Unauthorized", "description": "Invalid API key"}}), 401
         return None
+
+    def idempotent(fn):
+        return _idempotent(sandbox, ORCHESTRATOR_IDEMPOTENCY_HEADER, fn)
 
     def body() -> dict:
         data = request.get_json(silent=True)
@@ -218,12 +271,12 @@ def create_orchestrator_app(sandbox: Sandbox) -> Flask:
     @app.post("/client-session")
     def client_session():
         data = body()
-        return _idempotent(sandbox, "X-Idempotency-Key", lambda: sandbox.create_client_session(data))
+        return idempotent(lambda: sandbox.create_client_session(data))
 
     @app.post("/payments")
     def create_payment():
         data = body()
-        return _idempotent(sandbox, "X-Idempotency-Key", lambda: sandbox.charge(data))
+        return idempotent(lambda: sandbox.charge(data))
 
     @app.get("/payments")
     def list_payments():
@@ -239,7 +292,7 @@ def create_orchestrator_app(sandbox: Sandbox) -> Flask:
             items = [p for p in items if p["customerId"] == request.args["customer_id"]]
         limit = min(int(request.args.get("limit", 100)), 100)
         offset = int(request.args.get("cursor") or 0)
-        result = {"data": items[offset: offset + limit]}
+        result = {"data": [sandbox.summary(p) for p in items[offset: offset + limit]]}
         if offset + limit < len(items):
             result["nextCursor"] = str(offset + limit)
         return jsonify(result)
@@ -254,7 +307,7 @@ def create_orchestrator_app(sandbox: Sandbox) -> Flask:
     @app.post("/payments/<payment_id>/refund")
     def refund(payment_id):
         data = request.get_json(silent=True) or {}
-        return _idempotent(sandbox, "X-Idempotency-Key", lambda: sandbox.refund(payment_id, data.get("amount")))
+        return idempotent(lambda: sandbox.refund(payment_id, data.get("amount")))
 
     @app.get("/payment-instruments")
     def instruments():

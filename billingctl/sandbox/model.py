@@ -26,6 +26,21 @@ CATALOG = [
     {"id": "credits-max-nsfw-USD-monthly", "item_id": "credits-max-nsfw", "name": "Max (NSFW) monthly",
      "price": 4999, "metadata": {"credits": 6000, "lane": "nsfw"}},
 ]
+# A real catalog also holds addon and charge item prices (and plans of other products) without our
+# metadata: product listing must skip them, never fail on them.
+FOREIGN_CATALOG = [
+    {"id": "extra-storage-USD-monthly", "item_id": "extra-storage", "name": "Extra storage", "price": 299,
+     "item_type": "addon"},
+    {"id": "setup-fee-USD", "item_id": "setup-fee", "name": "Setup fee", "price": 500, "item_type": "charge",
+     "period": None, "period_unit": None},
+    {"id": "legacy-team-USD-monthly", "item_id": "legacy-team", "name": "Legacy team plan", "price": 9900,
+     "item_type": "plan"},
+]
+# Subscription statuses the provider accepts change_term_end for (the rest: invalid_state_for_request).
+TERM_CHANGE_STATUSES = ("in_trial", "active", "non_renewing")
+PAYABLE_INVOICE_STATUSES = ("payment_due", "not_paid", "posted")
+# Orchestrator payment statuses that are not final: the charge is in flight.
+IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")
 PROCESSORS = {
     "SFW_STRIPE": "sfw",
     "SFW_ADYEN": "sfw",
@@ -40,10 +55,15 @@ log = logging.getLogger("billingctl.sandbox")
 
 
 class SandboxError(Exception):
-    def __init__(self, status: int, message: str, api_error_code: str = "invalid_request", param: str | None = None):
+    """A refusal, in the provider's error shape; the orchestrator app nests it as its API does."""
+
+    def __init__(self, status: int, message: str, api_error_code: str = "invalid_request", param: str | None = None,
+                 error_type: str = "invalid_request"):
         super().__init__(message)
         self.status = status
-        self.body = {"message": message, "type": "invalid_request", "api_error_code": api_error_code}
+        self.api_error_code = api_error_code
+        self.body = {"message": message, "type": error_type, "api_error_code": api_error_code,
+                     "http_status_code": status}
         if param:
             self.body["param"] = param
 
@@ -66,33 +86,47 @@ def sign_body(secret: str, body: bytes) -> str:
 
 class Sandbox:
     def __init__(self, store: SandboxStore, webhook_secret: str = "",
-                 deliver: Callable[[str, bytes, dict], int] | None = None):
+                 deliver: Callable[[str, bytes, dict], int] | None = None, disputes_secret: str = ""):
         self.store = store
         self.webhook_secret = webhook_secret
+        self.disputes_secret = disputes_secret
         self.deliver = deliver
         if not self.store.meta("seeded"):
             self.seed()
 
     def seed(self) -> None:
         now = int(self.store.now())
-        for price in CATALOG:
+        for price in CATALOG + FOREIGN_CATALOG:
             self.store.put("item_price", price["id"], {
-                **price, "status": "active", "pricing_model": "flat_fee", "currency_code": "USD", "period": 1,
-                "period_unit": "month", "item_type": "plan", "updated_at": now})
+                "status": "active", "pricing_model": "flat_fee", "currency_code": "USD", "period": 1,
+                "period_unit": "month", "item_type": "plan", "updated_at": now, "object": "item_price", **price})
         self.store.set_meta("seeded", True)
 
     def now(self) -> int:
         return int(self.store.now())
 
     # ---- provider: customers, subscriptions, invoices, events ---------------------------------
-    def customer(self, customer_id: str, create: bool = False) -> dict:
+    def customer(self, customer_id: str) -> dict:
         found = self.store.get("customer", customer_id)
         if found is None:
-            if not create:
-                raise SandboxError(404, f"Customer {customer_id} not found", "resource_not_found")
-            found = self.store.put("customer", customer_id, {
-                "id": customer_id, "email": f"{customer_id}@example.test", "created_at": self.now()})
+            raise SandboxError(404, f"Sorry, we couldn't find that resource: {customer_id}", "resource_not_found")
         return found
+
+    def create_customer(self, customer_id: str | None, email: str | None = None) -> dict:
+        """POST /customers: an id already taken is refused (duplicate_entry), as the real provider does."""
+        customer_id = customer_id or self.store.next_id("cus")
+        with self.store.tx():
+            if self.store.get("customer", customer_id) is not None:
+                raise SandboxError(400, f"id : The value {customer_id} is already present.", "duplicate_entry", "id",
+                                   error_type="invalid_request")
+            customer = {"id": customer_id, "email": email, "auto_collection": "on", "deleted": False,
+                        "created_at": self.now(), "updated_at": self.now(), "object": "customer",
+                        "net_term_days": 0, "allow_direct_debit": False, "taxability": "taxable",
+                        "pii_cleared": "active", "card_status": "no_card", "promotional_credits": 0,
+                        "refundable_credits": 0, "excess_payments": 0, "unbilled_charges": 0,
+                        "preferred_currency_code": "USD", "resource_version": int(self.store.now() * 1000)}
+            self.store.put("customer", customer_id, customer)
+        return {"customer": customer}
 
     def item_price(self, item_price_id: str) -> dict:
         found = self.store.get("item_price", item_price_id)
@@ -125,8 +159,12 @@ class Sandbox:
         return event
 
     def create_subscription_for_items(self, customer_id: str, item_price_id: str, start_date: int | None) -> dict:
+        """Only for an existing customer. A future subscription has no invoice: it is invoiced when it starts."""
+        customer = self.customer(customer_id)
         price = self.item_price(item_price_id)
-        customer = self.customer(customer_id, create=True)
+        if price.get("item_type") != "plan":
+            raise SandboxError(400, "subscription_items[item_price_id][0] : must be a plan item price",
+                               "param_wrong_value", "subscription_items[item_price_id][0]")
         now = self.now()
         sub_id = self.store.next_id("sub")
         future = start_date is not None and start_date > now
@@ -134,14 +172,41 @@ class Sandbox:
             "id": sub_id, "customer_id": customer_id, "status": "future" if future else "active",
             "start_date": start_date or now, "current_term_start": None if future else now,
             "current_term_end": None if future else now + TERM_SECONDS, "created_at": now,
-            "currency_code": price["currency_code"], "deleted": False, "coupons": [],
+            "currency_code": price["currency_code"], "deleted": False, "coupons": [], "object": "subscription",
+            "billing_period": 1, "billing_period_unit": "month", "auto_collection": "off", "due_invoices_count": 0,
+            "has_scheduled_changes": False, "channel": "web", "mrr": 0,
             "subscription_items": [{"item_price_id": item_price_id, "item_type": "plan", "quantity": 1,
-                                    "unit_price": price["price"], "amount": price["price"]}],
+                                    "unit_price": price["price"], "amount": price["price"],
+                                    "object": "subscription_item"}],
         }
+        if not future:
+            sub["activated_at"] = now
         self._save_subscription(sub)
-        invoice = self._new_invoice(sub, price)
         self.emit("subscription_created", {"subscription": sub, "customer": customer})
-        return {"subscription": sub, "customer": customer, "invoice": invoice}
+        result = {"subscription": sub, "customer": customer}
+        if not future:
+            result["invoice"] = self._new_invoice(sub, price)
+        return result
+
+    def start_future_subscription(self, subscription_id: str, start_date: int) -> dict:
+        """update_for_items with start_date: the documented way to move a future subscription's start.
+        A start at or before now starts it: a new term and its first invoice, which the response carries."""
+        sub = self.subscription(subscription_id)
+        if sub["status"] != "future":
+            raise SandboxError(400, "start_date : can be changed only for future subscriptions",
+                               "invalid_state_for_request", "start_date")
+        now = self.now()
+        if start_date > now:
+            sub["start_date"] = int(start_date)
+            self._save_subscription(sub)
+            return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
+        sub.update(status="active", start_date=now, current_term_start=now, current_term_end=now + TERM_SECONDS,
+                   activated_at=now)
+        self._save_subscription(sub)
+        price = self.item_price(sub["subscription_items"][0]["item_price_id"])
+        invoice = self._new_invoice(sub, price)
+        self.emit("subscription_started", {"subscription": sub, "invoice": invoice})
+        return {"subscription": sub, "customer": self.customer(sub["customer_id"]), "invoice": invoice}
 
     def _new_invoice(self, sub: dict, price: dict) -> dict:
         invoice = {"id": self.store.next_id("inv"), "subscription_id": sub["id"], "customer_id": sub["customer_id"],
@@ -149,8 +214,10 @@ class Sandbox:
                    "currency_code": price["currency_code"], "paid_at": None, "date": self.now(),
                    "updated_at": self.now(),
                    "line_items": [{"entity_type": "plan_item_price", "entity_id": price["id"],
-                                   "amount": price["price"]}],
-                   "linked_payments": []}
+                                   "amount": price["price"], "object": "line_item"}],
+                   "linked_payments": [], "object": "invoice", "recurring": True, "price_type": "tax_exclusive",
+                   "exchange_rate": 1.0, "deleted": False, "sub_total": price["price"], "write_off_amount": 0,
+                   "credits_applied": 0, "amount_adjusted": 0, "base_currency_code": price["currency_code"]}
         self.store.put("invoice", invoice["id"], invoice)
         self.emit("invoice_generated", {"invoice": invoice})
         return invoice
@@ -181,18 +248,14 @@ class Sandbox:
             self.store.put("declines", customer_id, {"id": customer_id})
 
     def change_term_end(self, subscription_id: str, term_ends_at: int) -> dict:
+        """Only in_trial, active and non_renewing subscriptions (a future one is started, not extended)."""
         sub = self.subscription(subscription_id)
-        if sub["status"] == "cancelled":
-            raise SandboxError(400, "Subscription is cancelled", "invalid_state_for_request")
-        was_future = sub["status"] == "future"
+        if sub["status"] not in TERM_CHANGE_STATUSES:
+            raise SandboxError(400, f"The subscription is in {sub['status']} state. Term end can be changed only "
+                               "for in_trial, active and non_renewing subscriptions", "invalid_state_for_request")
         sub["current_term_end"] = int(term_ends_at)
-        if was_future:
-            sub.update(status="active", start_date=self.now(), current_term_start=self.now(),
-                       activated_at=self.now())
         self._save_subscription(sub)
-        if was_future:
-            self.emit("subscription_activated", {"subscription": sub})
-        return {"subscription": sub, "customer": self.customer(sub["customer_id"], create=True)}
+        return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
 
     def cancel(self, subscription_id: str) -> dict:
         sub = self.subscription(subscription_id)
@@ -201,7 +264,7 @@ class Sandbox:
         sub.update(status="cancelled", cancelled_at=self.now())
         self._save_subscription(sub)
         self.emit("subscription_cancelled", {"subscription": sub})
-        return {"subscription": sub, "customer": self.customer(sub["customer_id"], create=True)}
+        return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
 
     def void_invoice(self, invoice_id: str) -> dict:
         invoice = self.invoice(invoice_id)
@@ -211,28 +274,32 @@ class Sandbox:
         self.store.put("invoice", invoice_id, invoice)
         return {"invoice": invoice}
 
-    def record_payment(self, invoice_id: str, amount: int, reference_number: str) -> dict:
-        """Idempotent on the reference: a second report of the same payment changes nothing."""
+    def record_payment(self, invoice_id: str, amount: int, reference_number: str,
+                       payment_method: str = "other") -> dict:
+        """An offline payment on a payable invoice. Like the real provider it does not look at the
+        reference number: a paid, void or pending invoice is refused (invalid_state_for_request)."""
         invoice = self.invoice(invoice_id)
-        existing = self.store.get("transaction_by_ref", reference_number)
-        if existing is not None:
-            return {"invoice": invoice, "transaction": self.store.get("transaction", existing["id"])}
-        if invoice["status"] == "paid":
-            raise SandboxError(400, "Invoice is already paid", "invalid_state_for_request")
-        if invoice["status"] == "void":
-            raise SandboxError(400, "Invoice is void", "invalid_state_for_request")
+        if invoice["status"] not in PAYABLE_INVOICE_STATUSES:
+            raise SandboxError(400, f"The invoice is in {invoice['status']} state. Payments can be recorded only "
+                               "for invoices with an amount due", "invalid_state_for_request")
+        if int(amount) > int(invoice["amount_due"]):
+            raise SandboxError(400, "transaction[amount] : cannot be more than the amount due",
+                               "param_wrong_value", "transaction[amount]")
         now = self.now()
         txn = {"id": self.store.next_id("txn"), "customer_id": invoice["customer_id"],
                "subscription_id": invoice["subscription_id"], "type": "payment", "status": "success",
                "amount": int(amount), "currency_code": invoice["currency_code"], "date": now,
-               "payment_method": "other", "gateway": "not_applicable", "id_at_gateway": reference_number,
-               "reference_number": reference_number,
-               "linked_invoices": [{"invoice_id": invoice_id, "applied_amount": int(amount)}]}
+               "payment_method": payment_method, "gateway": "not_applicable", "reference_number": reference_number,
+               "object": "transaction", "deleted": False, "base_currency_code": invoice["currency_code"],
+               "linked_invoices": [{"invoice_id": invoice_id, "applied_amount": int(amount), "applied_at": now,
+                                    "invoice_date": invoice["date"], "invoice_total": invoice["total"],
+                                    "invoice_status": "paid"}]}
         self.store.put("transaction", txn["id"], txn)
         self.store.put("transaction_by_ref", reference_number, {"id": txn["id"]})
         invoice.update(status="paid", amount_paid=int(amount), amount_due=0, paid_at=now, updated_at=now)
-        invoice["linked_payments"] = [{"txn_id": txn["id"], "applied_amount": int(amount),
-                                       "id_at_gateway": reference_number}]
+        # The real invoice links the transaction by id only: the gateway reference is on the transaction.
+        invoice["linked_payments"] = [{"txn_id": txn["id"], "applied_amount": int(amount), "applied_at": now,
+                                       "txn_status": "success", "txn_date": now, "txn_amount": int(amount)}]
         self.store.put("invoice", invoice_id, invoice)
         sub = self.store.get("subscription", invoice["subscription_id"]) or {}
         self.emit("payment_succeeded", {"transaction": txn, "invoice": invoice, "subscription": sub})
@@ -249,8 +316,7 @@ class Sandbox:
         refund = {"id": self.store.next_id("txn"), "customer_id": original["customer_id"],
                   "subscription_id": original["subscription_id"], "type": "refund", "status": "success",
                   "amount": amount, "currency_code": original["currency_code"], "date": self.now(),
-                  "reference_transaction_id": original["id"], "id_at_gateway": f"ref_{reference_number}",
-                  "reference_number": reference_number,
+                  "reference_transaction_id": original["id"], "reference_number": reference_number,
                   "linked_credit_notes": [{"cn_id": credit_note["id"], "applied_amount": amount}]}
         self.store.put("transaction", refund["id"], refund)
         self.store.put("credit_note", credit_note["id"], credit_note)
@@ -301,7 +367,8 @@ class Sandbox:
     def _new_payment(self, *, order_id, customer_id, amount, currency, metadata, processor, status, instrument,
                      payment_type, decline_code=None) -> dict:
         mid = f"mid_{processor}_1" if processor else None
-        payment = {"id": f"pay_{uuid.uuid4().hex[:12]}", "date": self.now(), "status": status, "orderId": order_id,
+        payment = {"id": f"pay_{uuid.uuid4().hex[:12]}", "date": self.now(), "dateUpdated": self.now(),
+                   "status": status, "orderId": order_id,
                    "customerId": customer_id, "amount": int(amount), "currencyCode": currency,
                    "processor": {"name": processor, "processorMerchantId": mid,
                                  "amountCaptured": int(amount) if status == "SETTLED" else 0, "amountRefunded": 0},
@@ -332,7 +399,7 @@ class Sandbox:
         self._after_settle(payment, report_to_provider, drop_webhook, duplicates)
         return payment
 
-    def charge(self, body: dict) -> dict:
+    def charge(self, body: dict, drop_webhook: bool = False) -> dict:
         """A merchant-initiated payment (renewal) on a vaulted token, routed to metadata.psp."""
         metadata = body.get("metadata") or {}
         instrument = self.store.get("instrument", body.get("paymentMethodToken") or "")
@@ -349,13 +416,42 @@ class Sandbox:
             decline = "EXPIRED_CARD"
         elif self.store.get("declines", body.get("customerId") or ""):
             decline = "DO_NOT_HONOR"
+        in_flight = self.store.meta("async_charges") if not decline else None
+        status = "DECLINED" if decline else (in_flight or "SETTLED")
         payment = self._new_payment(order_id=body.get("orderId"), customer_id=body.get("customerId"),
                                     amount=body.get("amount", 0), currency=body.get("currencyCode", "USD"),
                                     metadata=metadata, processor=processor, instrument=instrument,
-                                    status="DECLINED" if decline else "SETTLED", payment_type="SUBSCRIPTION",
-                                    decline_code=decline)
-        if not decline:
-            self._after_settle(payment, True, False, 1)
+                                    status=status, payment_type="SUBSCRIPTION", decline_code=decline)
+        if status == "SETTLED":
+            self._after_settle(payment, True, drop_webhook, 1)
+        return payment
+
+    def async_charges(self, status: str | None) -> None:
+        """While set (PENDING, AUTHORIZED or SETTLING), merchant-initiated charges answer that status and
+        stay in flight until `finish_payment` settles or declines them."""
+        if status is not None and status not in IN_FLIGHT:
+            raise SandboxError(400, f"status must be one of {', '.join(IN_FLIGHT)}")
+        self.store.set_meta("async_charges", status)
+
+    def finish_payment(self, payment_id: str, settle: bool = True, drop_webhook: bool = False) -> dict:
+        """An in-flight payment reaches its final status; the PAYMENT.STATUS webhook follows."""
+        payment = self.store.get("payment", payment_id)
+        if payment is None:
+            raise SandboxError(404, f"Payment {payment_id} not found", "resource_not_found")
+        if payment["status"] not in IN_FLIGHT:
+            raise SandboxError(400, f"Payment {payment_id} is {payment['status']}, not in flight",
+                               "invalid_state_for_request")
+        if settle:
+            payment["status"] = "SETTLED"
+            payment["processor"]["amountCaptured"] = payment["amount"]
+        else:
+            payment["status"] = "DECLINED"
+            payment["statusReason"] = {"declineType": "SOFT_DECLINE", "code": "DO_NOT_HONOR"}
+        self.store.put("payment", payment_id, payment)
+        if settle:
+            self._after_settle(payment, True, drop_webhook, 1)
+        elif not drop_webhook:
+            self.send_webhook("PAYMENT.STATUS", payment)
         return payment
 
     def _after_settle(self, payment: dict, report: bool, drop_webhook: bool, duplicates: int) -> None:
@@ -392,6 +488,30 @@ class Sandbox:
             rows = [p for p in rows if p["date"] >= from_date]
         return sorted(rows, key=lambda p: p["date"])
 
+    @staticmethod
+    def summary(payment: dict) -> dict:
+        """What the orchestrator's payment list holds: no customerId, no paymentMethod, no refunded
+        amount (read GET /payments/{id} for those)."""
+        processor = payment.get("processor") or {}
+        return {"id": payment["id"], "date": payment["date"],
+                "dateUpdated": payment.get("dateUpdated", payment["date"]), "status": payment["status"],
+                "orderId": payment.get("orderId"), "amount": payment["amount"],
+                "currencyCode": payment["currencyCode"], "metadata": payment.get("metadata") or {},
+                "processor": {"name": processor.get("name"),
+                              "processorMerchantId": processor.get("processorMerchantId")}}
+
+    def open_dispute(self, payment_id: str) -> dict:
+        """A chargeback: DISPUTE.OPENED in the orchestrator's flat shape (no payment object, no signedAt)."""
+        payment = self.store.get("payment", payment_id)
+        if payment is None:
+            raise SandboxError(404, f"Payment {payment_id} not found", "resource_not_found")
+        body = {"eventType": "DISPUTE.OPENED", "processorId": (payment.get("processor") or {}).get("name"),
+                "processorDisputeId": f"dp_{uuid.uuid4().hex[:10]}", "paymentId": payment_id,
+                "transactionId": f"tr_{payment_id}", "orderId": payment.get("orderId"),
+                "primerAccountId": "acc_sandbox"}
+        status = self._deliver_raw("/webhooks/orchestrator/disputes", json.dumps(body).encode())
+        return {"dispute": body, "delivered": status}
+
     # ---- webhooks to the billing service -------------------------------------------------------
     def webhook_body(self, event_type: str, payment: dict) -> bytes:
         body = {"eventType": event_type, "date": self.now(), "notificationConfig": {"id": "nc_sandbox"},
@@ -420,13 +540,13 @@ class Sandbox:
         return self._deliver_signed(event_type, payment)
 
     def _deliver_signed(self, event_type: str, payment: dict) -> int | None:
+        return self._deliver_raw("/webhooks/orchestrator/payments", self.webhook_body(event_type, payment))
+
+    def _deliver_raw(self, path: str, body: bytes) -> int | None:
         if self.deliver is None:
             return None
-        body = self.webhook_body(event_type, payment)
-        headers = {"Content-Type": "application/json",
-                   "X-Signature-Primary": sign_body(self.webhook_secret, body)}
-        path = "/webhooks/orchestrator/disputes" if event_type.startswith("DISPUTE") else \
-            "/webhooks/orchestrator/payments"
+        secret = self.disputes_secret if path.endswith("/disputes") else self.webhook_secret
+        headers = {"Content-Type": "application/json", "X-Signature-Primary": sign_body(secret, body)}
         try:
             return self.deliver(path, body, headers)
         except Exception as exc:  # a dropped delivery: the pollers are the fallback

@@ -12,6 +12,7 @@ from pathlib import Path
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (kind TEXT, id TEXT, seq INTEGER, data TEXT, PRIMARY KEY (kind, id));
+CREATE INDEX IF NOT EXISTS objects_by_seq ON objects (kind, seq);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS faults (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, method TEXT,
     path TEXT, kind TEXT, remaining INTEGER, retry_after REAL, delay REAL, skip INTEGER DEFAULT 0);
@@ -105,6 +106,27 @@ class SandboxStore:
                 db.execute("INSERT INTO objects (kind, id, seq, data) VALUES (?, ?, ?, ?)",
                            (kind, obj_id, seq, json.dumps(data)))
         return data
+
+    def page(self, kind: str, filters: list[tuple[str, str, object]], sort: str | None, offset: int,
+             limit: int) -> tuple[list[dict], bool]:
+        """One page of a list endpoint: SQLite filters and sorts the JSON documents and only the page is
+        decoded. Filters are (field, "=" or ">", value); the sort is ascending by one field, then by
+        insertion order. Returns the page and whether more rows follow."""
+        where, args = ["kind = ?"], [kind]
+        for field, op, value in filters:
+            if op not in ("=", ">") or not field.replace("_", "").isalnum():
+                raise ValueError(f"unsupported filter {field} {op}")
+            where.append(f"json_extract(data, '$.{field}') {op} ?")
+            args.append(value)
+        order = "seq"
+        if sort:
+            if not sort.replace("_", "").isalnum():
+                raise ValueError(f"unsupported sort {sort}")
+            order = f"json_extract(data, '$.{sort}'), seq"
+        with self.tx() as db:
+            rows = db.execute(f"SELECT data FROM objects WHERE {' AND '.join(where)} ORDER BY {order} "
+                              "LIMIT ? OFFSET ?", (*args, limit + 1, max(0, offset))).fetchall()
+        return [json.loads(r["data"]) for r in rows[:limit]], len(rows) > limit
 
     def all(self, kind: str) -> list[dict]:
         with self.tx() as db:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
+from billingctl.domain.errors import InvalidInput
 from billingctl.domain.plans import Plan, parse_plan
 
 CATALOG_TTL_SECONDS = 600
+log = logging.getLogger("billingctl.catalog")
 
 
 def item_price(container, item_price_id: str) -> dict:
@@ -22,9 +26,23 @@ def plan(container, item_price_id: str) -> Plan:
 
 
 def products(container) -> list[dict]:
+    """The active plan item prices that carry our metadata (lane and credits). A real catalog also holds
+    addons, charges and plans of other products: those are skipped, and logged once per catalog read."""
     cached = container.cache.get("catalog")
     if cached is None:
-        cached = [p for p in container.provider.list_item_prices() if p.get("status", "active") == "active"]
+        cached, skipped = [], []
+        for price in container.provider.list_item_prices(item_type="plan"):
+            if price.get("status", "active") != "active" or price.get("item_type", "plan") != "plan":
+                continue
+            try:
+                parse_plan(price)
+            except InvalidInput:
+                skipped.append(price.get("id"))
+                continue
+            cached.append(price)
+        if skipped:
+            log.warning("item prices without valid metadata.lane and metadata.credits are not listed",
+                        extra={"item_price_ids": skipped})
         container.cache.set("catalog", cached, CATALOG_TTL_SECONDS)
         for price in cached:
             container.cache.set(f"item_price:{price['id']}", price, CATALOG_TTL_SECONDS)

@@ -1,7 +1,10 @@
 """Checkout (spec sections 1, 3 and 4): a pending subscription at the provider (status future,
 start_date over a year ahead) and an orchestrator client session. The amount and the lane come from
 the provider's catalog, never from the client; identity comes from the session. An aborted checkout
-leaves nothing behind: checks run before anything is created, and what was created is undone."""
+leaves nothing behind: checks run before anything is created, and what was created is undone.
+
+The order id given to the orchestrator (and held by the front end) is the subscription id: a future
+subscription has no invoice at the provider until activation starts it (docs/decisions.md)."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import logging
 import uuid
 from datetime import timedelta
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, or_, select, update
 
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import checkout_session, purchase, subscription, users
@@ -70,13 +73,42 @@ def create_checkout(container, user_id: str, item_price_id: str, risky_actions: 
         return _create(container, user_id, plan, lock, risky_actions, now)
 
 
+def create_pending_subscription(container, user_id: str, item_price_id: str, now, key: str) -> dict:
+    """A future subscription for the user, creating the provider's customer (id = our user id) the
+    first time: one call for a user who checked out before, two for a new one (three when the customer
+    we believed to exist does not)."""
+    with container.uow() as uow:
+        known = uow.execute(select(checkout_session.c.id).where(checkout_session.c.user_id == user_id).limit(1)).first()
+    if known is None:
+        ensure_customer(container, user_id, f"{key}:customer")
+    try:
+        return container.provider.create_subscription_for_items(user_id, item_price_id, now + PENDING_START_OFFSET,
+                                                                 idempotency_key=f"{key}:subscription")
+    except e.ExternalNotFound:
+        if known is None:
+            raise
+        ensure_customer(container, user_id, f"{key}:customer")
+    return container.provider.create_subscription_for_items(user_id, item_price_id, now + PENDING_START_OFFSET,
+                                                             idempotency_key=f"{key}:subscription:2")
+
+
+def ensure_customer(container, user_id: str, idempotency_key: str | None = None) -> None:
+    """Create the provider's customer for a user; one that already exists (a race) is fine."""
+    with container.uow() as uow:
+        email = uow.execute(select(users.c.email).where(users.c.id == user_id)).scalar()
+    try:
+        container.provider.create_customer(user_id, email=email, idempotency_key=idempotency_key)
+    except e.ExternalInvalidRequest as exc:
+        if exc.details.get("api_error_code") != "duplicate_entry":
+            raise
+    log.info("provider customer created", extra={"user_id": user_id})
+
+
 def _create(container, user_id, plan, lock, risky_actions, now) -> dict:
     key = uuid.uuid4().hex
-    created = container.provider.create_subscription_for_items(user_id, plan.item_price_id,
-                                                               now + PENDING_START_OFFSET,
-                                                               idempotency_key=f"checkout:{key}")
-    sub, invoice = created["subscription"], created.get("invoice") or {}
-    order_id = invoice.get("id") or sub["id"]
+    created = create_pending_subscription(container, user_id, plan.item_price_id, now, f"checkout:{key}")
+    sub = created["subscription"]
+    order_id = sub["id"]
     metadata = {"user_id": user_id, "subscription_id": sub["id"], "item_price_id": plan.item_price_id,
                 "lane": plan.lane}
     locked = lock.get(f"{plan.lane}_processor")
@@ -97,7 +129,7 @@ def _create(container, user_id, plan, lock, risky_actions, now) -> dict:
                 "start_date": parse_time(sub.get("start_date")), "coupon_ids": [], "item_price_id": plan.item_price_id,
                 "lane": plan.lane}, ["id"])
             uow.execute(checkout_session.insert().values(
-                user_id=user_id, subscription_id=sub["id"], invoice_id=order_id, item_price_id=plan.item_price_id,
+                user_id=user_id, subscription_id=sub["id"], order_id=order_id, item_price_id=plan.item_price_id,
                 lane=plan.lane, amount=plan.amount, currency_code=plan.currency_code,
                 client_token=session.get("clientToken"), expires_at=parse_time(session.get("clientExpirationDate")),
                 status="open", created_at=now))
@@ -105,7 +137,7 @@ def _create(container, user_id, plan, lock, risky_actions, now) -> dict:
                 fraud_quota.record_attempt(uow, user_id, now, plan.amount, CUSTOMER, order_id=order_id)
             uow.commit()
     except Exception:
-        _undo_subscription(container, sub["id"], invoice.get("id"))
+        _undo_subscription(container, sub["id"], (created.get("invoice") or {}).get("id"))
         raise
     return {"order_id": order_id, "subscription_id": sub["id"], "client_token": session.get("clientToken"),
             "amount": plan.amount, "currency_code": plan.currency_code, "lane": plan.lane,
@@ -130,7 +162,7 @@ def checkout_status(container, user_id: str, order_id: str) -> dict:
         raise e.NotFound("not found")
     now = container.clock.now()
     with container.uow() as uow:
-        row = uow.execute(select(checkout_session).where(checkout_session.c.invoice_id == order_id,
+        row = uow.execute(select(checkout_session).where(by_order_id(order_id),
                                                          checkout_session.c.user_id == user_id)).mappings().first()
         if row is None:
             raise e.NotFound("not found")
@@ -147,6 +179,11 @@ def checkout_status(container, user_id: str, order_id: str) -> dict:
     return {"order_id": order_id, "status": state, "subscription_id": row["subscription_id"],
             "item_price_id": row["item_price_id"], "amount": row["amount"], "currency_code": row["currency_code"],
             "expires_at": row["expires_at"]}
+
+
+def by_order_id(order_id: str):
+    """A checkout found by the id the front end holds (its order id) or by its invoice id."""
+    return or_(checkout_session.c.order_id == order_id, checkout_session.c.invoice_id == order_id)
 
 
 def cleanup_candidates(container) -> list[dict]:

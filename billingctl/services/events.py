@@ -223,13 +223,16 @@ def scan_paid_invoices(container, since: datetime | None) -> dict:
             if uow.execute(select(purchase.c.id).where(purchase.c.invoice_id == remote["id"])).first():
                 continue
         for link in remote.get("linked_payments") or []:
-            reference = link.get("id_at_gateway")
-            if not reference:
+            # The invoice links its transactions by id; the orchestrator payment id is the
+            # transaction's reference number.
+            if not link.get("txn_id"):
                 continue
             try:
-                payment = _orchestrator_payment(container, reference, {"invoice": remote, "transaction": {
-                    "customer_id": remote.get("customer_id"), "amount": link.get("applied_amount"),
-                    "currency_code": remote.get("currency_code")}})
+                txn = container.provider.get_transaction(link["txn_id"])
+                reference = txn.get("reference_number") or txn.get("id_at_gateway")
+                if not reference or txn.get("type", "payment") != "payment":
+                    continue
+                payment = _orchestrator_payment(container, reference, {"invoice": remote, "transaction": txn})
                 if record_payment(container, payment, "invoice_scan")["outcome"] == "recorded":
                     recovered += 1
             except e.BillingError as exc:

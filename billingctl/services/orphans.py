@@ -73,6 +73,9 @@ def handle_payment(container, payment: dict) -> str:
         row = uow.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id)).mappings().first()
     if row is not None and row["status"] not in OPEN:
         return row["status"]
+    if "customerId" not in payment or "paymentMethod" not in payment:
+        # The list holds summaries: recording needs the customer, the instrument and the refunded amount.
+        payment = container.orchestrator.get_payment(payment_id)
     sub_id = (payment.get("metadata") or {}).get("subscription_id")
     if row is None:
         status = _subscription_status(container, sub_id) if sub_id else None
@@ -204,17 +207,17 @@ def refund(container, payment_id: str) -> dict:
 
 
 def _resubscribe(container, row: dict, payment: dict) -> str:
-    from billingctl.services.checkout import PENDING_START_OFFSET
+    from billingctl.services.checkout import create_pending_subscription
 
-    now = container.clock.now()
-    created = container.provider.create_subscription_for_items(
-        row["user_id"], row["item_price_id"], now + PENDING_START_OFFSET,
-        idempotency_key=f"orphan-subscription:{row['payment_id']}")
-    sub, invoice = created["subscription"], created.get("invoice") or {}
+    created = create_pending_subscription(container, row["user_id"], row["item_price_id"], container.clock.now(),
+                                          f"orphan-subscription:{row['payment_id']}")
+    sub = created["subscription"]
     from billingctl.adapters.faults import crash_point
 
     crash_point(container.settings, "orphan.after_subscription_created")
-    recovered = {**payment, "orderId": invoice.get("id") or payment.get("orderId"),
+    # Like a checkout: the payment pays the first invoice of the new subscription, which activation
+    # starts (and so invoices); nothing is left payment_due for the renewals job to charge again.
+    recovered = {**payment, "orderId": sub["id"],
                  "metadata": {**(payment.get("metadata") or {}), "subscription_id": sub["id"]}}
     result = record_payment(container, recovered, "orphan_recovery")
     if result.get("activation") not in ("activated", "already_active"):

@@ -13,7 +13,7 @@ import logging
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import (
@@ -72,15 +72,21 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
         raise e.InvalidInput("payment id is missing")
     if payment.get("status") != "SETTLED":
         raise e.InvalidInput(f"payment {payment['id']} is {payment.get('status')}, not SETTLED")
+    from billingctl.services.checkout import by_order_id
+
     metadata = payment.get("metadata") or {}
-    invoice_id = payment.get("orderId") or None
+    order_id = payment.get("orderId") or None
     subscription_id = metadata.get("subscription_id") or None
     item_price_id = metadata.get("item_price_id") or None
     user_id = payment.get("customerId") or metadata.get("user_id")
-    if invoice_id and not (subscription_id and item_price_id):
+    # A checkout's order id is its subscription id, and its invoice exists only once activation starts
+    # the subscription; a renewal charge's order id is the renewal invoice.
+    invoice_id = None if order_id == subscription_id else order_id
+    if order_id:
         with container.uow() as uow:
-            row = uow.execute(select(checkout_session).where(checkout_session.c.invoice_id == invoice_id)).first()
+            row = uow.execute(select(checkout_session).where(by_order_id(order_id))).first()
         if row is not None:
+            invoice_id = row.invoice_id if row.invoice_id != row.subscription_id else None
             subscription_id = subscription_id or row.subscription_id
             item_price_id = item_price_id or row.item_price_id
             user_id = user_id or row.user_id
@@ -240,31 +246,10 @@ def update_transaction_status(container, payment: dict) -> dict:
 # ---- follow-ups at the provider: record on the invoice, activate --------------------------------
 
 def complete_followups(container, subscription_id: str) -> dict:
-    """Record every unreported purchase of the subscription on its invoice, then activate it.
-    Failures leave the work pending (listed by `health`, retried by the activations job)."""
+    """Activate the subscription (which, for a pending checkout, starts it and names the invoice its
+    payment belongs to), then record every unreported purchase on its invoice. Failures leave the work
+    pending (listed by `health`, retried by the activations job)."""
     result = {"provider_recorded": True, "activation": None}
-    with container.uow() as uow:
-        pending = uow.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
-                                                     purchase.c.provider_recorded_at.is_(None))).mappings().all()
-    for row in pending:
-        if not row["invoice_id"]:
-            continue
-        try:
-            container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
-            crash_point(container.settings, "provider_record.after_call")
-        except e.ExternalInvalidRequest as exc:
-            # Already paid (by the orchestrator's workflow with this reference) or void: nothing to record.
-            log.info("invoice already settled at the provider: %s", exc.message,
-                     extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
-        except e.BillingError as exc:  # any other failure (down, not found yet, breaker open): retried later
-            result["provider_recorded"] = False
-            log.warning("recording at the provider failed; will retry: %s", exc.message,
-                        extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
-            continue
-        with container.uow() as uow:
-            uow.execute(update(purchase).where(purchase.c.id == row["id"]).values(
-                provider_recorded_at=container.clock.now()))
-            uow.commit()
     try:
         result["activation"] = activate_subscription(container, subscription_id, _locked=True)["outcome"]
     except e.PaymentNotRecorded:
@@ -272,28 +257,77 @@ def complete_followups(container, subscription_id: str) -> dict:
     except e.BillingError as exc:
         result["activation"] = "pending"
         result["activation_error"] = exc.message
+    with container.uow() as uow:
+        pending = uow.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
+                                                     purchase.c.provider_recorded_at.is_(None))).mappings().all()
+    for row in pending:
+        if not row["invoice_id"] or not report_to_provider(container, row):
+            result["provider_recorded"] = False
     return result
 
 
+def report_to_provider(container, row) -> bool:
+    """Record one purchase on its provider invoice (reference = the orchestrator payment id). True when
+    the invoice is paid afterwards; a refusal the provider does not explain as "already paid" stays pending."""
+    try:
+        container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
+        crash_point(container.settings, "provider_record.after_call")
+    except e.ExternalInvalidRequest as exc:
+        if exc.details.get("api_error_code") != "invalid_state_for_request" or \
+                _invoice_status(container, row["invoice_id"]) != "paid":
+            log.error("recording at the provider was refused; left pending: %s", exc.message,
+                      extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"],
+                             "error_code": exc.details.get("api_error_code")})
+            return False
+        # Paid already (the orchestrator's workflow reports each settled payment with this reference).
+        log.info("invoice already paid at the provider", extra={"invoice_id": row["invoice_id"],
+                                                                "payment_id": row["transaction_id"]})
+    except e.BillingError as exc:  # down, not found yet, breaker open: retried later
+        log.warning("recording at the provider failed; will retry: %s", exc.message,
+                    extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
+        return False
+    with container.uow() as uow:
+        uow.execute(update(purchase).where(purchase.c.id == row["id"]).values(
+            provider_recorded_at=container.clock.now()))
+        uow.commit()
+    return True
+
+
+def _invoice_status(container, invoice_id: str) -> str | None:
+    try:
+        return container.provider.get_invoice(invoice_id)["invoice"].get("status")
+    except e.BillingError:
+        return None
+
+
+STARTED = ("in_trial", "active", "non_renewing")
+
+
 def activate_subscription(container, subscription_id: str, _locked: bool = False) -> dict:
-    """future -> active: only when a purchase exists; the provider's term-end change, then the local copy."""
+    """future -> active, only when a purchase exists: start the subscription at the provider (its start
+    date moved to now; the provider invoices the first term), give the invoice to the purchase that
+    paid it, then the local copy."""
     require_id(subscription_id, "subscription_id")
     if not _locked:
         with container.locks.hold(f"subscription:{subscription_id}"):
             return activate_subscription(container, subscription_id, _locked=True)
     with container.uow() as uow:
-        bought = uow.execute(select(purchase.c.item_price_id).where(
+        bought = uow.execute(select(purchase.c.id, purchase.c.item_price_id, purchase.c.invoice_id).where(
             purchase.c.subscription_id == subscription_id).order_by(purchase.c.id)).first()
         local = uow.execute(select(subscription).where(subscription.c.id == subscription_id)).mappings().first()
     if bought is None:
         raise e.PaymentNotRecorded(
             f"no purchase exists for subscription {subscription_id}: the payment was never recorded")
-    if local is not None and local["status"] == "active":
+    if local is not None and local["status"] == "active" and bought.invoice_id:
         return {"subscription_id": subscription_id, "outcome": "already_active", "status": "active"}
     now = container.clock.now()
-    period = catalog.plan(container, bought.item_price_id).period_days if bought.item_price_id else 30
     try:
-        remote = container.provider.change_term_end(subscription_id, now + timedelta(days=period))["subscription"]
+        remote, first_invoice = _start_at_provider(container, subscription_id, now)
+        if remote.get("current_term_end") is None and bought.item_price_id:
+            period = catalog.plan(container, bought.item_price_id).period_days
+            remote = container.provider.change_term_end(subscription_id, now + timedelta(days=period))["subscription"]
+        if not bought.invoice_id:
+            first_invoice = first_invoice or _first_term_invoice(container, subscription_id)
         crash_point(container.settings, "activate.after_provider")
     except e.ExternalError as exc:
         container.metrics.activation_errors.inc()
@@ -304,6 +338,8 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
         log.error("activation failed: %s", exc.message, extra={"subscription_id": subscription_id})
         raise
     with container.uow() as uow:
+        if not bought.invoice_id and first_invoice:
+            _assign_invoice(uow, bought.id, subscription_id, first_invoice, now)
         uow.execute(update(subscription).where(subscription.c.id == subscription_id).values(
             status=remote["status"], current_term_end=parse_time(remote.get("current_term_end")),
             start_date=parse_time(remote.get("start_date")), activation_pending_since=None, activation_error=None,
@@ -313,11 +349,58 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
     return {"subscription_id": subscription_id, "outcome": "activated", "status": remote["status"]}
 
 
+def _start_at_provider(container, subscription_id: str, now) -> tuple[dict, dict | None]:
+    """(the started subscription, the invoice starting it generated). A subscription that is already
+    started (an earlier attempt whose answer was lost) is read back instead."""
+    try:
+        answer = container.provider.start_subscription(subscription_id, now,
+                                                       idempotency_key=f"activate:{subscription_id}")
+        if answer["subscription"].get("status") not in STARTED:
+            # Our clock is ahead of the provider's: it moved the start instead of starting. It starts by
+            # itself at that time; the activations job finishes the follow-ups then.
+            raise e.ExternalError(f"the provider kept {subscription_id} {answer['subscription'].get('status')}: "
+                                  "the start date is ahead of its clock", dependency="subscription_provider")
+        return answer["subscription"], answer.get("invoice")
+    except e.ExternalInvalidRequest as exc:
+        if exc.details.get("api_error_code") != "invalid_state_for_request":
+            raise
+        remote = container.provider.get_subscription(subscription_id)["subscription"]
+        if remote.get("status") not in STARTED:
+            raise
+        return remote, None
+
+
+def _first_term_invoice(container, subscription_id: str) -> dict | None:
+    invoices = sorted(container.provider.list_invoices(subscription_id=subscription_id),
+                      key=lambda i: (i.get("date") or 0, i["id"]))
+    return invoices[0] if invoices else None
+
+
+def _assign_invoice(uow, purchase_id: int, subscription_id: str, remote: dict, now) -> None:
+    """The checkout's payment pays the invoice of the first term: the purchase, the checkout and the
+    local invoice row learn its id."""
+    uow.execute(update(purchase).where(purchase.c.id == purchase_id).values(invoice_id=remote["id"]))
+    uow.execute(update(transaction).where(transaction.c.transaction_id == select(purchase.c.transaction_id).where(
+        purchase.c.id == purchase_id).scalar_subquery()).values(invoice_id=remote["id"]))
+    uow.execute(update(checkout_session).where(checkout_session.c.subscription_id == subscription_id,
+                                               checkout_session.c.invoice_id.is_(None))
+                .values(invoice_id=remote["id"]))
+    bought = uow.execute(select(purchase).where(purchase.c.id == purchase_id)).mappings().one()
+    insert_ignore(uow, invoice, {"id": remote["id"], "created_at": now}, ["id"])
+    uow.execute(update(invoice).where(invoice.c.id == remote["id"]).values(
+        subscription_id=subscription_id, customer_id=bought["user_id"], total_amount=bought["amount"],
+        currency_code=bought["currency_code"], status="paid", paid_at=bought["settled_at"] or now))
+
+
 def pending_activations(container) -> list[dict]:
+    """Subscriptions with follow-up work: an activation still to do, or a purchase not yet recorded on
+    the provider's invoice."""
+    unreported = select(purchase.c.subscription_id).where(purchase.c.provider_recorded_at.is_(None))
     with container.uow() as uow:
         rows = uow.execute(select(subscription.c.id, subscription.c.customer_id,
                                   subscription.c.activation_pending_since, subscription.c.activation_error)
-                           .where(subscription.c.activation_pending_since.is_not(None))
+                           .where(or_(subscription.c.activation_pending_since.is_not(None),
+                                      subscription.c.id.in_(unreported)))
                            .order_by(subscription.c.activation_pending_since)).mappings().all()
     return [dict(r) for r in rows]
 

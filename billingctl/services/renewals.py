@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from sqlalchemy import and_, select
 
-from billingctl.adapters.db.tables import checkout_session, dunning_attempt, subscription, users
+from billingctl.adapters.db.tables import checkout_session, dunning_attempt, purchase, subscription, users
 from billingctl.domain import errors as e
 from billingctl.domain.instruments import stored_instrument, usable_card
 from billingctl.domain.quota import MERCHANT
@@ -28,6 +28,8 @@ log = logging.getLogger("billingctl.renewals")
 # error whose outcome is unknown do not: the next tick simply tries again).
 COUNTED = ("declined", "failed")
 FINAL = ("succeeded", "exhausted")
+# Orchestrator statuses of a charge still in flight: neither paid nor declined yet.
+IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")
 
 
 def run_renewals(container) -> dict:
@@ -64,6 +66,11 @@ def attempt_invoice(container, invoice: dict) -> str:
     with container.uow() as uow:
         if uow.execute(select(checkout_session.c.id).where(checkout_session.c.invoice_id == invoice["id"])).first():
             return "not_a_renewal"  # a checkout's first invoice: the customer pays it at checkout
+        if uow.execute(select(purchase.c.id).where(purchase.c.invoice_id == invoice["id"])).first():
+            return "already_paid"  # a recorded payment pays it; its report to the provider is pending work
+        if uow.execute(select(purchase.c.id).where(purchase.c.subscription_id == sub_id,
+                                                   purchase.c.invoice_id.is_(None))).first():
+            return "activation_pending"  # a paid checkout whose first invoice is being assigned
         local = uow.execute(select(subscription.c.status, subscription.c.lane).where(
             subscription.c.id == sub_id)).first()
         history = _history(uow, invoice["id"])
@@ -73,6 +80,9 @@ def attempt_invoice(container, invoice: dict) -> str:
     if local is None or local.status not in ("active", "non_renewing"):
         return "not_a_renewal"
     last = history[-1] if history else None
+    if last is not None and last["status"] == "pending":
+        # A charge is in flight for this invoice: never a second one; read how it ended.
+        return _resolve_in_flight(container, invoice, last, history)
     if last is not None and last["next_attempt_at"] is not None and last["next_attempt_at"] > now:
         return "not_due"
     if frozen is not None:
@@ -131,6 +141,17 @@ def attempt_invoice(container, invoice: dict) -> str:
                 with container.uow() as uow:
                     fraud_quota.record_attempt(uow, user_id, now, amount, MERCHANT, order_id=invoice["id"])
                     uow.commit()
+    if payment.get("status") in IN_FLIGHT:
+        _record(container, invoice, "pending", attempt_no=attempt_no, lane=lane, processor=processor,
+                amount=amount, payment_id=payment.get("id"), decline_code=payment.get("status"))
+        log.info("renewal charge in flight", extra={"invoice_id": invoice["id"], "payment_id": payment.get("id"),
+                                                     "status": payment.get("status")})
+        return "pending"
+    return _charged(container, invoice, payment, attempt_no, lane, processor, amount, history)
+
+
+def _charged(container, invoice, payment, attempt_no, lane, processor, amount, history) -> str:
+    """A final answer to a renewal charge: recorded when settled, else the retry schedule moves on."""
     if payment.get("status") == "SETTLED":
         _record(container, invoice, "succeeded", attempt_no=attempt_no, lane=lane, processor=processor,
                 amount=amount, payment_id=payment["id"])
@@ -139,6 +160,19 @@ def attempt_invoice(container, invoice: dict) -> str:
     code = (payment.get("statusReason") or {}).get("code") or payment.get("status")
     return _failed(container, invoice, "declined", code, attempt_no, lane, processor, amount, history,
                    payment_id=payment.get("id"))
+
+
+def _resolve_in_flight(container, invoice, last, history) -> str:
+    try:
+        payment = container.orchestrator.get_payment(last["payment_id"])
+    except e.ExternalError as exc:
+        log.warning("in-flight renewal charge could not be read; next tick: %s", exc.message,
+                    extra={"invoice_id": invoice["id"], "payment_id": last["payment_id"]})
+        return "in_flight"
+    if payment.get("status") in IN_FLIGHT:
+        return "in_flight"
+    return _charged(container, invoice, payment, last["attempt_no"], last["lane"], last["processor"], last["amount"],
+                    history)
 
 
 def _resolve_token(container, user_id: str, lane: str, now) -> str | None:

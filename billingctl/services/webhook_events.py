@@ -16,9 +16,9 @@ def _orchestrator(container, event_type: str, payload: dict) -> dict:
     from billingctl.services.fraud_signals import record_dispute
     from billingctl.services.payments import record_payment, reverse_refund, update_transaction_status
 
-    payment = payload["payment"]
     if event_type.startswith("DISPUTE."):
-        return record_dispute(container, event_type, payment, payload.get("dispute") or {})
+        return record_dispute(container, event_type, payload)
+    payment = payload["payment"]
     if event_type == "PAYMENT.STATUS" and payment.get("status") == "SETTLED":
         # One attempt per provider call: a webhook answers quickly, the activations job finishes.
         with container.provider.http.attempts(1):
@@ -63,7 +63,7 @@ def event_id_for(source: str, event_type: str, payload: dict, given: str | None 
     if given:
         return given
     if source == "orchestrator" and event_type.startswith("DISPUTE."):
-        return f"{event_type}:{(payload.get('dispute') or {}).get('id') or payload['payment']['id']}"
+        return f"{event_type}:{payload['processorDisputeId']}"
     if source == "orchestrator":
         return payment_event_id(event_type, payload["payment"])
     if source == "workflow":

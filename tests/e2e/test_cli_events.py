@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e
 
 def test_poll_sync_invalidate_cancel_and_inspect(container, env):
     co = create_checkout(container, "user_e", "credits-pro-USD-monthly")
-    container.sandbox.pay(co["order_id"], drop_webhook=True)
+    container.sandbox.pay(co["order_id"])
     polled = json.loads(billingctl(["--json", "poll"], env).stdout)
     assert polled["events_failed"] == 0 and polled["events_processed"] >= 3
     user = json.loads(billingctl(["--json", "users", "show", "user_e"], env).stdout)

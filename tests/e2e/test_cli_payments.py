@@ -51,7 +51,7 @@ def test_lock_commands_exit_codes(container, env):
 
 def test_activate_pending_lists_and_retries(container, env):
     co = create_checkout(container, "user_p", "credits-basic-USD-monthly")
-    container.sandbox.store.add_fault("provider", "503", path="change_term_end", count=1)
+    container.sandbox.store.add_fault("provider", "503", path="update_for_items", count=1)
     container.sandbox.pay(co["order_id"])
     health = billingctl(["--json", "health"], env)
     assert health.returncode == 3

@@ -1,16 +1,11 @@
 """`billingctl sandbox …` as an operator runs it: serve on loopback, catalog, faults, alerts."""
 
 import json
-import os
-import subprocess
-import sys
-import time
 
 import httpx
 import pytest
 
-from tests.helpers import billingctl
-from tests.servers import free_port
+from tests.helpers import billingctl, sandbox_served
 
 pytestmark = pytest.mark.e2e
 
@@ -23,35 +18,26 @@ def env(tmp_path):
 
 
 def test_sandbox_serve_speaks_the_wire_contract_on_loopback(env):
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "billingctl", "sandbox", "serve", "--port", str(port)],
-                            env={"PATH": os.environ["PATH"], **env}, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                httpx.get(base, timeout=0.2)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with sandbox_served(env) as base:
         unauth = httpx.get(f"{base}/provider/api/v2/item_prices")
         assert unauth.status_code == 401
-        page = httpx.get(f"{base}/provider/api/v2/item_prices", headers={"Authorization": "Bearer k"}).json()
-        lanes = {row["item_price"]["metadata"]["lane"] for row in page["list"]}
-        assert lanes == {"sfw", "nsfw"}
+        assert httpx.get(f"{base}/provider/api/v2/item_prices", auth=("", "")).status_code == 401
+        plans = {"item_type[is]": "plan", "limit": 100}
+        for auth in ({"headers": {"Authorization": "Bearer k"}}, {"auth": ("k", "")}):  # spec 5.11; the real one
+            page = httpx.get(f"{base}/provider/api/v2/item_prices", params=plans, **auth).json()
+            lanes = {(row["item_price"].get("metadata") or {}).get("lane") for row in page["list"]}
+            assert lanes == {"sfw", "nsfw", None}  # a real catalog holds plans without our metadata too
         session = httpx.post(f"{base}/orchestrator/client-session", headers={"X-API-KEY": "k"},
                              json={"orderId": "inv_9", "customerId": "u", "amount": 999, "currencyCode": "USD"})
         assert session.status_code == 200 and session.json()["clientToken"]
-    finally:
-        proc.terminate()
-        proc.wait(10)
 
 
 def test_catalog_fault_and_clock_verbs(env):
     catalog = json.loads(billingctl(["--json", "sandbox", "catalog"], env).stdout)
-    assert {row["lane"] for row in catalog} == {"sfw", "nsfw"}
-    assert all(row["credits"] > 0 and row["amount"] > 0 for row in catalog)
+    ours = [row for row in catalog if row["lane"]]
+    assert {row["lane"] for row in ours} == {"sfw", "nsfw"}
+    assert all(row["credits"] > 0 and row["amount"] > 0 and row["item_type"] == "plan" for row in ours)
+    assert {row["item_type"] for row in catalog if not row["lane"]} == {"addon", "charge", "plan"}
     bad = billingctl(["sandbox", "fault", "provider", "explode"], env)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert billingctl(["sandbox", "fault", "provider", "429", "--count", "1"], env).returncode == 0
@@ -73,3 +59,14 @@ def test_alerts_send_and_list(env):
     assert json.loads(again.stdout)["queued"] is False
     rows = json.loads(billingctl(["--json", "alerts", "list"], env).stdout)
     assert [(r["dedupe_key"], r["status"]) for r in rows] == [("k1", "pending")]
+
+
+def test_async_charge_and_dispute_verbs(env):
+    bad = billingctl(["sandbox", "async-charges", "LATER"], env)
+    assert bad.returncode == 3 and bad.stderr.count("\n") == 1
+    on = json.loads(billingctl(["--json", "sandbox", "async-charges", "pending"], env).stdout)
+    assert on == {"async_charges": "PENDING"}
+    off = json.loads(billingctl(["--json", "sandbox", "async-charges", "off"], env).stdout)
+    assert off == {"async_charges": None}
+    assert billingctl(["sandbox", "finish", "pay_nope"], env).returncode == 3
+    assert billingctl(["sandbox", "dispute", "pay_nope"], env).returncode == 3

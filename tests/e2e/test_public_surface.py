@@ -7,6 +7,7 @@ import hmac
 import json
 import subprocess
 import time
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import select
@@ -53,12 +54,15 @@ def rows(c, table, **where):
 # ---- orchestrator disputes ------------------------------------------------------------------------
 
 def dispute_body(c, payment_id="pay_d"):
-    return json.dumps({"eventType": "DISPUTE.OPENED", "signedAt": str(int(c.clock.now().timestamp())),
-                       "dispute": {"id": "dp_1", "reason": "fraudulent"},
-                       "payment": {"id": payment_id, "customerId": "user_x", "amount": 1999}}).encode()
+    """The orchestrator's DISPUTE.OPENED: flat, no payment object, no signedAt (tests/contracts)."""
+    return json.dumps({"eventType": "DISPUTE.OPENED", "processorId": "SFW_STRIPE", "processorDisputeId": "dp_1",
+                       "paymentId": payment_id, "transactionId": "tr_1", "orderId": "sub_1",
+                       "primerAccountId": "acc_1"}).encode()
 
 
 def test_dispute_opened_is_a_fraud_signal_and_an_alert_once(c, client):
+    c.sandbox.store.put("payment", "pay_d", {"id": "pay_d", "status": "SETTLED", "customerId": "user_x",
+                                             "amount": 1999, "processor": {"name": "SFW_STRIPE"}})
     body = dispute_body(c)
     headers = {"X-Signature-Primary": b64sig(c.settings.secret("orchestrator_disputes_secret"), body)}
     assert client.post("/webhooks/orchestrator/disputes", data=body, headers=headers).get_json()["outcome"] == \
@@ -146,10 +150,27 @@ def test_identity_verification_rotation_and_replay(c, client):
 
 # ---- front-end identity provider (Standard Webhooks) ------------------------------------------------------
 
-def standard_headers(secret, msg_id, body, ts=None):
+def standard_headers(secret, msg_id, body, ts=None, prefix="webhook"):
+    """Signed with the secret read as the reference library reads it (whsec_ optional, then base64)."""
     ts = int(time.time()) if ts is None else ts
-    sig = base64.b64encode(hmac.new(secret.encode(), f"{msg_id}.{ts}.".encode() + body, hashlib.sha256).digest())
-    return {"webhook-id": msg_id, "webhook-timestamp": str(ts), "webhook-signature": f"v1,{sig.decode()}"}
+    key = base64.b64decode(secret.removeprefix("whsec_") + "==")
+    sig = base64.b64encode(hmac.new(key, f"{msg_id}.{ts}.".encode() + body, hashlib.sha256).digest())
+    return {f"{prefix}-id": msg_id, f"{prefix}-timestamp": str(ts), f"{prefix}-signature": f"v1,{sig.decode()}"}
+
+
+def test_svix_named_headers_are_verified_the_same_way(c, client):
+    from standardwebhooks.webhooks import Webhook
+
+    secret = c.settings.secret("identity_webhook_secret")
+    body = json.dumps({"type": "user.created", "data": {"id": "user_sv"}}).encode()
+    now = int(time.time())
+    reference = Webhook(secret).sign("msg_sv", datetime.fromtimestamp(now, UTC), body.decode())
+    assert reference == standard_headers(secret, "msg_sv", body, now)["webhook-signature"]
+    bad = standard_headers(secret, "msg_sv", body + b" ", now, prefix="svix")
+    assert client.post("/webhooks/identity", data=body, headers=bad).status_code == 401
+    good = standard_headers(secret, "msg_sv", body, now, prefix="svix")
+    assert client.post("/webhooks/identity", data=body, headers=good).status_code == 200
+    assert rows(c, users, id="user_sv") != []
 
 
 def test_identity_events_maintain_users_and_login_attempts(c, client):
@@ -174,7 +195,7 @@ def test_identity_events_maintain_users_and_login_attempts(c, client):
 def test_identity_events_refuse_bad_signatures(c, client, case):
     body = b'{"type": "user.created", "data": {"id": "user_bad"}}'
     secret = c.settings.secret("identity_webhook_secret")
-    headers = {"wrong secret": standard_headers("another-secret", "m", body), "missing headers": {},
+    headers = {"wrong secret": standard_headers("whsec_YW5vdGhlcg==", "m", body), "missing headers": {},
                "stale": standard_headers(secret, "m", body, ts=int(time.time()) - 3600)}[case]
     assert client.post("/webhooks/identity", data=body, headers=headers).status_code == 401
     assert rows(c, users, id="user_bad") == []

@@ -36,6 +36,24 @@ class World:
         assert balance == ledger, "users.credits must equal the ledger sum"
         return balance
 
+    def renewal_charged_unseen(self, user_id="user_a", item_price_id="credits-pro-USD-monthly"):
+        """A paid checkout, then its renewal charged by the orchestrator and reported to the provider
+        (the invoice paid, payment_succeeded emitted) while our answer and the webhook were lost:
+        what the event poller and the invoice scan exist for. Returns (checkout, invoice, payment)."""
+        co = self.checkout(user_id, item_price_id)
+        self.sandbox.pay(co["order_id"])  # webhook delivered: recorded, activated, first invoice paid
+        self.sandbox.change_term_end(co["subscription_id"], self.sandbox.now() - 1)
+        invoice = self.sandbox.renew_due()[0]
+        token = self.sandbox.instruments(user_id)[0]["token"]
+        lane = self.sandbox.item_price(item_price_id)["metadata"]["lane"]
+        payment = self.sandbox.charge({
+            "paymentMethodToken": token, "amount": invoice["total"], "currencyCode": "USD", "orderId": invoice["id"],
+            "customerId": user_id, "metadata": {"psp": "SFW_STRIPE" if lane == "sfw" else "NSFW_SEGPAY", "lane": lane,
+                                                "subscription_id": co["subscription_id"],
+                                                "item_price_id": item_price_id}}, drop_webhook=True)
+        assert payment["status"] == "SETTLED" and self.sandbox.invoice(invoice["id"])["status"] == "paid"
+        return co, invoice, payment
+
     def provider_record_calls(self):
         return self.sandbox.store.count_requests("provider", "POST", "record_payment")
 

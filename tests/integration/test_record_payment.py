@@ -155,16 +155,16 @@ def test_activation_requires_a_recorded_payment(world):
 def test_activating_an_active_subscription_is_a_no_op(world):
     co = world.checkout()
     world.sandbox.pay(co["order_id"])
-    calls = world.sandbox.store.count_requests("provider", "POST", "change_term_end")
+    calls = world.sandbox.store.count_requests("provider", "POST", "update_for_items")
     assert activate_subscription(world.c, co["subscription_id"])["outcome"] == "already_active"
-    assert world.sandbox.store.count_requests("provider", "POST", "change_term_end") == calls
+    assert world.sandbox.store.count_requests("provider", "POST", "update_for_items") == calls
 
 
 def test_a_failed_activation_keeps_the_payment_and_is_retried(world):
     from billingctl.services.health import health_report
 
     co = world.checkout()
-    world.sandbox.store.add_fault("provider", "503", path="change_term_end", count=1)
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=1)
     payment = world.sandbox.pay(co["order_id"])  # the webhook makes one attempt per provider call
     assert world.purchases(payment["id"]) == 1 and world.credits() == 2000
     with world.c.uow() as uow:

@@ -72,7 +72,7 @@ def test_a_killed_recorder_loses_nothing(world, point):
     assert crash(world.c.settings, point, "webhook", payment) == -signal.SIGKILL
     # Restart: one run of the pollers and the activations job.
     events.poll(world.c)
-    world.c.clock.advance(60)
+    advance(world, 60)
     orphans.run_orphans(world.c)
     retry_pending(world.c)
     exactly_once(world, payment["id"], 2000)
@@ -127,4 +127,4 @@ def test_fault_points_are_refused_in_production():
     with pytest.raises(ConfigError, match="BILLING_FAULT_POINTS"):
         load_settings(env="production", fault_points="record.after_commit", session_jwt_algorithms="RS256",
                       provider_url="x", provider_api_key="k", orchestrator_url="x", orchestrator_api_key="k",
-                      **{n: "v" for n in REQUIRED_IN_PRODUCTION})
+                      **{n: "whsec_dg==" for n in REQUIRED_IN_PRODUCTION})

@@ -59,8 +59,8 @@ def test_postgres_going_away_mid_job(make_settings, tmp_path):
         engine.dispose()
         c = Container(settings)
         world = World(c)
-        paid = [world.settle(create_checkout(c, f"user_{i}", "credits-pro-USD-monthly")["order_id"])
-                for i in range(3)]
+        # Renewals the orchestrator charged and reported to the provider while their webhooks were lost.
+        paid = [world.renewal_charged_unseen(f"user_{i}")[2] for i in range(3)]
         c.close()
         # The job reads a slow page of events; the database stops while it waits.
         world.sandbox.store.add_fault("provider", "slow", path="/events", count=1, delay=3)
@@ -81,7 +81,7 @@ def test_postgres_going_away_mid_job(make_settings, tmp_path):
         world = World(c)
         for payment in paid:
             assert world.purchases(payment["id"]) == 1
-        assert sum(world.credits(f"user_{i}") for i in range(3)) == 3 * 2000
+        assert sum(world.credits(f"user_{i}") for i in range(3)) == 3 * (2000 + 2000)
         c.close()
     finally:
         server.stop()

@@ -100,7 +100,8 @@ def test_no_secret_ever_appears_in_logs_or_responses(tmp_path):
         "BILLING_ORCHESTRATOR_DISPUTES_SECRET": "sekret-disp-1b",
         "BILLING_PROVIDER_WEBHOOK_USERNAME": "sekret-user-5d", "BILLING_PROVIDER_WEBHOOK_PASSWORD": "sekret-pass-6e",
         "BILLING_WORKFLOW_CALLBACK_SECRET": "sekret-wf-3c", "BILLING_IDV_WEBHOOK_SECRET": "sekret-idv-4d",
-        "BILLING_IDENTITY_WEBHOOK_SECRET": "sekret-ident-8f", "BILLING_MEDIA_SIGNING_SECRET": "sekret-media-2a",
+        "BILLING_IDENTITY_WEBHOOK_SECRET": "whsec_c2VrcmV0LWlkZW50LThm",
+        "BILLING_MEDIA_SIGNING_SECRET": "sekret-media-2a",
         "BILLING_PROVIDER_API_KEY": "sekret-provider-key-77", "BILLING_ORCHESTRATOR_API_KEY": "sekret-orch-key-88",
     }
     env = {"PATH": os.environ["PATH"], "BILLING_LOG_LEVEL": "DEBUG", **secrets}

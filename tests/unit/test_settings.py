@@ -81,3 +81,21 @@ def test_every_alert_links_an_existing_runbook():
     links = re.findall(r"runbook: (docs/runbooks/\S+\.md)", rules)
     assert len(links) == rules.count("- alert:")
     assert all((root / link).is_file() for link in links)
+
+
+@pytest.mark.parametrize("value, ok", [("whsec_c2VjcmV0", True), ("c2VjcmV0", True), ("whsec_", False), ("x", False)])
+def test_the_standard_webhooks_secret_is_read_as_the_reference_library_reads_it(value, ok):
+    """An optional whsec_ prefix, then base64: a secret the library cannot read is refused at start-up."""
+    if ok:
+        assert load_settings(identity_webhook_secret=value).secret("identity_webhook_secret") == value
+    else:
+        with pytest.raises(ConfigError, match="BILLING_IDENTITY_WEBHOOK_SECRET"):
+            load_settings(identity_webhook_secret=value)
+
+
+def test_provider_auth_and_idempotency_header_defaults():
+    s = load_settings()
+    assert (s.provider_auth, s.provider_idempotency_header) == ("bearer", "chargebee-idempotency-key")
+    assert load_settings(provider_auth="basic").provider_auth == "basic"
+    with pytest.raises(ConfigError, match="BILLING_PROVIDER_AUTH"):
+        load_settings(provider_auth="digest")

@@ -85,11 +85,25 @@ def subscription_provider():
 
 @bp.post("/orchestrator/disputes")
 def orchestrator_disputes():
+    """DISPUTE.* bodies are flat (eventType, processorId, processorDisputeId, paymentId, transactionId,
+    orderId, primerAccountId) and carry no signedAt: the signature authenticates, and a replay is a
+    no-op because the inbox is keyed on the dispute id. Other bodies (the dashboard's test webhook)
+    are answered 200 and ignored."""
     from billingctl.services.webhook_events import dispatch
 
     c = container()
-    body = _orchestrator_body(c, "orchestrator_disputes_secret")
-    return jsonify(dispatch(c, "orchestrator", body["eventType"], body)), 200
+    raw = request.get_data(cache=False)
+    verify_orchestrator(raw, request.headers.get("X-Signature-Primary"), request.headers.get("X-Signature-Secondary"),
+                        secrets_of(c.settings.secret("orchestrator_disputes_secret")))
+    body = _json(raw)
+    if body.get("signedAt") is not None:
+        check_timestamp(body.get("signedAt"), c.clock.now().timestamp())
+    event_type = body.get("eventType")
+    if not isinstance(event_type, str) or not event_type.startswith("DISPUTE."):
+        return jsonify({"outcome": "ignored"}), 200
+    if not all(isinstance(body.get(k), str) and body.get(k) for k in ("paymentId", "processorDisputeId")):
+        raise InvalidInput("paymentId and processorDisputeId are required")
+    return jsonify(dispatch(c, "orchestrator", event_type, body)), 200
 
 
 @bp.post("/workflow-completion")
@@ -135,12 +149,12 @@ def identity():
 
     c = container()
     raw = request.get_data(cache=False)
-    verify_standard_webhook(raw, request.headers, c.settings.secret("identity_webhook_secret"))
+    message_id = verify_standard_webhook(raw, request.headers, c.settings.secret("identity_webhook_secret"))
     body = _json(raw)
     event_type, data = body.get("type"), body.get("data")
     if not isinstance(event_type, str) or not isinstance(data, dict):
         raise InvalidInput("type and data are required")
-    return jsonify(dispatch(c, "identity", event_type, body, event_id=request.headers["webhook-id"])), 200
+    return jsonify(dispatch(c, "identity", event_type, body, event_id=message_id)), 200
 
 
 def register(app) -> None:

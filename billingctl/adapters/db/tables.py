@@ -232,7 +232,11 @@ checkout_session = Table(
     Column("id", Integer, primary_key=True, autoincrement=True),
     Column("user_id", String(64), ForeignKey("users.id"), nullable=False, index=True),
     Column("subscription_id", String(64), nullable=False, index=True),
+    # The invoice the checkout's payment is recorded on: a future subscription has none until it starts,
+    # so this is NULL until activation starts it (rows before 0002 hold their order id here).
     Column("invoice_id", String(64), unique=True),
+    # The orderId given to the orchestrator and held by the front end (the subscription id).
+    Column("order_id", String(64), unique=True),
     Column("item_price_id", String(128), nullable=False),
     Column("lane", String(8), nullable=False),
     Column("amount", BigInteger, nullable=False),
