@@ -1,0 +1,76 @@
+"""The orchestrator has no official Python SDK: its public API reference is the referee. The payloads
+in tests/contracts/orchestrator/ keep its shapes (each file names its source page); our receivers and
+our client must accept them as they are."""
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from billingctl.adapters.db.tables import fraud_event, purchase
+from billingctl.adapters.http import HttpPolicy, ResilientClient
+from billingctl.adapters.orchestrator import OrchestratorClient
+from billingctl.domain import errors as e
+from billingctl.sandbox.model import sign_body
+from billingctl.services.checkout import create_checkout
+from webhooks_app import create_public_app
+
+pytestmark = pytest.mark.integration
+CONTRACTS = Path(__file__).parent.parent / "contracts" / "orchestrator"
+
+
+def contract(name: str) -> dict:
+    body = json.loads((CONTRACTS / name).read_text())
+    assert body.pop("_source").startswith("https://primer.io/docs/")
+    return body
+
+
+def client_answering(status: int, body: dict) -> OrchestratorClient:
+    transport = httpx.MockTransport(lambda request: httpx.Response(status, json=body))
+    http = httpx.Client(base_url="http://orchestrator.test", transport=transport)
+    return OrchestratorClient(ResilientClient("orchestrator", http, policy=HttpPolicy(max_attempts=1),
+                                              sleep=lambda s: None))
+
+
+def test_a_page_of_payment_summaries_is_read(container):
+    page = contract("payments_list_page.json")
+    [summary] = list(client_answering(200, page).list_payments("SETTLED"))
+    assert summary["id"] == "pay_contract_1" and "customerId" not in summary
+
+
+def test_a_nested_error_becomes_a_typed_error_with_its_description():
+    with pytest.raises(e.ExternalNotFound) as info:
+        client_answering(404, contract("error_not_found.json")).get_payment("pay_nope")
+    assert info.value.message == "orchestrator: The payment with id pay_nope was not found"
+    assert info.value.details["api_error_code"] == "ResourceNotFound"
+
+
+def test_the_payment_status_webhook_as_documented_is_recorded(container):
+    co = create_checkout(container, "user_c2", "credits-pro-USD-monthly")
+    body = contract("webhook_payment_status.json")
+    body["signedAt"] = str(int(time.time()))
+    body["payment"]["orderId"] = body["payment"]["metadata"]["subscription_id"] = co["order_id"]
+    raw = json.dumps(body).encode()
+    client = create_public_app(container=container).test_client()
+    signature = sign_body(container.settings.secret("orchestrator_webhook_secret"), raw)
+    response = client.post("/webhooks/orchestrator/payments", data=raw, headers={"X-Signature-Primary": signature})
+    assert response.status_code == 200 and response.get_json()["outcome"] == "recorded"
+    with container.uow() as uow:
+        assert uow.execute(select(purchase.c.user_id).where(purchase.c.transaction_id == "pay_contract_2")).scalar() \
+            == "user_c2"
+
+
+def test_the_dispute_webhook_as_documented_is_recorded(container):
+    raw = json.dumps(contract("dispute_opened.json")).encode()
+    client = create_public_app(container=container).test_client()
+    signature = sign_body(container.settings.secret("orchestrator_disputes_secret"), raw)
+    response = client.post("/webhooks/orchestrator/disputes", data=raw, headers={"X-Signature-Primary": signature})
+    assert response.status_code == 200 and response.get_json()["outcome"] == "recorded"
+    with container.uow() as uow:
+        [row] = uow.execute(select(fraud_event)).mappings().all()
+    assert row["metadata"]["dispute_id"] == "dp_1NvZ3kKx" and row["metadata"]["payment_id"] == "pay_contract_1"
+    unsigned = client.post("/webhooks/orchestrator/disputes", data=raw)
+    assert unsigned.status_code == 401
