@@ -12,7 +12,7 @@ from billingctl.services.sync import sync_all
 from jobs.schedule import JOBS
 
 TARGETS = {"idle_poll": 1, "catch_up_10000_events": 100, "sync_all_5000": math.ceil(5000 / 100),
-           "checkout_warm_catalog": 1, "recording_with_activation": 2}
+           "checkout_new_customer": 2, "checkout_warm_catalog": 1, "recording_with_activation": 2}
 
 
 def run() -> dict:
@@ -43,8 +43,10 @@ def run() -> dict:
 
     products(c)
     checkouts = []
-    figures["checkout_warm_catalog"] = count(lambda: checkouts.append(create_checkout(c, "budget_user",
+    # A new user: the provider's customer, then the subscription; a returning user: the subscription only.
+    figures["checkout_new_customer"] = count(lambda: checkouts.append(create_checkout(c, "budget_user",
                                                                                       "credits-pro-USD-monthly")))
+    figures["checkout_warm_catalog"] = count(lambda: create_checkout(c, "budget_user", "credits-basic-USD-monthly"))
     figures["recording_with_activation"] = count(lambda: c.sandbox.pay(checkouts[0]["order_id"]))
     c.close()
 

@@ -63,23 +63,20 @@ def median(values: list[float]) -> float:
 
 
 def seed_payments(c: Container, n: int, prefix: str = "bench") -> list[dict]:
-    """n pending subscriptions with invoices at the provider and their settled payments."""
+    """n pending (future) subscriptions at the provider and their settled checkout payments (order id =
+    the subscription: a future subscription has no invoice until activation starts it)."""
     now = int(c.sandbox.store.now())
-    subs, invoices, payments = [], [], []
+    subs, payments = [], []
     for i in range(n):
-        user, sub, inv, pay = f"{prefix}_u{i % 500}", f"sub_{prefix}_{i}", f"inv_{prefix}_{i}", f"pay_{prefix}_{i}"
+        user, sub, pay = f"{prefix}_u{i % 500}", f"sub_{prefix}_{i}", f"pay_{prefix}_{i}"
         subs.append({"id": sub, "customer_id": user, "status": "future", "start_date": now + 400 * 86400,
                      "created_at": now, "updated_at": now, "currency_code": "USD", "coupons": [], "deleted": False,
                      "subscription_items": [{"item_price_id": "credits-basic-USD-monthly", "unit_price": 999}]})
-        invoices.append({"id": inv, "subscription_id": sub, "customer_id": user, "status": "payment_due", "total": 999,
-                         "amount_paid": 0, "currency_code": "USD", "updated_at": now,
-                         "line_items": [{"entity_id": "credits-basic-USD-monthly", "amount": 999}]})
-        payments.append({"id": pay, "status": "SETTLED", "orderId": inv, "customerId": user, "amount": 999,
+        payments.append({"id": pay, "status": "SETTLED", "orderId": sub, "customerId": user, "amount": 999,
                          "currencyCode": "USD", "date": now,
                          "processor": {"name": "SFW_STRIPE", "processorMerchantId": "acct_1"},
                          "metadata": {"user_id": user, "subscription_id": sub,
                                       "item_price_id": "credits-basic-USD-monthly", "lane": "sfw"}})
     c.sandbox.store.put_many("subscription", subs)
-    c.sandbox.store.put_many("invoice", invoices)
     c.sandbox.store.put_many("payment", payments)
     return payments
