@@ -236,3 +236,26 @@ def test_a_duplicate_report_follows_up_on_the_purchases_own_subscription(world):
     assert result["outcome"] == "duplicate"
     assert result["subscription_id"] == row(world, payment["id"])["subscription_id"]
     assert result["activation"] == "already_active"
+
+
+@pytest.mark.parametrize("path", ["automatic", "resolve --create-subscription"])
+def test_a_recovered_orphan_leaves_nothing_for_the_renewals_job_to_charge(world, path):
+    """Issue "Money paths" defect 1: re-subscription used to leave the new subscription's first invoice
+    payment_due, and the next dunning tick charged the vaulted card for the same period again. Now the
+    payment pays the invoice that starting the new subscription generates."""
+    from billingctl.services.renewals import run_renewals
+
+    _, payment = orphan(world, "user_o")
+    if path == "automatic":
+        assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1}
+    else:
+        world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=1)
+        orphans.run_orphans(world.c)
+        orphans.resolve(world.c, payment["id"], "create-subscription", "user has nothing", "ops")
+    new_sub = row(world, payment["id"])["subscription_id"]
+    invoices = [i for i in world.sandbox.store.all("invoice") if i["subscription_id"] == new_sub]
+    assert [i["status"] for i in invoices] == ["paid"]  # the provider's books: the period is paid
+    assert run_renewals(world.c)["outcomes"] == {}
+    charges = [p for p in world.sandbox.store.all("payment") if p["customerId"] == "user_o"]
+    assert [p["id"] for p in charges] == [payment["id"]]  # the orchestrator's books: charged once
+    assert world.purchases(payment["id"]) == 1 and world.credits("user_o") == 2000
