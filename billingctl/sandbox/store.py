@@ -13,6 +13,11 @@ from pathlib import Path
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS objects (kind TEXT, id TEXT, seq INTEGER, data TEXT, PRIMARY KEY (kind, id));
 CREATE INDEX IF NOT EXISTS objects_by_seq ON objects (kind, seq);
+CREATE INDEX IF NOT EXISTS objects_by_updated ON objects (kind, json_extract(data, '$.updated_at'), seq);
+CREATE INDEX IF NOT EXISTS objects_by_occurred ON objects (kind, json_extract(data, '$.occurred_at'), seq);
+CREATE INDEX IF NOT EXISTS objects_by_status ON objects (kind, json_extract(data, '$.status'), seq);
+CREATE INDEX IF NOT EXISTS objects_by_subscription ON objects (kind, json_extract(data, '$.subscription_id'), seq);
+CREATE INDEX IF NOT EXISTS objects_by_item_type ON objects (kind, json_extract(data, '$.item_type'), seq);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS faults (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, method TEXT,
     path TEXT, kind TEXT, remaining INTEGER, retry_after REAL, delay REAL, skip INTEGER DEFAULT 0);
@@ -108,10 +113,11 @@ class SandboxStore:
         return data
 
     def page(self, kind: str, filters: list[tuple[str, str, object]], sort: str | None, offset: int,
-             limit: int) -> tuple[list[dict], bool]:
-        """One page of a list endpoint: SQLite filters and sorts the JSON documents and only the page is
-        decoded. Filters are (field, "=" or ">", value); the sort is ascending by one field, then by
-        insertion order. Returns the page and whether more rows follow."""
+             limit: int, plan: bool = False) -> tuple[list[dict], bool]:
+        """One page of a list endpoint: SQLite filters and sorts the JSON documents through the expression
+        indexes above and only the page is decoded. Filters are (field, "=" or ">", value); the sort is
+        ascending by one field, then by insertion order. Returns the page and whether more rows follow
+        (with `plan`, SQLite's query plan instead)."""
         where, args = ["kind = ?"], [kind]
         for field, op, value in filters:
             if op not in ("=", ">") or not field.replace("_", "").isalnum():
@@ -123,9 +129,12 @@ class SandboxStore:
             if not sort.replace("_", "").isalnum():
                 raise ValueError(f"unsupported sort {sort}")
             order = f"json_extract(data, '$.{sort}'), seq"
+        query = f"SELECT data FROM objects WHERE {' AND '.join(where)} ORDER BY {order} LIMIT ? OFFSET ?"
         with self.tx() as db:
-            rows = db.execute(f"SELECT data FROM objects WHERE {' AND '.join(where)} ORDER BY {order} "
-                              "LIMIT ? OFFSET ?", (*args, limit + 1, max(0, offset))).fetchall()
+            if plan:
+                return [r["detail"] for r in db.execute("EXPLAIN QUERY PLAN " + query,
+                                                        (*args, limit + 1, max(0, offset)))], False
+            rows = db.execute(query, (*args, limit + 1, max(0, offset))).fetchall()
         return [json.loads(r["data"]) for r in rows[:limit]], len(rows) > limit
 
     def all(self, kind: str) -> list[dict]:

@@ -175,3 +175,18 @@ def test_a_dispute_in_the_real_flat_shape_is_recorded_once(world):
     # The dashboard's test webhook is answered 200 and ignored.
     assert world.sandbox._deliver_raw("/webhooks/orchestrator/disputes", b'{"eventType": "TEST"}') == 200
     assert len(rows(world, fraud_event)) == 1
+
+
+# ---- the sandbox serves its lists in O(page) -----------------------------------------------------------
+
+@pytest.mark.parametrize("kind, filters, sort", [
+    ("event", [("occurred_at", ">", 1)], "occurred_at"),
+    ("subscription", [("updated_at", ">", 1)], "updated_at"),
+    ("invoice", [("status", "=", "payment_due")], None),
+    ("invoice", [("subscription_id", "=", "sub_1")], None),
+    ("item_price", [("item_type", "=", "plan")], None),
+    ("payment", [], None),
+])
+def test_sandbox_lists_search_an_index_never_scan_every_object(world, kind, filters, sort):
+    plan = world.sandbox.store.page(kind, filters, sort, 0, 100, plan=True)[0]
+    assert plan and all(step.startswith("SEARCH objects USING INDEX") for step in plan), plan
