@@ -1,6 +1,6 @@
 """Client of the subscription provider (/api/v2): the API key as Bearer or Basic, form-encoded POSTs,
 dates as unix seconds, responses wrapped by object name, pagination as a generator (limit 100).
-Paths and parameter names are those of the provider's official SDK (tests/integration/test_provider_wire.py
+Paths and parameter names are those of the provider's official SDK (tests/integration/test_provider_sdk.py
 compares the two on the wire)."""
 
 from __future__ import annotations

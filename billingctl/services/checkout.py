@@ -101,6 +101,8 @@ def ensure_customer(container, user_id: str, idempotency_key: str | None = None)
     except e.ExternalInvalidRequest as exc:
         if exc.details.get("api_error_code") != "duplicate_entry":
             raise
+        log.info("provider customer already exists", extra={"user_id": user_id})
+        return
     log.info("provider customer created", extra={"user_id": user_id})
 
 

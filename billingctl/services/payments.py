@@ -353,8 +353,10 @@ def _start_at_provider(container, subscription_id: str, now) -> tuple[dict, dict
     """(the started subscription, the invoice starting it generated). A subscription that is already
     started (an earlier attempt whose answer was lost) is read back instead."""
     try:
-        answer = container.provider.start_subscription(subscription_id, now,
-                                                       idempotency_key=f"activate:{subscription_id}")
+        # One key per start date: a retry within this call reuses it, but a later attempt is a new request,
+        # never a replay of an earlier answer that only moved the start (the clock case below).
+        answer = container.provider.start_subscription(
+            subscription_id, now, idempotency_key=f"activate:{subscription_id}:{int(now.timestamp())}")
         if answer["subscription"].get("status") not in STARTED:
             # Our clock is ahead of the provider's: it moved the start instead of starting. It starts by
             # itself at that time; the activations job finishes the follow-ups then.

@@ -190,3 +190,21 @@ def test_a_dispute_in_the_real_flat_shape_is_recorded_once(world):
 def test_sandbox_lists_search_an_index_never_scan_every_object(world, kind, filters, sort):
     plan = world.sandbox.store.page(kind, filters, sort, 0, 100, plan=True)[0]
     assert plan and all(step.startswith("SEARCH objects USING INDEX") for step in plan), plan
+
+
+def test_activation_with_our_clock_ahead_of_the_providers_completes_once_it_catches_up(world):
+    """The provider moves the start instead of starting when our "now" is in its future; that answer must
+    not be replayed for ever by an idempotency key that stays the same across retries."""
+    from billingctl.domain.clock import ManualClock
+
+    world.c.clock = ManualClock()
+    co = world.checkout()
+    world.c.clock.advance(120)  # our clock two minutes ahead of the provider's
+    result = record_payment(world.c, world.sandbox.pay(co["order_id"], drop_webhook=True), "cli")
+    assert result["activation"] == "pending"
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "future"
+    world.sandbox.store.advance_clock(180)  # the provider's clock passes ours
+    world.c.clock.advance(60)
+    assert retry_pending(world.c) == {"completed": 1, "failed": 0}
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
+    assert [i["status"] for i in world.sandbox.store.all("invoice")] == ["paid"]
