@@ -39,6 +39,7 @@ def run_orphans(container) -> dict:
     cursor = _read_cursor(container)
     counts: dict[str, int] = {}
     newest = cursor
+    unsettled = []  # payments still to be looked at: too recent to judge, or their check failed
     for payment in container.orchestrator.list_payments("SETTLED", from_date=cursor):
         settled_at = parse_time(payment.get("date")) or now
         if now - settled_at < TOO_RECENT:
@@ -48,17 +49,20 @@ def run_orphans(container) -> dict:
                 outcome = handle_payment(container, payment)
             except Exception as exc:  # isolate; the payment is looked at again next run
                 outcome = "error"
-                log.exception("settled payment check crashed: %s", exc, extra={"payment_id": payment.get("id")})
+                log.warning("settled payment check failed; looked at again next run: %s",
+                            getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}",
+                            extra={"payment_id": payment.get("id")})
+        if outcome in ("too_recent", "error"):
+            unsettled.append(settled_at)
         counts[outcome] = counts.get(outcome, 0) + 1
         if newest is None or settled_at > newest:
             newest = settled_at
-    # The cursor holds behind the oldest payment still being retried (or too recent to judge).
+    # The cursor holds at the oldest payment still to be looked at (spec section 3, orphan rule 3):
+    # one under retry, one too recent, or one whose check failed (the list's from_date is inclusive).
     with container.uow() as uow:
         oldest_open = uow.execute(select(func.min(orphan_recovery.c.settled_at)).where(
             orphan_recovery.c.status.in_(OPEN))).scalar()
-    hold = [t for t in (oldest_open,) if t is not None]
-    if counts.get("too_recent") or counts.get("error"):
-        hold.append(now - TOO_RECENT - timedelta(seconds=1))
+    hold = [t for t in (oldest_open, *unsettled) if t is not None]
     new_cursor = min([newest, *hold]) if newest is not None and hold else newest
     if new_cursor is not None and new_cursor != cursor:
         _write_cursor(container, new_cursor)
@@ -68,9 +72,10 @@ def run_orphans(container) -> dict:
 def handle_payment(container, payment: dict) -> str:
     payment_id = payment["id"]
     with container.uow() as uow:
-        if uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == payment_id)).first():
-            return "recorded"
+        # The orphan row first: a failed recovery attempt may have written the purchase already.
         row = uow.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id)).mappings().first()
+        if row is None and uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == payment_id)).first():
+            return "recorded"
     if row is not None and row["status"] not in OPEN:
         return row["status"]
     if "customerId" not in payment or "paymentMethod" not in payment:

@@ -68,7 +68,7 @@ def test_a_typical_orphan_clears_on_the_first_attempt(world):
     assert new_sub != co["subscription_id"]
     assert world.sandbox.subscription(new_sub)["status"] == "active"
     assert world.purchases(payment["id"]) == 1 and world.credits() == 2000
-    assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1}
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1}  # its row answers, nothing is redone
     assert world.credits() == 2000
 
 
@@ -259,3 +259,43 @@ def test_a_recovered_orphan_leaves_nothing_for_the_renewals_job_to_charge(world,
     charges = [p for p in world.sandbox.store.all("payment") if p["customerId"] == "user_o"]
     assert [p["id"] for p in charges] == [payment["id"]]  # the orchestrator's books: charged once
     assert world.purchases(payment["id"]) == 1 and world.credits("user_o") == 2000
+
+
+def test_an_outage_during_a_run_holds_the_cursor_at_the_oldest_failed_payment(world):
+    """Issue "Money paths" defect 2: the cursor used to hold at now minus 16 s after a failed check, so a
+    run during an orchestrator outage skipped every missed payment but the newest, for good."""
+    missed = []
+    for user in ("user_1", "user_2", "user_3"):
+        co = world.checkout(user)
+        missed.append(world.settle(co["order_id"]))  # settled; webhook lost
+        advance(world, 120)
+    world.sandbox.store.add_fault("orchestrator", "503", method="GET", path="/payments/pay", count=-1)
+    outcomes = orphans.run_orphans(world.c)["outcomes"]
+    assert outcomes == {"error": 3}
+    assert world.purchases() == 0
+    cursor = orphans._read_cursor(world.c)
+    assert cursor <= min(world.c.clock.now().fromtimestamp(p["date"], cursor.tzinfo) for p in missed)
+    world.sandbox.store.clear_faults()
+    advance(world, 60)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 3}
+    assert all(world.purchases(p["id"]) == 1 for p in missed)
+    assert [world.credits(u) for u in ("user_1", "user_2", "user_3")] == [2000, 2000, 2000]
+
+
+def test_an_orphan_whose_activation_failed_once_is_recovered_on_the_next_attempt(world):
+    """Issue "Money paths" defect 7: the purchase written by the failed attempt made later runs answer
+    `recorded` before looking at the orphan row, which stayed `retrying` for ever and pinned the cursor."""
+    _, payment = orphan(world)
+    world.sandbox.store.add_fault("provider", "500", path="update_for_items", count=-1)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"retrying": 1}
+    world.sandbox.store.clear_faults()
+    advance(world, 61)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1}
+    state = row(world, payment["id"])
+    assert (state["status"], state["resolution"]) == ("recovered", "resubscribed")
+    assert world.sandbox.subscription(state["subscription_id"])["status"] == "active"
+    assert world.purchases(payment["id"]) == 1 and world.credits() == 2000
+    later = world.settle(world.checkout("user_b")["order_id"])
+    advance(world, 61)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1, "recorded": 1}
+    assert orphans._read_cursor(world.c).timestamp() == later["date"]  # no longer pinned
