@@ -9,7 +9,7 @@ import json
 import logging
 from datetime import timedelta
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import alert_outbox
@@ -65,14 +65,16 @@ def deliver_outbox(container, limit: int = 100) -> dict:
     sinks = {name: HttpSink(name, getattr(container.settings, attr)) for name, attr in SINK_SETTINGS.items()}
     due = and_(alert_outbox.c.status.in_(("pending", "sending")),
                or_(alert_outbox.c.next_attempt_at.is_(None), alert_outbox.c.next_attempt_at <= now))
+    # Only deliverable rows are taken: messages for a sink with no URL never starve the others.
+    configured = [name for name, sink in sinks.items() if sink.configured]
     with container.uow() as uow:
-        rows = uow.execute(select(alert_outbox).where(due).order_by(alert_outbox.c.id).limit(limit)).mappings().all()
-    result = {"delivered": 0, "failed": 0, "unconfigured": 0}
+        rows = uow.execute(select(alert_outbox).where(due, alert_outbox.c.sink.in_(configured))
+                           .order_by(alert_outbox.c.id).limit(limit)).mappings().all()
+        unconfigured = uow.execute(select(func.count()).select_from(alert_outbox).where(
+            due, alert_outbox.c.sink.not_in(configured))).scalar_one()
+    result = {"delivered": 0, "failed": 0, "unconfigured": unconfigured}
     for row in rows:
         sink = sinks[row["sink"]]
-        if not sink.configured:
-            result["unconfigured"] += 1
-            continue
         with container.uow() as uow:
             claimed = uow.execute(
                 update(alert_outbox)
@@ -100,8 +102,8 @@ def deliver_outbox(container, limit: int = 100) -> dict:
             uow.commit()
         result["delivered"] += 1
     with container.uow() as uow:
-        result["pending"] = len(uow.execute(select(alert_outbox.c.id).where(
-            alert_outbox.c.status.in_(("pending", "sending")))).all())
+        result["pending"] = uow.execute(select(func.count()).select_from(alert_outbox).where(
+            alert_outbox.c.status.in_(("pending", "sending")))).scalar_one()
     return result
 
 

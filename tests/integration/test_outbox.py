@@ -70,3 +70,21 @@ def test_alert_endpoint_validates_and_queues(container):
     response = client.post("/internal/notifications/alert", json={"message": "disk full"}, headers=auth)
     assert response.status_code == 202 and response.get_json()["sink"] == "chat"
     assert client.post("/internal/notifications/alert", json={"message": "x"}).status_code == 401
+
+
+def test_undeliverable_messages_never_starve_a_chat_alert(make_settings, db_url, sink):
+    """Issue "Money paths" defect 11: delivery took the 100 oldest rows of every sink and skipped those
+    with no URL; after 100 analytics messages (no analytics URL is required) no chat alert was sent."""
+    c = Container(make_settings(database_url=db_url, alert_webhook_url=sink.url), clock=ManualClock())
+    with c.uow() as uow:
+        for n in range(120):
+            from billingctl.services.alerts import enqueue
+
+            enqueue(uow, c.clock, "analytics", {"event": "payment_recorded", "n": n}, f"analytics:{n}")
+        raise_alert(uow, c.clock, "ORPHANED PAYMENT RECOVERY EXHAUSTED - manual review required", "orphan:pay_9")
+        uow.commit()
+    result = deliver_outbox(c)
+    assert (result["delivered"], result["unconfigured"], result["pending"]) == (1, 120, 120)
+    assert [json.loads(b)["text"] for b in sink.received] == [
+        "ORPHANED PAYMENT RECOVERY EXHAUSTED - manual review required"]
+    c.close()
