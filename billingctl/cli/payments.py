@@ -136,6 +136,18 @@ def users_freeze(user_id: str, reason: str = typer.Option(..., "--reason"),
                              dry_run=cli.dry_run))
 
 
+@command(users_app, "unfreeze")
+def users_unfreeze(user_id: str, reason: str = typer.Option(..., "--reason"), yes: bool = typer.Option(False, "--yes")):
+    """Allow payments again (audited); then `orphans retry` each payment held while frozen."""
+    from billingctl.domain.errors import Refused
+    from billingctl.services.users import unfreeze
+
+    cli = get_ctx()
+    if not yes and not cli.dry_run:
+        raise Refused("unfreeze re-enables payments: add --yes (or --dry-run)")
+    cli.output.result(unfreeze(cli.container, user_id, reason, cli.actor, dry_run=cli.dry_run))
+
+
 renewals_app = typer.Typer(help="Renewals and dunning.",
                   no_args_is_help=True, rich_markup_mode=None)
 fraud_app = typer.Typer(help="Fraud watches.",

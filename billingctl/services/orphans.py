@@ -17,7 +17,7 @@ from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import audit_log, orphan_recovery, poller_cursor, purchase, subscription, users
 from billingctl.domain import errors as e
 from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS, orphan_retry_delay
-from billingctl.services import alerts
+from billingctl.services import alerts, review
 from billingctl.services.payments import parse_time, record_payment
 
 log = logging.getLogger("billingctl.orphans")
@@ -106,12 +106,11 @@ def _open(container, payment: dict) -> None:
     now = container.clock.now()
     metadata = payment.get("metadata") or {}
     with container.uow() as uow:
-        insert_ignore(uow, orphan_recovery, {
-            "payment_id": payment["id"], "user_id": payment.get("customerId") or metadata.get("user_id"),
-            "subscription_id": metadata.get("subscription_id"), "item_price_id": metadata.get("item_price_id"),
-            "amount": payment.get("amount"), "currency_code": payment.get("currencyCode"), "status": "retrying",
-            "attempts": 0, "next_attempt_at": now, "settled_at": parse_time(payment.get("date")) or now,
-            "created_at": now, "updated_at": now}, ["payment_id"])
+        user_id = payment.get("customerId") or metadata.get("user_id")
+        review.open_row(uow, now, payment_id=payment["id"], user_id=user_id,
+                        subscription_id=metadata.get("subscription_id"), item_price_id=metadata.get("item_price_id"),
+                        amount=payment.get("amount"), currency_code=payment.get("currencyCode"),
+                        settled_at=parse_time(payment.get("date")))
         uow.commit()
     log.warning("orphaned payment found: settled for a cancelled subscription", extra={"payment_id": payment["id"]})
 
@@ -157,10 +156,14 @@ def _recover(container, row: dict, payment: dict) -> str:
         frozen = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).scalar()
     if frozen is not None:
         # A frozen account gets no automatic re-subscription: a person decides.
-        _finish(container, row["payment_id"], "needs_review", last_error="user is frozen")
-        _alert(container, f"Orphaned payment {row['payment_id']} belongs to frozen user {user_id} - manual review "
-                          "required", f"orphan-frozen:{row['payment_id']}")
+        _finish(container, row["payment_id"], "needs_review", last_error=review.FROZEN)
+        with container.uow() as uow:
+            review.alert_frozen(uow, container.clock, row["payment_id"], user_id)
+            uow.commit()
         return "needs_review"
+    if row["last_error"] == review.FROZEN and _subscription_status(container, row["subscription_id"]) != "cancelled":
+        # Held because the account was frozen, now unfrozen: the payment pays its own subscription.
+        return _record_on_own_subscription(container, row, payment)
     holding = _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
     if holding:
         return _refund_duplicate(container, row, holding)  # idempotent: a refund already made is not repeated
@@ -175,6 +178,15 @@ def _recover(container, row: dict, payment: dict) -> str:
                f"orphan-partial:{row['payment_id']}")
         return "needs_review"
     return _resubscribe(container, row, payment)
+
+
+def _record_on_own_subscription(container, row: dict, payment: dict) -> str:
+    result = record_payment(container, payment, "orphan_recovery")
+    if result.get("activation") not in ("activated", "already_active"):
+        raise e.ExternalError(f"recorded {row['payment_id']} but activation is pending: "
+                              f"{result.get('activation_error', 'unknown')}")
+    _finish(container, row["payment_id"], "recovered", resolution="recorded")
+    return "recovered"
 
 
 def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -> str | None:

@@ -28,7 +28,7 @@ from billingctl.adapters.db.tables import (
 from billingctl.adapters.faults import crash_point
 from billingctl.domain import errors as e
 from billingctl.domain.plans import require_id
-from billingctl.services import alerts, catalog
+from billingctl.services import alerts, catalog, review
 from billingctl.services.processor_lock import lock_after_settle
 
 log = logging.getLogger("billingctl.payments")
@@ -118,7 +118,7 @@ def record_payment(container, payment: dict, path: str, followups: bool = True) 
     facts = facts_from_payment(container, payment)
     with container.locks.hold(f"subscription:{facts.subscription_id}"):
         result = _record_locally(container, facts, path)
-        if result["outcome"] == "orphaned":
+        if result["outcome"] in ("orphaned", "held_frozen"):
             return result
         if followups:
             # The subscription the purchase belongs to (orphan recovery may have recorded it elsewhere).
@@ -146,6 +146,12 @@ def _cancelled_without_purchase(uow, facts: PaymentFacts) -> bool:
     return uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == facts.payment_id)).first() is None
 
 
+def _frozen_without_purchase(uow, facts: PaymentFacts) -> bool:
+    if uow.execute(select(users.c.frozen_at).where(users.c.id == facts.user_id)).scalar() is None:
+        return False
+    return uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == facts.payment_id)).first() is None
+
+
 def _record_locally(container, facts: PaymentFacts, path: str) -> dict:
     now = container.clock.now()
     with container.uow() as uow:
@@ -155,6 +161,17 @@ def _record_locally(container, facts: PaymentFacts, path: str) -> dict:
             log.warning("payment settled for a cancelled subscription; left to orphan recovery",
                         extra={"payment_id": facts.payment_id, "subscription_id": facts.subscription_id})
             return {"payment_id": facts.payment_id, "outcome": "orphaned", "subscription_id": facts.subscription_id,
+                    "user_id": facts.user_id, "credits_applied": 0}
+        if path != "orphan_recovery" and _frozen_without_purchase(uow, facts):
+            # Spec section 4: a freeze disables further payments. A person decides (refund, or unfreeze
+            # and retry); nothing is credited or activated meanwhile.
+            review.hold_frozen(uow, container.clock, payment_id=facts.payment_id, user_id=facts.user_id,
+                               subscription_id=facts.subscription_id, item_price_id=facts.item_price_id,
+                               amount=facts.amount, currency_code=facts.currency_code, settled_at=facts.settled_at)
+            uow.commit()
+            log.warning("payment settled for a frozen user; held for manual review",
+                        extra={"payment_id": facts.payment_id, "user_id": facts.user_id})
+            return {"payment_id": facts.payment_id, "outcome": "held_frozen", "subscription_id": facts.subscription_id,
                     "user_id": facts.user_id, "credits_applied": 0}
         insert_ignore(uow, users, {"id": facts.user_id, "created_at": now, "credits": 0}, ["id"])
         new = insert_ignore(uow, purchase, {

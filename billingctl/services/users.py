@@ -42,7 +42,6 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
     """Disable further payments; optionally void pending invoices and notify the user. Idempotent:
     a second run changes nothing more."""
     require_id(user_id, "user_id")
-    from billingctl.adapters.db.sql import insert_ignore
     from billingctl.domain.errors import BillingError, InvalidInput
     from billingctl.services import alerts
 
@@ -52,7 +51,9 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
     with container.uow() as uow:
         current = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).first()
         sub_ids = list(uow.execute(select(subscription.c.id).where(subscription.c.customer_id == user_id)).scalars())
-    already = current is not None and current.frozen_at is not None
+    if current is None:
+        raise NotFound(f"user {user_id} not found")
+    already = current.frozen_at is not None
     pending = []
     if void_invoices:
         for sid in sub_ids:
@@ -62,7 +63,6 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
         return {**plan, "dry_run": True}
     if not already:
         with container.uow() as uow:
-            insert_ignore(uow, users, {"id": user_id, "created_at": now, "credits": 0}, ["id"])
             uow.execute(update(users).where(users.c.id == user_id, users.c.frozen_at.is_(None)).values(
                 frozen_at=now, frozen_reason=reason))
             uow.execute(audit_log.insert().values(actor=actor, action="user.freeze", target=user_id, reason=reason,
@@ -83,6 +83,33 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
                 f"freeze:{user_id}")
             uow.commit()
     return {"user_id": user_id, "frozen": True, "changed": not already, "voided": voided, "void_failed": failed}
+
+
+def unfreeze(container, user_id: str, reason: str, actor: str, dry_run: bool = False) -> dict:
+    """Allow payments again (audited; idempotent). Payments held while frozen stay in manual review:
+    `billingctl orphans retry PAYMENT_ID` records them."""
+    require_id(user_id, "user_id")
+    from billingctl.adapters.db.tables import orphan_recovery
+    from billingctl.domain.errors import InvalidInput
+
+    if not reason or not reason.strip():
+        raise InvalidInput("a reason is required")
+    with container.uow() as uow:
+        current = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).first()
+        if current is None:
+            raise NotFound(f"user {user_id} not found")
+        held = list(uow.execute(select(orphan_recovery.c.payment_id).where(
+            orphan_recovery.c.user_id == user_id, orphan_recovery.c.status == "needs_review")).scalars())
+        plan = {"user_id": user_id, "was_frozen": current.frozen_at is not None, "held_payments": held}
+        if dry_run:
+            return {**plan, "dry_run": True}
+        changed = uow.execute(update(users).where(users.c.id == user_id, users.c.frozen_at.is_not(None)).values(
+            frozen_at=None, frozen_reason=None)).rowcount == 1
+        if changed:
+            uow.execute(audit_log.insert().values(actor=actor, action="user.unfreeze", target=user_id, reason=reason,
+                                                  details={"held_payments": held}, created_at=container.clock.now()))
+        uow.commit()
+    return {**plan, "frozen": False, "changed": changed}
 
 
 def velocity_watch(container) -> dict:

@@ -78,6 +78,8 @@ def test_quota_products_and_cleanup_verbs(container, env):
 def test_freeze_renewals_and_velocity_verbs(container, env):
     co = create_checkout(container, "user_f", "credits-pro-USD-monthly")
     container.sandbox.pay(co["order_id"])
+    unknown = billingctl(["users", "freeze", "user_typo", "--reason", "fraud", "--yes"], env)
+    assert (unknown.returncode, unknown.stderr.strip()) == (3, "error: user user_typo not found")
     no_yes = billingctl(["users", "freeze", "user_f", "--reason", "fraud"], env)
     assert no_yes.returncode == 3
     dry = json.loads(billingctl(["--json", "--dry-run", "users", "freeze", "user_f", "--reason", "fraud"], env).stdout)
@@ -92,6 +94,10 @@ def test_freeze_renewals_and_velocity_verbs(container, env):
     assert json.loads(billingctl(["--json", "renewals", "run"], env).stdout) == {"outcomes": {}, "errors": []}
     assert json.loads(billingctl(["--json", "renewals", "list", "--user", "user_f"], env).stdout) == []
     assert json.loads(billingctl(["--json", "fraud", "velocity"], env).stdout)["offenders"] == []
+    thawed = json.loads(billingctl(["--json", "users", "unfreeze", "user_f", "--reason", "cleared", "--yes"],
+                                   env).stdout)
+    assert (thawed["changed"], thawed["held_payments"]) == (True, [])
+    assert json.loads(billingctl(["--json", "users", "show", "user_f"], env).stdout)["frozen"] is False
 
 
 def test_orphans_verbs(container, env):

@@ -219,6 +219,11 @@ def test_freeze_endpoint(world):
 
     client = create_internal_app(container=world.c).test_client()
     auth = {"Authorization": "Bearer test-internal-token"}
+    # Issue "Money paths" defect 10: an unknown user is refused, not created frozen.
+    unknown = client.post("/internal/users/user_z/freeze", headers=auth)
+    assert unknown.status_code == 404
+    assert unknown.get_json() == {"error": "not_found", "message": "user user_z not found"}
+    subscribed(world, user="user_z")
     response = client.post("/internal/users/user_z/freeze", headers=auth)
     assert response.status_code == 200 and response.get_json()["changed"] is True
     assert client.post("/internal/users/user_z/freeze", headers=auth).get_json()["changed"] is False

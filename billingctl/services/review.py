@@ -1,0 +1,36 @@
+"""The manual-review queue for settled payments we must not credit automatically (orphans, payments for
+a frozen account). Rows live in `orphan_recovery`, keyed by the orchestrator payment id; `billingctl
+orphans list/show/retry/resolve` works them. This module imports nothing from the payment services, so
+recording and recovery can both use it."""
+
+from __future__ import annotations
+
+from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.tables import orphan_recovery
+from billingctl.services import alerts
+
+FROZEN = "user is frozen"
+
+
+def open_row(uow, now, *, payment_id: str, user_id: str | None, subscription_id: str | None,
+             item_price_id: str | None, amount, currency_code: str | None, settled_at, status: str = "retrying",
+             last_error: str | None = None) -> bool:
+    """One row per payment id (a second opening is a no-op); True when it is new."""
+    return insert_ignore(uow, orphan_recovery, {
+        "payment_id": payment_id, "user_id": user_id, "subscription_id": subscription_id,
+        "item_price_id": item_price_id, "amount": amount, "currency_code": currency_code, "status": status,
+        "attempts": 0, "next_attempt_at": now if status == "retrying" else None, "last_error": last_error,
+        "settled_at": settled_at or now, "created_at": now, "updated_at": now}, ["payment_id"])
+
+
+def hold_frozen(uow, clock, *, payment_id: str, user_id: str, **facts) -> None:
+    """A settled payment for a frozen account: neither credited nor activated; one chat alert."""
+    open_row(uow, clock.now(), payment_id=payment_id, user_id=user_id, status="needs_review", last_error=FROZEN,
+             **facts)
+    alert_frozen(uow, clock, payment_id, user_id)
+
+
+def alert_frozen(uow, clock, payment_id: str, user_id: str) -> None:
+    alerts.raise_alert(uow, clock, f"Payment {payment_id} settled for frozen user {user_id} - manual review required "
+                                   "(refund it, or unfreeze and retry)", f"frozen-payment:{payment_id}",
+                       payment_id=payment_id, user_id=user_id)
