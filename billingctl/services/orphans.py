@@ -14,11 +14,19 @@ from datetime import timedelta
 from sqlalchemy import func, select, update
 
 from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import audit_log, orphan_recovery, poller_cursor, purchase, subscription, users
+from billingctl.adapters.db.tables import (
+    audit_log,
+    orphan_recovery,
+    poller_cursor,
+    purchase,
+    subscription,
+    transaction,
+    users,
+)
 from billingctl.domain import errors as e
 from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS, orphan_retry_delay
 from billingctl.services import alerts, review
-from billingctl.services.payments import parse_time, record_payment
+from billingctl.services.payments import parse_time, record_payment, reverse_refund
 
 log = logging.getLogger("billingctl.orphans")
 
@@ -170,6 +178,7 @@ def _recover(container, row: dict, payment: dict) -> str:
     refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
     if refunded >= int(payment.get("amount") or 0) > 0:
         # Refunded at the orchestrator before recovery: nothing to re-subscribe, nothing to refund.
+        _reverse_credits(container, row["payment_id"])
         _finish(container, row["payment_id"], "resolved", resolution="refunded_elsewhere")
         return "refunded_elsewhere"
     if refunded:
@@ -209,6 +218,7 @@ def _refund_duplicate(container, row: dict, holding: str) -> str:
     from billingctl.adapters.faults import crash_point
 
     crash_point(container.settings, "orphan.after_refund")
+    _reverse_credits(container, payment_id)
     _finish(container, payment_id, "duplicate_refunded", resolution="refunded")
     log.warning(DUPLICATE_TEXT, extra={"payment_id": payment_id, "active_subscription": holding})
     return "duplicate_refunded"
@@ -232,6 +242,7 @@ def _resubscribe(container, row: dict, payment: dict) -> str:
     from billingctl.adapters.faults import crash_point
 
     crash_point(container.settings, "orphan.after_subscription_created")
+    _move_purchase(container, row["payment_id"], sub["id"])
     # Like a checkout: the payment pays the first invoice of the new subscription, which activation
     # starts (and so invoices); nothing is left payment_due for the renewals job to charge again.
     recovered = {**payment, "orderId": sub["id"],
@@ -242,6 +253,25 @@ def _resubscribe(container, row: dict, payment: dict) -> str:
                               f"{result.get('activation_error', 'unknown')}")
     _finish(container, row["payment_id"], "recovered", resolution="resubscribed", new_subscription=sub["id"])
     return "recovered"
+
+
+def _move_purchase(container, payment_id: str, new_subscription: str) -> None:
+    """A payment credited for a checkout the provider had cancelled keeps its purchase (and credits):
+    the purchase moves to the new subscription, whose first invoice it then pays."""
+    with container.uow() as uow:
+        uow.execute(update(purchase).where(purchase.c.transaction_id == payment_id, purchase.c.invoice_id.is_(None))
+                    .values(subscription_id=new_subscription))
+        uow.execute(update(transaction).where(transaction.c.transaction_id == payment_id,
+                                              transaction.c.invoice_id.is_(None))
+                    .values(subscription_id=new_subscription))
+        uow.commit()
+
+
+def _reverse_credits(container, payment_id: str) -> None:
+    """Credits a refunded orphan was given before it became one go back (a no-op when it never was)."""
+    payment = container.orchestrator.get_payment(payment_id)
+    reverse_refund(container, payment_id, int((payment.get("processor") or {}).get("amountRefunded") or 0),
+                   "orphan_recovery")
 
 
 def _failed(container, row: dict, error: str) -> str:
@@ -355,6 +385,7 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
         return {**plan, "dry_run": True}
     if action == "refund":
         refund(container, payment_id)
+        _reverse_credits(container, payment_id)
         _finish(container, payment_id, "resolved", resolution="refunded", resolved_by=actor)
     elif action == "create-subscription":
         with container.uow() as uow:

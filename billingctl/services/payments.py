@@ -20,6 +20,7 @@ from billingctl.adapters.db.tables import (
     checkout_session,
     credit_ledger,
     invoice,
+    orphan_recovery,
     purchase,
     subscription,
     transaction,
@@ -337,6 +338,8 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
             f"no purchase exists for subscription {subscription_id}: the payment was never recorded")
     if local is not None and local["status"] == "active" and bought.invoice_id:
         return {"subscription_id": subscription_id, "outcome": "already_active", "status": "active"}
+    if local is not None and local["status"] == "cancelled" and not bought.invoice_id:
+        return _orphan_cancelled_checkout(container, subscription_id)
     now = container.clock.now()
     try:
         remote, first_invoice = _start_at_provider(container, subscription_id, now)
@@ -346,6 +349,8 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
         if not bought.invoice_id:
             first_invoice = first_invoice or _first_term_invoice(container, subscription_id)
         crash_point(container.settings, "activate.after_provider")
+    except CancelledAtProvider:
+        return _orphan_cancelled_checkout(container, subscription_id)
     except e.ExternalError as exc:
         container.metrics.activation_errors.inc()
         with container.uow() as uow:
@@ -384,9 +389,36 @@ def _start_at_provider(container, subscription_id: str, now) -> tuple[dict, dict
         if exc.details.get("api_error_code") != "invalid_state_for_request":
             raise
         remote = container.provider.get_subscription(subscription_id)["subscription"]
+        if remote.get("status") == "cancelled":
+            raise CancelledAtProvider(subscription_id) from None
         if remote.get("status") not in STARTED:
             raise
         return remote, None
+
+
+class CancelledAtProvider(Exception):
+    """The checkout's subscription was cancelled at the provider before its payment settled."""
+
+
+def _orphan_cancelled_checkout(container, subscription_id: str) -> dict:
+    """The provider is authoritative (spec section 1.1): a checkout it cancelled is never activated, and
+    the payment that settled for it is an orphan (re-subscribed or refunded by orphan recovery, which
+    moves the purchase and its credits to the new subscription, or reverses them with the refund). The
+    subscription leaves "activation pending"."""
+    now = container.clock.now()
+    with container.uow() as uow:
+        paid = uow.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
+                                                  purchase.c.invoice_id.is_(None))).mappings().all()
+        for row in paid:
+            review.open_row(uow, now, payment_id=row["transaction_id"], user_id=row["user_id"],
+                            subscription_id=subscription_id, item_price_id=row["item_price_id"], amount=row["amount"],
+                            currency_code=row["currency_code"], settled_at=row["settled_at"])
+        uow.execute(update(subscription).where(subscription.c.id == subscription_id).values(
+            status="cancelled", activation_pending_since=None, activation_error=None, synced_at=now))
+        uow.commit()
+    log.warning("checkout cancelled at the provider before its payment: handed to orphan recovery",
+                extra={"subscription_id": subscription_id, "payment_ids": [r["transaction_id"] for r in paid]})
+    return {"subscription_id": subscription_id, "outcome": "cancelled_at_provider", "status": "cancelled"}
 
 
 def _first_term_invoice(container, subscription_id: str) -> dict | None:
@@ -414,7 +446,10 @@ def _assign_invoice(uow, purchase_id: int, subscription_id: str, remote: dict, n
 def pending_activations(container) -> list[dict]:
     """Subscriptions with follow-up work: an activation still to do, or a purchase not yet recorded on
     the provider's invoice."""
-    unreported = select(purchase.c.subscription_id).where(purchase.c.provider_recorded_at.is_(None))
+    # A checkout payment handed to orphan recovery (its subscription was cancelled) is recovery's work.
+    unreported = select(purchase.c.subscription_id).where(
+        purchase.c.provider_recorded_at.is_(None),
+        or_(purchase.c.invoice_id.is_not(None), purchase.c.transaction_id.not_in(select(orphan_recovery.c.payment_id))))
     with container.uow() as uow:
         rows = uow.execute(select(subscription.c.id, subscription.c.customer_id,
                                   subscription.c.activation_pending_since, subscription.c.activation_error)

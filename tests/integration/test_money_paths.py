@@ -80,3 +80,49 @@ def test_freezing_an_unknown_user_is_refused_and_creates_nothing(world):
         freeze(world.c, "user_nobody", "fraud", "ops")
     with world.c.uow() as uow:
         assert uow.execute(select(users.c.id).where(users.c.id == "user_nobody")).first() is None
+
+
+# ---- defect 6: a checkout cancelled at the provider, then paid ------------------------------------
+
+def test_a_payment_for_a_checkout_cancelled_at_the_provider_becomes_an_orphan_and_is_recovered(world):
+    from billingctl.services.payments import pending_activations
+    from billingctl.services.renewals import run_renewals
+
+    co = world.checkout()
+    world.sandbox.cancel(co["subscription_id"])  # cancelled at the provider; our copy still says future
+    payment = world.sandbox.pay(co["order_id"])  # its webhook arrives
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"
+    opened = review_row(world, payment["id"])
+    assert opened is not None and opened["status"] == "retrying"  # an orphan, not "activation pending"
+    assert [r["id"] for r in pending_activations(world.c)] == []
+    advance(world, 16)
+    orphans.run_orphans(world.c)
+    advance(world, 16)
+    orphans.run_orphans(world.c)
+    state = review_row(world, payment["id"])
+    assert (state["status"], state["resolution"]) == ("recovered", "resubscribed")
+    new_sub = state["subscription_id"]
+    assert new_sub != co["subscription_id"] and world.sandbox.subscription(new_sub)["status"] == "active"
+    assert [i["status"] for i in world.sandbox.store.all("invoice") if i["subscription_id"] == new_sub] == ["paid"]
+    assert world.purchases(payment["id"]) == 1 and world.credits() == 2000  # credited once
+    assert run_renewals(world.c)["outcomes"] == {}
+    assert [p["id"] for p in world.sandbox.store.all("payment")] == [payment["id"]]  # charged once
+    assert pending_activations(world.c) == []
+
+
+def test_a_payment_for_a_cancelled_checkout_of_a_plan_the_user_holds_is_refunded_and_reversed(world):
+    world.sandbox.pay(world.checkout()["order_id"])  # the user already holds the plan
+    co = world.checkout()
+    world.sandbox.cancel(co["subscription_id"])
+    payment = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    from billingctl.services.payments import record_payment
+
+    record_payment(world.c, world.sandbox.store.get("payment", payment["id"]), "settled_poller")
+    assert world.credits() == 4000  # credited before the provider said cancelled
+    advance(world, 16)
+    orphans.run_orphans(world.c)
+    advance(world, 16)
+    orphans.run_orphans(world.c)
+    assert review_row(world, payment["id"])["status"] == "duplicate_refunded"
+    assert world.sandbox.store.get("payment", payment["id"])["processor"]["amountRefunded"] == payment["amount"]
+    assert world.credits() == 2000  # the refunded payment's credits are reversed
