@@ -16,7 +16,7 @@ from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import event_inbox, event_poller_state, invoice, poller_cursor, purchase
 from billingctl.domain import errors as e
 from billingctl.services import alerts, inbox
-from billingctl.services.payments import parse_time, record_payment, reverse_refund
+from billingctl.services.payments import apply_refund_report, parse_time, record_payment
 from billingctl.services.sync import apply_remote_subscription
 
 log = logging.getLogger("billingctl.events")
@@ -94,8 +94,7 @@ def _refund(container, kind: str, content: dict) -> dict:
     # The orchestrator's cumulative refunded amount makes every report of one refund agree.
     payment = container.orchestrator.get_payment(payment_id)
     refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
-    result = reverse_refund(container, payment_id, refunded, "event_poller")
-    return result
+    return apply_refund_report(container, payment_id, refunded, "event_poller")
 
 
 def _upsert_invoice(container, remote: dict) -> None:

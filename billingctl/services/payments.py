@@ -485,6 +485,20 @@ def record_payment_by_id(container, payment_id: str, path: str = "cli") -> dict:
 
 # ---- refunds ------------------------------------------------------------------------------------
 
+def apply_refund_report(container, payment_id: str, refunded_total: int, path: str) -> dict:
+    """A refund report from any path. One for a payment we have not recorded means its settle is late or
+    lost: the settle is recorded now from the orchestrator's own payment, whose refunded amount recording
+    reverses (a late settle report is then a duplicate)."""
+    result = reverse_refund(container, payment_id, refunded_total, path)
+    if result["outcome"] != "unknown_payment":
+        return result
+    payment = container.orchestrator.get_payment(payment_id)
+    if payment.get("status") != "SETTLED":
+        return result
+    log.info("refund reported before its settle: recording the payment first", extra={"payment_id": payment_id})
+    return record_payment(container, payment, path)
+
+
 def reverse_refund(container, payment_id: str, refunded_total: int, path: str) -> dict:
     """Reverse the credits of a refunded payment exactly once, whichever path reports it.
 

@@ -14,7 +14,7 @@ def payment_event_id(event_type: str, payment: dict) -> str:
 
 def _orchestrator(container, event_type: str, payload: dict) -> dict:
     from billingctl.services.fraud_signals import record_dispute
-    from billingctl.services.payments import record_payment, reverse_refund, update_transaction_status
+    from billingctl.services.payments import apply_refund_report, record_payment, update_transaction_status
 
     if event_type.startswith("DISPUTE."):
         return record_dispute(container, event_type, payload)
@@ -27,7 +27,8 @@ def _orchestrator(container, event_type: str, payload: dict) -> dict:
         return update_transaction_status(container, payment)
     if event_type == "PAYMENT.REFUND":
         refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
-        return reverse_refund(container, payment["id"], refunded, "webhook")
+        with container.provider.http.attempts(1):
+            return apply_refund_report(container, payment["id"], refunded, "webhook")
     return {"outcome": "ignored"}
 
 

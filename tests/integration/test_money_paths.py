@@ -126,3 +126,19 @@ def test_a_payment_for_a_cancelled_checkout_of_a_plan_the_user_holds_is_refunded
     assert review_row(world, payment["id"])["status"] == "duplicate_refunded"
     assert world.sandbox.store.get("payment", payment["id"])["processor"]["amountRefunded"] == payment["amount"]
     assert world.credits() == 2000  # the refunded payment's credits are reversed
+
+
+# ---- defect 9: a refund reported before its settle ------------------------------------------------
+
+@pytest.mark.parametrize("share", [1, 2])
+def test_a_refund_reported_before_its_settle_still_reverses_the_credits(world, share):
+    co = world.checkout()
+    world.sandbox.hold_webhooks()
+    payment = world.sandbox.pay(co["order_id"])
+    world.sandbox.refund(payment["id"], payment["amount"] // share)
+    world.sandbox.release_webhooks(order="reverse")  # PAYMENT.REFUND arrives first, then the stale SETTLED
+    assert world.purchases(payment["id"]) == 1
+    expected = 2000 - 2000 * (payment["amount"] // share) // payment["amount"]  # the refunded share reversed
+    assert world.credits() == expected
+    world.sandbox.send_webhook("PAYMENT.REFUND", world.sandbox.store.get("payment", payment["id"]))  # again
+    assert world.credits() == expected
