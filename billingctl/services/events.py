@@ -197,6 +197,7 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
     if new_cursor is not None and new_cursor != cursor and since is None:
         _write_cursor(container, new_cursor)
     scan = scan_paid_invoices(container, since) if all_invoices and error is None else None
+    redriven = inbox.redrive(container)  # events of every source that a cut request left pending
     with container.uow() as uow:
         uow.execute(event_poller_state.insert().values(
             created_at=container.clock.now(), events_seen=seen, events_processed=processed, events_failed=failed,
@@ -204,7 +205,7 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
         uow.commit()
     container.metrics.poller_last_run.set(container.clock.now().timestamp())
     result = {"events_seen": seen, "events_processed": processed, "events_failed": failed,
-              "cursor": new_cursor, "error": error}
+              "cursor": new_cursor, "error": error, "inbox": redriven}
     if scan is not None:
         result["invoice_scan"] = scan
     if error:

@@ -84,6 +84,16 @@ def check_poller(container) -> Check:
     return Check("event_poller", not fresh["stale"] and not fresh["parked_events"], detail, fresh)
 
 
+def check_inbox(container) -> Check:
+    """Events accepted but never finished (a request cut by an outage): the poll job re-drives them."""
+    from billingctl.services.inbox import REDRIVE_AFTER, count_stale_pending
+
+    stale = count_stale_pending(container)
+    minutes = int(REDRIVE_AFTER.total_seconds() // 60)
+    detail = "none stuck" if not stale else f"{stale} event(s) pending for over {minutes} minutes"
+    return Check("inbox", not stale, detail, {"stale_pending": stale})
+
+
 def check_orphans(container) -> Check:
     from billingctl.services.orphans import list_orphans
 
@@ -140,6 +150,7 @@ def health_report(container, scope: str = "full") -> dict:
     if scope == "full" and checks[0].ok and checks[1].ok:
         checks.append(check_pending_activations(container))
         checks.append(check_poller(container))
+        checks.append(check_inbox(container))
         checks.append(check_orphans(container))
         checks.append(check_outbox(container))
         checks.append(check_jobs(container))

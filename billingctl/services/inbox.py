@@ -3,10 +3,18 @@ here, and each event is processed exactly once whichever path saw it first."""
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from datetime import timedelta
+
+from sqlalchemy import func, select, update
 
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import event_inbox
+
+# A pending event nobody finished (its request was cut by a database outage or a kill, or its handler
+# failed and no redelivery came) is re-driven by the poll job: first after REDRIVE_AFTER, then with the
+# wait doubling per failed attempt, counted from when it was received.
+REDRIVE_AFTER = timedelta(minutes=2)
+REDRIVE_BATCH = 50
 
 
 def accept(uow, clock, source: str, event_id: str, event_type: str, payload: dict, occurred_at=None,
@@ -112,7 +120,67 @@ def process_once(container, source: str, event_id: str, event_type: str, payload
         error, result = exc.message, {"outcome": "failed", "error": exc.message}
         logging.getLogger("billingctl.inbox").warning("event failed; kept in the inbox: %s", exc.message,
                                                       extra={"source": source, "event_id": event_id})
-    with container.uow() as uow:
-        finish(uow, container.clock, source, event_id, error)
-        uow.commit()
+    except Exception as exc:
+        # Count the attempt if the database lets us (it may be what failed), then let the caller answer.
+        try:
+            _finish_and_alert(container, source, event_id, event_type, f"{type(exc).__name__}: {exc}")
+        except Exception as finish_exc:
+            logging.getLogger("billingctl.inbox").warning(
+                "event attempt not counted: %s", type(finish_exc).__name__, extra={"event_id": event_id})
+        raise
+    _finish_and_alert(container, source, event_id, event_type, error)
     return {"event_id": event_id, **result}
+
+
+def stale_pending(container, now=None) -> list[dict]:
+    """Pending events old enough to be re-driven, oldest first."""
+    now = now or container.clock.now()
+    with container.uow() as uow:
+        rows = uow.execute(select(event_inbox.c.id, event_inbox.c.source, event_inbox.c.event_id,
+                                  event_inbox.c.event_type, event_inbox.c.attempts, event_inbox.c.received_at)
+                           .where(event_inbox.c.status == "pending", event_inbox.c.received_at <= now - REDRIVE_AFTER)
+                           .order_by(event_inbox.c.id).limit(REDRIVE_BATCH * 4)).mappings().all()
+    return [dict(r) for r in rows if r["received_at"] + REDRIVE_AFTER * 2 ** min(r["attempts"], 12) <= now]
+
+
+def count_stale_pending(container) -> int:
+    with container.uow() as uow:
+        return uow.execute(select(func.count()).select_from(event_inbox).where(
+            event_inbox.c.status == "pending",
+            event_inbox.c.received_at <= container.clock.now() - REDRIVE_AFTER)).scalar_one()
+
+
+def redrive(container) -> dict:
+    """Process stale pending events through their normal path (every handler is idempotent)."""
+    from billingctl.services.webhook_events import dispatch
+
+    done = still_pending = 0
+    for row in stale_pending(container)[:REDRIVE_BATCH]:
+        with container.uow() as uow:
+            payload = uow.execute(select(event_inbox.c.payload).where(event_inbox.c.id == row["id"])).scalar_one()
+        try:
+            dispatch(container, row["source"], row["event_type"], payload, event_id=row["event_id"], via="redrive")
+        except Exception as exc:  # one event never stops the others; it stays pending
+            import logging
+
+            logging.getLogger("billingctl.inbox").warning(
+                "re-driven event failed: %s", getattr(exc, "message", None) or type(exc).__name__,
+                extra={"source": row["source"], "event_id": row["event_id"]})
+        status = get_event(container, row["id"])["status"]
+        if status == "pending":
+            still_pending += 1
+        else:
+            done += 1
+    return {"redriven": done, "still_pending": still_pending}
+
+
+def _finish_and_alert(container, source: str, event_id: str, event_type: str, error: str | None) -> None:
+    from billingctl.services import alerts
+
+    with container.uow() as uow:
+        status = finish(uow, container.clock, source, event_id, error)
+        if status == "parked":
+            alerts.raise_alert(uow, container.clock, f"Inbox event {source}:{event_id} ({event_type}) parked after "
+                               "repeated failures - manual review required", f"parked:{source}:{event_id}",
+                               error=(error or "")[:200])
+        uow.commit()

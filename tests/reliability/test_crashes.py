@@ -128,3 +128,21 @@ def test_fault_points_are_refused_in_production():
         load_settings(env="production", fault_points="record.after_commit", session_jwt_algorithms="RS256",
                       provider_url="x", provider_api_key="k", orchestrator_url="x", orchestrator_api_key="k",
                       **{n: "whsec_dg==" for n in REQUIRED_IN_PRODUCTION})
+
+
+def test_a_webhook_cut_mid_way_is_redriven_by_the_poll_job_and_shown_by_health(world):
+    """Issue "Money paths" defect 12: a webhook whose request died after the inbox accepted it (a
+    database outage, a killed worker) left its row pending for ever; no redelivery came."""
+    from billingctl.services.health import health_report
+
+    co = create_checkout(world.c, world.user, "credits-pro-USD-monthly")
+    payment = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    assert crash(world.c.settings, "record.before_commit", "webhook", payment) == -signal.SIGKILL
+    advance(world, 180)
+    checks = {c["name"]: c for c in health_report(world.c)["checks"]}
+    assert checks["inbox"]["ok"] is False and checks["inbox"]["data"]["stale_pending"] == 1
+    result = events.poll(world.c)  # only the poll job: no orphans run, no activations run
+    assert result["inbox"] == {"redriven": 1, "still_pending": 0}
+    exactly_once(world, payment["id"], 2000)
+    checks = {c["name"]: c for c in health_report(world.c)["checks"]}
+    assert checks["inbox"]["ok"] is True
