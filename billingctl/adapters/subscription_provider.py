@@ -57,8 +57,9 @@ class SubscriptionProviderClient:
     def get_subscription(self, subscription_id: str) -> dict:
         return self._get(f"/subscriptions/{seg(subscription_id)}")
 
-    def list_subscriptions(self, updated_after: datetime | int | None = None) -> Iterator[dict]:
-        return self.paginate("/subscriptions", {"updated_at[after]": _ts(updated_after),
+    def list_subscriptions(self, updated_after: datetime | int | None = None,
+                           status: str | None = None) -> Iterator[dict]:
+        return self.paginate("/subscriptions", {"updated_at[after]": _ts(updated_after), "status[is]": status,
                                                 "sort_by[asc]": "updated_at"}, wrapper=None)
 
     def create_subscription_for_items(self, customer_id: str, item_price_id: str, start_date: datetime | int,

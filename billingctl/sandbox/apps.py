@@ -21,7 +21,7 @@ AUTH_FAILED = {"message": "Sorry, authentication failed. Invalid api key", "type
 RATE_LIMIT_BODY = {"message": "Please try after some time", "type": "operation_failed",
                    "api_error_code": "api_request_limit_exceeded", "error_code": "api_request_limit_exceeded",
                    "http_status_code": 429}
-BEFORE_KINDS = ("429", "500", "503", "timeout", "reset", "malformed", "slow", "401")
+BEFORE_KINDS = ("429", "500", "503", "timeout", "reset", "malformed", "slow", "401", "400")
 
 
 def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
@@ -45,6 +45,12 @@ def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
                 int(kind)
         if kind == "401":
             return jsonify(AUTH_FAILED), 401
+        if kind == "400":  # the request refused as invalid, in each system's documented error shape
+            if system == "orchestrator":
+                return jsonify({"error": {"errorId": "RequestValidationError", "description": "Invalid request",
+                                          "diagnosticsId": "sandbox"}}), 400
+            return jsonify({"message": "invalid request", "type": "invalid_request",
+                            "api_error_code": "invalid_request", "http_status_code": 400}), 400
         if kind in ("timeout", "reset"):
             if not in_process:
                 time.sleep(fault["delay"] or 0)

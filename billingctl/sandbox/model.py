@@ -399,6 +399,23 @@ class Sandbox:
         self._after_settle(payment, report_to_provider, drop_webhook, duplicates)
         return payment
 
+    def decline_checkout(self, order_id: str, *, code: str = "DO_NOT_HONOR", processor: str | None = None,
+                         drop_webhook: bool = False) -> dict:
+        """The shopper's card is declined in the payment form: one more DECLINED payment for the session
+        (each try is a payment of its own, as at the real orchestrator), reported by PAYMENT.STATUS."""
+        session = self.store.get("client_session", order_id)
+        if session is None:
+            raise SandboxError(404, f"No checkout session for order {order_id}", "resource_not_found")
+        lane = (session["metadata"] or {}).get("lane", "sfw")
+        payment = self._new_payment(order_id=order_id, customer_id=session["customerId"], amount=session["amount"],
+                                    currency=session["currencyCode"], metadata=dict(session["metadata"]),
+                                    processor=processor or WORKFLOW_DEFAULT.get(lane, "SFW_STRIPE"),
+                                    status="DECLINED", instrument=None, payment_type="FIRST_PAYMENT",
+                                    decline_code=code)
+        if not drop_webhook:
+            self.send_webhook("PAYMENT.STATUS", payment)
+        return payment
+
     def charge(self, body: dict, drop_webhook: bool = False) -> dict:
         """A merchant-initiated payment (renewal) on a vaulted token, routed to metadata.psp."""
         metadata = body.get("metadata") or {}

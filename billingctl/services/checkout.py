@@ -60,17 +60,26 @@ def create_checkout(container, user_id: str, item_price_id: str, risky_actions: 
     if user is not None and user.frozen_at is not None:
         raise e.AccountFrozen("payments are disabled for this account")
     now = container.clock.now()
-
-    with container.locks.hold(f"quota:{user_id}"):
+    key = uuid.uuid4().hex
+    # The session reserves the slot of its first authorization before anything is created: the check
+    # and the reservation are one transaction under the user's row lock (correct without Redis).
+    with container.uow() as uow:
+        decision = fraud_quota.reserve(uow, container.settings, user_id, plan.lane, now, CUSTOMER,
+                                       f"checkout:{key}", plan.amount)
+        if decision is not None and not decision.allowed:
+            fraud_quota.record_velocity(uow, user_id, now, plan.amount, decision.blocking, "checkout")
+            uow.commit()
+            log.warning("checkout blocked: authorization quota exhausted",
+                        extra={"user_id": user_id, "window": decision.blocking})
+            raise e.QuotaExhausted()
+        uow.commit()
+    try:
+        return _create(container, user_id, plan, lock, risky_actions, now, key)
+    except Exception:
         with container.uow() as uow:
-            decision = fraud_quota.check(uow, container.settings, user_id, plan.lane, now, CUSTOMER)
-            if decision is not None and not decision.allowed:
-                fraud_quota.record_velocity(uow, user_id, now, plan.amount, decision.blocking, "checkout")
-                uow.commit()
-                log.warning("checkout blocked: authorization quota exhausted",
-                            extra={"user_id": user_id, "window": decision.blocking})
-                raise e.QuotaExhausted()
-        return _create(container, user_id, plan, lock, risky_actions, now)
+            fraud_quota.release(uow, f"checkout:{key}")
+            uow.commit()
+        raise
 
 
 def create_pending_subscription(container, user_id: str, item_price_id: str, now, key: str) -> dict:
@@ -106,8 +115,7 @@ def ensure_customer(container, user_id: str, idempotency_key: str | None = None)
     log.info("provider customer created", extra={"user_id": user_id})
 
 
-def _create(container, user_id, plan, lock, risky_actions, now) -> dict:
-    key = uuid.uuid4().hex
+def _create(container, user_id, plan, lock, risky_actions, now, key: str) -> dict:
     created = create_pending_subscription(container, user_id, plan.item_price_id, now, f"checkout:{key}")
     sub = created["subscription"]
     order_id = sub["id"]
@@ -135,8 +143,8 @@ def _create(container, user_id, plan, lock, risky_actions, now) -> dict:
                 lane=plan.lane, amount=plan.amount, currency_code=plan.currency_code,
                 client_token=session.get("clientToken"), expires_at=parse_time(session.get("clientExpirationDate")),
                 status="open", created_at=now))
-            if plan.lane == "nsfw":
-                fraud_quota.record_attempt(uow, user_id, now, plan.amount, CUSTOMER, order_id=order_id)
+            # The reservation now waits for the session's first authorization (found by its order id).
+            fraud_quota.rename(uow, f"checkout:{key}", f"order:{order_id}")
             uow.commit()
     except Exception:
         _undo_subscription(container, sub["id"], (created.get("invoice") or {}).get("id"))
@@ -228,7 +236,38 @@ def cleanup_expired(container, dry_run: bool = False) -> dict:
                     status="cancelled"))
                 uow.commit()
             cancelled.append(row["id"])
+    strays = _cancel_strays(container)
+    cancelled += strays["cancelled"]
+    failed += strays["failed"]
     return {"cancelled": cancelled, "skipped_paid": skipped, "failed": failed}
+
+
+def _cancel_strays(container) -> dict:
+    """Pending checkouts that exist only at the provider (a checkout whose undo failed after its local
+    rows were never written): future, marked pending, older than a day, unknown to us. No checkout session
+    of ours names them, so nothing can pay them."""
+    now = container.clock.now()
+    cancelled, failed = [], []
+    try:
+        remote = [r.get("subscription", r) for r in container.provider.list_subscriptions(status="future")]
+    except e.BillingError as exc:
+        return {"cancelled": [], "failed": [{"id": "*", "error": f"listing future subscriptions: {exc.message}"}]}
+    for sub in remote:
+        start, created = parse_time(sub.get("start_date")), parse_time(sub.get("created_at"))
+        if start is None or created is None or start <= now + PENDING_MARKER or created >= now - CLEANUP_AGE:
+            continue
+        with container.uow() as uow:
+            if uow.execute(select(checkout_session.c.id).where(
+                    checkout_session.c.subscription_id == sub["id"])).first():
+                continue  # ours: the local pass above decides
+        try:
+            cancel_at_provider(container, sub["id"])
+        except e.BillingError as exc:
+            failed.append({"id": sub["id"], "error": exc.message})
+            continue
+        log.warning("cancelled a pending checkout known only to the provider", extra={"subscription_id": sub["id"]})
+        cancelled.append(sub["id"])
+    return {"cancelled": cancelled, "failed": failed}
 
 
 def set_primary_after_first_payment(container, user_id: str, token: str | None) -> bool:

@@ -7,10 +7,11 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 
-from sqlalchemy import select
+from sqlalchemy import delete, select, update
 
-from billingctl.adapters.db.tables import fraud_event
-from billingctl.domain.quota import CUSTOMER, LONGEST, QuotaDecision, authorization_quota
+from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.tables import fraud_event, users
+from billingctl.domain.quota import CUSTOMER, LONGEST, MERCHANT, QuotaDecision, authorization_quota
 
 log = logging.getLogger("billingctl.fraud")
 
@@ -35,10 +36,63 @@ def check(uow, settings, user_id: str, lane: str, now, initiator: str = CUSTOMER
     return authorization_quota(attempt_times(uow, user_id, now), now, initiator)
 
 
-def record_attempt(uow, user_id: str, now, amount: int, initiator: str, **extra) -> None:
-    uow.execute(fraud_event.insert().values(user_id=user_id, event_type="authorization_attempt", created_at=now,
-                                            metadata={"merchant_context": FULL, "amount": amount,
-                                                      "initiator": initiator, **extra}))
+def record_attempt(uow, user_id: str, now, amount: int, initiator: str, dedupe_key: str | None = None,
+                   **extra) -> bool:
+    """One authorization_attempt row; with a key, a second report of the same attempt adds nothing."""
+    values = {"user_id": user_id, "event_type": "authorization_attempt", "created_at": now, "dedupe_key": dedupe_key,
+              "metadata": {"merchant_context": FULL, "amount": amount, "initiator": initiator, **extra}}
+    if dedupe_key is None:
+        uow.execute(fraud_event.insert().values(**values))
+        return True
+    return insert_ignore(uow, fraud_event, values, ["dedupe_key"])
+
+
+def reserve(uow, settings, user_id: str, lane: str, now, initiator: str, key: str, amount: int,
+            **extra) -> QuotaDecision | None:
+    """Check the quota and reserve one attempt in the same transaction, under the user's row lock (a
+    write first on SQLite, which serializes writers; SELECT ... FOR UPDATE on PostgreSQL), so two
+    workers can never both take the last slot. Nothing is reserved when the quota refuses; on the SFW
+    lane nothing is counted at all. The caller commits."""
+    if lane != "nsfw":
+        return None
+    insert_ignore(uow, users, {"id": user_id, "created_at": now, "credits": 0}, ["id"])
+    uow.execute(select(users.c.id).where(users.c.id == user_id).with_for_update())
+    decision = check(uow, settings, user_id, lane, now, initiator)
+    if decision is None or decision.allowed:
+        record_attempt(uow, user_id, now, amount, initiator, dedupe_key=key, **extra)
+    return decision
+
+
+def rename(uow, key: str, new_key: str) -> bool:
+    """A reservation becomes the attempt it reserved for (its order, then its payment)."""
+    return uow.execute(update(fraud_event).where(fraud_event.c.dedupe_key == key).values(
+        dedupe_key=new_key)).rowcount == 1
+
+
+def release(uow, key: str) -> None:
+    """No authorization happened (the checkout was undone, the charge never reached a processor)."""
+    uow.execute(delete(fraud_event).where(fraud_event.c.dedupe_key == key))
+
+
+# Orchestrator statuses that mean an authorization was attempted at a processor.
+AUTHORIZED_STATUSES = ("AUTHORIZED", "SETTLING", "SETTLED", "DECLINED", "FAILED")
+
+
+def count_authorization(uow, now, payment: dict, lane: str | None, user_id: str | None) -> bool:
+    """Spec section 3 quota rule 4, read as: every authorization the orchestrator reports on the NSFW
+    lane counts once per payment id, whichever path reports it. The first authorization of an order (a
+    checkout session, a renewal invoice) takes the slot reserved for it as `order:<order id>`; each
+    further one is a row of its own."""
+    if lane != "nsfw" or not user_id or payment.get("status") not in AUTHORIZED_STATUSES:
+        return False
+    key = f"payment:{payment['id']}"
+    if uow.execute(select(fraud_event.c.id).where(fraud_event.c.dedupe_key == key)).first():
+        return False
+    if payment.get("orderId") and rename(uow, f"order:{payment['orderId']}", key):
+        return True
+    initiator = MERCHANT if (payment.get("metadata") or {}).get("merchant_initiated") else CUSTOMER
+    return record_attempt(uow, user_id, now, int(payment.get("amount") or 0), initiator, dedupe_key=key,
+                          order_id=payment.get("orderId"), payment_id=payment["id"])
 
 
 def record_velocity(uow, user_id: str, now, amount: int, window: str | None, source: str) -> None:

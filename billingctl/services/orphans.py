@@ -283,9 +283,13 @@ def _failed(container, row: dict, error: str) -> str:
                user_id=row["user_id"], attempts=attempts, last_error=error[:200])
         log.error(EXHAUSTED_TEXT, extra={"payment_id": row["payment_id"]})
         return "exhausted"
+    # Each attempt is timed from when it was due, not from when the job got to it: the schedule does not
+    # drift by one job tick per attempt (a manual retry ahead of schedule counts from now).
+    due = row["next_attempt_at"]
+    base = due if due is not None and due <= now else now
     with container.uow() as uow:
         uow.execute(update(orphan_recovery).where(orphan_recovery.c.payment_id == row["payment_id"]).values(
-            attempts=attempts, last_error=error[:500], next_attempt_at=now + orphan_retry_delay(attempts),
+            attempts=attempts, last_error=error[:500], next_attempt_at=base + orphan_retry_delay(attempts),
             updated_at=now))
         uow.commit()
     log.warning("orphan recovery attempt failed: %s", error, extra={"payment_id": row["payment_id"],

@@ -29,7 +29,7 @@ from billingctl.adapters.db.tables import (
 from billingctl.adapters.faults import crash_point
 from billingctl.domain import errors as e
 from billingctl.domain.plans import require_id
-from billingctl.services import alerts, catalog, review
+from billingctl.services import alerts, catalog, fraud_quota, review
 from billingctl.services.processor_lock import lock_after_settle
 
 log = logging.getLogger("billingctl.payments")
@@ -118,7 +118,7 @@ def record_payment(container, payment: dict, path: str, followups: bool = True) 
     """Record a settled payment exactly once, then record it at the provider and activate."""
     facts = facts_from_payment(container, payment)
     with container.locks.hold(f"subscription:{facts.subscription_id}"):
-        result = _record_locally(container, facts, path)
+        result = _record_locally(container, facts, path, payment)
         if result["outcome"] in ("orphaned", "held_frozen"):
             return result
         if followups:
@@ -153,10 +153,12 @@ def _frozen_without_purchase(uow, facts: PaymentFacts) -> bool:
     return uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == facts.payment_id)).first() is None
 
 
-def _record_locally(container, facts: PaymentFacts, path: str) -> dict:
+def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) -> dict:
     now = container.clock.now()
     with container.uow() as uow:
+        fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
         if path != "orphan_recovery" and _cancelled_without_purchase(uow, facts):
+            uow.commit()
             # A checkout-retry orphan: settled for a cancelled subscription. The settled-payments poller
             # recovers it (re-subscribe or refund); recording it here would credit a dead plan.
             log.warning("payment settled for a cancelled subscription; left to orphan recovery",
@@ -246,6 +248,15 @@ def _upsert_transaction(uow, transaction_id: str, status: str, now, **values) ->
                     .values(status=status, updated_at=now, **values))
 
 
+def _lane_of(uow, payment: dict) -> str | None:
+    from billingctl.services.checkout import by_order_id
+
+    lane = (payment.get("metadata") or {}).get("lane")
+    if lane or not payment.get("orderId"):
+        return lane
+    return uow.execute(select(checkout_session.c.lane).where(by_order_id(payment["orderId"]))).scalar()
+
+
 def update_transaction_status(container, payment: dict) -> dict:
     """PAYMENT.STATUS other than SETTLED: keep the transaction row's status (includes failed)."""
     status = TRANSACTION_STATUS.get(payment.get("status"), "pending")
@@ -254,6 +265,7 @@ def update_transaction_status(container, payment: dict) -> dict:
 
     processor, mid = processor_of(payment)
     with container.uow() as uow:
+        fraud_quota.count_authorization(uow, now, payment, _lane_of(uow, payment), payment.get("customerId"))
         _upsert_transaction(uow, payment["id"], status, now, amount=int(payment.get("amount") or 0),
                             currency_code=payment.get("currencyCode"), customer_id=payment.get("customerId"),
                             invoice_id=payment.get("orderId"), processor=processor, processor_merchant_id=mid)

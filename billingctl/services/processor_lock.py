@@ -89,10 +89,11 @@ def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -
                       extra={"user_id": user_id, "lane": payment_lane, "processor": processor})
             _count(metrics, payment_lane, processor, "already_locked")
             return LockResult(payment_lane, "already_locked", processor, locked)
-        log.warning("cross-lane settle on an unlocked user; not locked",
-                    extra={"user_id": user_id, "lane": payment_lane, "processor": processor})
-        _count(metrics, payment_lane, processor, "assign_error")
-        return LockResult(payment_lane, "assign_error", processor, None)
+        # Not a failed write (nothing pages on it): rule 9 asks for a debug line, and nothing is locked.
+        log.debug("cross-lane settle on an unlocked user; not locked",
+                  extra={"user_id": user_id, "lane": payment_lane, "processor": processor})
+        _count(metrics, payment_lane, processor, "cross_lane")
+        return LockResult(payment_lane, "cross_lane", processor, None)
 
     stored = current.get(column)
     if is_unlocked(stored):
@@ -109,15 +110,21 @@ def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -
             return LockResult(lane, "locked", processor, processor)
         winner = (read_lock(uow, user_id) or {}).get(column)
         _count(metrics, lane, processor, "lost_race")
+        _drift(metrics, user_id, lane, winner, processor)  # lost to another processor of the lane: drift too
         return LockResult(lane, "lost_race", processor, winner)
 
     _count(metrics, lane, processor, "already_locked")
-    if stored != processor:
-        # Rule 8: drift within the lane (NSFW: tokens are processor-homed; SFW: expected fallback).
-        log.warning("settled processor differs from locked psp",
-                    extra={"user_id": user_id, "lane": lane, "locked_psp": stored, "settled_psp": processor})
-        metrics.processor_lock_drift.labels(lane=lane, locked_psp=stored, settled_psp=processor).inc()
+    _drift(metrics, user_id, lane, stored, processor)
     return LockResult(lane, "already_locked", processor, stored)
+
+
+def _drift(metrics, user_id: str, lane: str, locked: str | None, settled: str) -> None:
+    """Rule 8: drift within the lane (NSFW: tokens are processor-homed; SFW: expected fallback)."""
+    if is_unlocked(locked) or locked == settled:
+        return
+    log.warning("settled processor differs from locked psp",
+                extra={"user_id": user_id, "lane": lane, "locked_psp": locked, "settled_psp": settled})
+    metrics.processor_lock_drift.labels(lane=lane, locked_psp=locked, settled_psp=settled).inc()
 
 
 # ---- operator actions ------------------------------------------------------------------------
@@ -174,18 +181,27 @@ def repair(container, user_id: str, lane: str, actor: str = "operator") -> dict:
 
     _check_lane(lane)
     column = processor_column(lane)
-    with container.uow() as uow:
-        row = read_lock(uow, user_id)
+
+    def outcome(value: str) -> None:
+        container.metrics.processor_repair_outcome.labels(lane=lane, outcome=value).inc()
+
+    try:
+        with container.uow() as uow:
+            row = read_lock(uow, user_id)
+    except Exception as exc:  # the database is failing: one outcome, as for the orchestrator
+        outcome("unavailable")
+        return {"user_id": user_id, "lane": lane, "outcome": "unavailable", "error": type(exc).__name__}
     if row is not None and not is_unlocked(row[column]):
+        outcome("locked")  # refused, but the lane is locked: every repair records one outcome
         raise Refused(f"user {user_id} is already locked on {lane} to {row[column]}")
     try:
         history = [p for p in container.orchestrator.list_payments("SETTLED", customer_id=user_id)
                    if lane_of_processor(processor_of(p)[0], container.settings.processor_lanes) == lane]
     except Exception as exc:
-        container.metrics.processor_repair_outcome.labels(lane=lane, outcome="unavailable").inc()
+        outcome("unavailable")
         return {"user_id": user_id, "lane": lane, "outcome": "unavailable", "error": getattr(exc, "message", str(exc))}
     if not history:
-        container.metrics.processor_repair_outcome.labels(lane=lane, outcome="no_history").inc()
+        outcome("no_history")
         return {"user_id": user_id, "lane": lane, "outcome": "no_history"}
     first = sorted(history, key=lambda p: str(p.get("date")))[0]
     processor, mid = processor_of(first)
@@ -201,11 +217,11 @@ def repair(container, user_id: str, lane: str, actor: str = "operator") -> dict:
                                                   details=details, created_at=container.clock.now()))
             uow.commit()
     except Exception as exc:
-        container.metrics.processor_repair_outcome.labels(lane=lane, outcome="unavailable").inc()
+        outcome("unavailable")
         return {"user_id": user_id, "lane": lane, "outcome": "unavailable", "error": type(exc).__name__}
+    outcome("locked")  # by this repair, or by the settle that won the race while it ran
     if not won:
         raise Refused(f"user {user_id} was locked on {lane} while repairing")
-    container.metrics.processor_repair_outcome.labels(lane=lane, outcome="locked").inc()
     return {"user_id": user_id, "lane": lane, "outcome": "locked", "processor": processor, "from_payment": first["id"]}
 
 

@@ -108,39 +108,42 @@ def attempt_invoice(container, invoice: dict) -> str:
     if not processor:
         return _failed(container, invoice, "failed", "no_locked_processor", attempt_no, lane, None, amount, history)
 
-    with container.locks.hold(f"quota:{user_id}"):
-        with container.uow() as uow:
-            decision = fraud_quota.check(uow, container.settings, user_id, lane, now, MERCHANT)
-        if decision is not None and not decision.allowed:
-            log.warning("MIT blocked: authorization count quota exhausted",
-                        extra={"invoice_id": invoice["id"], "user_id": user_id, "window": decision.blocking})
-            frees = next((w.next_slot_frees_at for w in decision.windows if w.window == decision.blocking), None)
-            _record(container, invoice, "quota_blocked", decline_code="authorization_quota", attempt_no=attempt_no,
-                    lane=lane, processor=processor, amount=amount, next_attempt_at=frees)
-            return "quota_blocked"
+    # The quota's check and this attempt's reservation are one transaction under the user's row lock;
+    # the reservation becomes the payment's attempt, or is released when no authorization happened.
+    reservation = f"order:{invoice['id']}"
+    with container.uow() as uow:
+        decision = fraud_quota.reserve(uow, container.settings, user_id, lane, now, MERCHANT, reservation, amount,
+                                       order_id=invoice["id"])
+        uow.commit()
+    if decision is not None and not decision.allowed:
+        log.warning("MIT blocked: authorization count quota exhausted",
+                    extra={"invoice_id": invoice["id"], "user_id": user_id, "window": decision.blocking})
+        frees = next((w.next_slot_frees_at for w in decision.windows if w.window == decision.blocking), None)
+        _record(container, invoice, "quota_blocked", decline_code="authorization_quota", attempt_no=attempt_no,
+                lane=lane, processor=processor, amount=amount, next_attempt_at=frees)
+        return "quota_blocked"
+    try:
         token = _resolve_token(container, user_id, lane, now)
         if token is None:
+            _release(container, reservation)
             return _failed(container, invoice, "failed", "no_payment_method", attempt_no, lane, processor, amount,
                            history)
         metadata = {"psp": processor, "lane": lane, "user_id": user_id, "subscription_id": sub_id,
                     "item_price_id": item_price_id, "merchant_initiated": True}
         if lane == "nsfw" and lock.get("nsfw_processor_mid"):
             metadata["processor_merchant_id"] = lock["nsfw_processor_mid"]
-        try:
-            payment = container.orchestrator.create_payment(
-                payment_method_token=token, amount=amount, currency_code=invoice.get("currency_code", "USD"),
-                order_id=invoice["id"], customer_id=user_id, metadata=metadata,
-                idempotency_key=f"renewal:{invoice['id']}:{attempt_no}")
-        except e.ExternalError as exc:
-            # Unknown whether it charged: the same idempotency key is reused next tick.
-            _record(container, invoice, "error", decline_code=exc.code, attempt_no=attempt_no, lane=lane,
-                    processor=processor, amount=amount)
-            return "error"
-        finally:
-            if lane == "nsfw":
-                with container.uow() as uow:
-                    fraud_quota.record_attempt(uow, user_id, now, amount, MERCHANT, order_id=invoice["id"])
-                    uow.commit()
+        # The key names the attempt: after an answer that was lost, the next tick sends the same request
+        # and the orchestrator replays the original payment instead of charging again.
+        payment = container.orchestrator.create_payment(
+            payment_method_token=token, amount=amount, currency_code=invoice.get("currency_code", "USD"),
+            order_id=invoice["id"], customer_id=user_id, metadata=metadata,
+            idempotency_key=f"renewal:{invoice['id']}:{attempt_no}")
+    except e.ExternalError as exc:
+        _release(container, reservation)  # no payment came back: no authorization is counted
+        return _charge_error(container, invoice, exc, attempt_no, lane, processor, amount, history)
+    with container.uow() as uow:
+        fraud_quota.count_authorization(uow, now, payment, lane, user_id)
+        uow.commit()
     if payment.get("status") in IN_FLIGHT:
         _record(container, invoice, "pending", attempt_no=attempt_no, lane=lane, processor=processor,
                 amount=amount, payment_id=payment.get("id"), decline_code=payment.get("status"))
@@ -150,8 +153,50 @@ def attempt_invoice(container, invoice: dict) -> str:
     return _charged(container, invoice, payment, attempt_no, lane, processor, amount, history)
 
 
+def _release(container, reservation: str) -> None:
+    with container.uow() as uow:
+        fraud_quota.release(uow, reservation)
+        uow.commit()
+
+
+# Errors that mean the charge request itself is wrong (a token the orchestrator refuses, a malformed
+# request): retrying the same request cannot succeed, so they count toward the retry schedule.
+PERMANENT = (e.ExternalInvalidRequest, e.ExternalNotFound)
+ERROR_BACKOFF = timedelta(minutes=10)  # the first retry is the next tick
+MAX_ERROR_BACKOFF = timedelta(hours=12)
+
+
+def _charge_error(container, invoice, exc, attempt_no, lane, processor, amount, history) -> str:
+    """A charge that returned no payment. A refused request counts toward exhaustion like a decline;
+    refused credentials page once a day (our fault, not the customer's); anything else (an outcome
+    unknown, the breaker open, a 429) is retried with the same key, backing off while it repeats."""
+    if isinstance(exc, PERMANENT):
+        code = (exc.details or {}).get("api_error_code") or exc.code
+        return _failed(container, invoice, "failed", code, attempt_no, lane, processor, amount, history)
+    now = container.clock.now()
+    if isinstance(exc, e.ExternalAuthError):
+        with container.uow() as uow:
+            alerts.raise_alert(uow, container.clock, "Renewals cannot charge: the payment orchestrator refused our "
+                               f"credentials ({exc.message})", f"renewals-auth:{now.strftime('%Y%m%d')}")
+            uow.commit()
+    streak = 0
+    for h in reversed(history):
+        if h["status"] != "error":
+            break
+        streak += 1
+    wait = min(ERROR_BACKOFF * 2 ** streak, MAX_ERROR_BACKOFF)
+    _record(container, invoice, "error", decline_code=exc.code, attempt_no=attempt_no, lane=lane,
+            processor=processor, amount=amount, next_attempt_at=now + wait)
+    log.warning("renewal charge failed without an answer; same request next time: %s", exc.message,
+                extra={"invoice_id": invoice["id"], "error": exc.code, "next_attempt_in_s": wait.total_seconds()})
+    return "error"
+
+
 def _charged(container, invoice, payment, attempt_no, lane, processor, amount, history) -> str:
     """A final answer to a renewal charge: recorded when settled, else the retry schedule moves on."""
+    with container.uow() as uow:  # an answer that was in flight takes its reservation now
+        fraud_quota.count_authorization(uow, container.clock.now(), payment, lane, invoice.get("customer_id"))
+        uow.commit()
     if payment.get("status") == "SETTLED":
         _record(container, invoice, "succeeded", attempt_no=attempt_no, lane=lane, processor=processor,
                 amount=amount, payment_id=payment["id"])
@@ -182,7 +227,9 @@ def _resolve_token(container, user_id: str, lane: str, now) -> str | None:
         return None
     if lane != "nsfw" or usable_card(stored, now):
         return stored["token"]
-    card = next((i for i in instruments if usable_card(i, now)), None)
+    cards = [i for i in instruments if usable_card(i, now)]
+    preferred = _latest_nsfw_checkout_token(container, user_id) if cards else None
+    card = next((c for c in cards if c["token"] == preferred), cards[-1] if cards else None)
     if card is not None:
         log.info("nsfw_renewal_card_substitution",
                  extra={"user_id": user_id, "from_type": stored.get("paymentMethodType")})
@@ -190,6 +237,23 @@ def _resolve_token(container, user_id: str, lane: str, now) -> str | None:
     # Only wallets (or unusable cards): send the stored token and let the processor reject it.
     log.warning("nsfw_renewal_no_card_found", extra={"user_id": user_id})
     return stored["token"]
+
+
+def _latest_nsfw_checkout_token(container, user_id: str) -> str | None:
+    """The card vaulted at the user's latest NSFW checkout (the one checkout tried to make primary);
+    without it, the newest usable card is used."""
+    with container.uow() as uow:
+        payment_id = uow.execute(
+            select(purchase.c.transaction_id).join(subscription, subscription.c.id == purchase.c.subscription_id)
+            .where(purchase.c.user_id == user_id, subscription.c.lane == "nsfw",
+                   purchase.c.recorded_via != "renewal").order_by(purchase.c.id.desc()).limit(1)).scalar()
+    if payment_id is None:
+        return None
+    try:
+        payment = container.orchestrator.get_payment(payment_id)
+    except e.BillingError:
+        return None
+    return (payment.get("paymentMethod") or {}).get("paymentMethodToken")
 
 
 def _failed(container, invoice, status, code, attempt_no, lane, processor, amount, history, payment_id=None) -> str:

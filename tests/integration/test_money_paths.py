@@ -142,3 +142,109 @@ def test_a_refund_reported_before_its_settle_still_reverses_the_credits(world, s
     assert world.credits() == expected
     world.sandbox.send_webhook("PAYMENT.REFUND", world.sandbox.store.get("payment", payment["id"]))  # again
     assert world.credits() == expected
+
+
+# ---- defects 5 and 8: the NSFW quota counts authorizations, enforced by the database ----------------
+
+def attempt_rows(world, user="user_a"):
+    from billingctl.adapters.db.tables import fraud_event
+
+    with world.c.uow() as uow:
+        return uow.execute(select(fraud_event.c.dedupe_key).where(
+            fraud_event.c.user_id == user, fraud_event.c.event_type == "authorization_attempt")).scalars().all()
+
+
+def test_every_declined_authorization_in_one_session_counts_once(world):
+    co = world.checkout("user_a", NSFW)
+    assert attempt_rows(world) == [f"order:{co['order_id']}"]  # the session reserves its first one
+    declined = [world.sandbox.decline_checkout(co["order_id"]) for _ in range(6)]
+    world.sandbox.send_webhook("PAYMENT.STATUS", declined[0])  # a duplicate report adds nothing
+    paid = world.sandbox.pay(co["order_id"], duplicates=2)
+    keys = sorted(attempt_rows(world))
+    assert keys == sorted(f"payment:{p['id']}" for p in [*declined, paid])  # 7 authorizations, 7 rows
+
+
+
+def test_an_sfw_session_counts_nothing(world):
+    co = world.checkout("user_a", PRO)
+    world.sandbox.decline_checkout(co["order_id"])
+    world.sandbox.pay(co["order_id"])
+    assert attempt_rows(world) == []
+
+
+def test_two_workers_cannot_both_take_the_last_customer_slot(make_settings, db_url, tmp_path):
+    """Defect 5: check and record were separate transactions guarded by a lock that is in-process
+    without Redis: 5 attempts in a day in 3 of 3 trials. Now one transaction under the user's row lock."""
+    import threading
+    from datetime import timedelta
+
+    from sqlalchemy import insert
+
+    from billingctl.adapters.db.tables import fraud_event, users
+    from tests.helpers import ProductionStack
+
+    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock()) as stack:
+        first = stack.container
+        now = first.clock.now()
+        with first.uow() as uow:
+            uow.execute(insert(users).values(id="racer", created_at=now, credits=0))
+            for i in range(3):  # three of the customer's four daily slots are used
+                uow.execute(insert(fraud_event).values(user_id="racer", event_type="authorization_attempt",
+                                                       created_at=now - timedelta(hours=i + 1),
+                                                       metadata={"merchant_context": "full", "amount": 2999}))
+            uow.commit()
+        workers = [Container(first.settings, clock=ManualClock(now)) for _ in range(4)]
+        import redis
+
+        from billingctl.adapters.locks import LockManager
+
+        for w in workers:  # Redis is down: every named lock is skipped, only the database can decide
+            w.locks = LockManager(redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2))
+        from billingctl.services import catalog
+
+        for w in workers:  # warm each worker's catalog so that all four reach the quota check together
+            catalog.plan(w, NSFW)
+        barrier = threading.Barrier(len(workers))
+        outcomes = []
+
+        def buy(c):
+            from billingctl.services.checkout import create_checkout
+
+            barrier.wait()
+            try:
+                create_checkout(c, "racer", NSFW)
+                outcomes.append("created")
+            except e.QuotaExhausted:
+                outcomes.append("blocked")
+
+        threads = [threading.Thread(target=buy, args=(w,)) for w in workers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert sorted(outcomes) == ["blocked", "blocked", "blocked", "created"]
+        with first.uow() as uow:
+            rows = uow.execute(select(fraud_event.c.id).where(
+                fraud_event.c.user_id == "racer", fraud_event.c.event_type == "authorization_attempt")).all()
+        assert len(rows) == 4
+        for w in workers:
+            w.close()
+
+
+# ---- defect 13: an undo that failed at checkout ------------------------------------------------------
+
+def test_a_checkout_whose_undo_failed_is_cancelled_by_the_cleanup_job(world):
+    from billingctl.services.checkout import cleanup_expired
+
+    world.sandbox.store.add_fault("orchestrator", "500", method="POST", path="/client-session", count=-1)
+    world.sandbox.store.add_fault("provider", "500", method="POST", path="cancel_for_items", count=-1)
+    with pytest.raises(e.ExternalError):
+        world.checkout()
+    world.sandbox.store.clear_faults()
+    [stray] = world.sandbox.store.all("subscription")
+    assert stray["status"] == "future"  # left at the provider; we hold no row for it
+    assert cleanup_expired(world.c)["cancelled"] == []  # younger than a day
+    advance(world, 2 * 86400)
+    assert cleanup_expired(world.c)["cancelled"] == [stray["id"]]
+    assert world.sandbox.subscription(stray["id"])["status"] == "cancelled"
+    assert cleanup_expired(world.c)["cancelled"] == []

@@ -299,3 +299,18 @@ def test_an_orphan_whose_activation_failed_once_is_recovered_on_the_next_attempt
     advance(world, 61)
     assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1, "recorded": 1}
     assert orphans._read_cursor(world.c).timestamp() == later["date"]  # no longer pinned
+
+
+def test_the_schedule_is_timed_from_when_each_attempt_was_due_not_from_the_late_tick(world):
+    """Issue "Money paths" 13: with a job every minute, the gaps grew to 2, 3, 5, 9, 17, 31 minutes."""
+    _, payment = orphan(world)
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=-1)
+    orphans.run_orphans(world.c)
+    first_due = row(world, payment["id"])["next_attempt_at"] - orphans.orphan_retry_delay(1)
+    dues = []
+    for _ in range(5):
+        due = row(world, payment["id"])["next_attempt_at"]
+        dues.append(int((due - first_due).total_seconds() // 60))
+        world.c.clock.advance((due - world.c.clock.now()).total_seconds() + 40)  # the tick comes 40 s late
+        orphans.run_orphans(world.c)
+    assert dues == [1, 3, 7, 15, 31]  # cumulative 1, 2, 4, 8, 16 minutes from the first attempt

@@ -6,7 +6,7 @@ import threading
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import insert, select, text, update
 
 from billingctl.adapters.db.tables import audit_log, transaction, user_credits, users
 from billingctl.domain import errors as e
@@ -164,6 +164,9 @@ def test_two_concurrent_first_settles_one_locked_one_lost_race(world, monkeypatc
     row = lock_row(world, "user_r")
     assert (row["nsfw_processor"], row["nsfw_processor_mid"]) == ("NSFW_SEGPAY", "m1")
     assert outcome(world, "nsfw", "NSFW_CCBILL", "lost_race") == 1
+    # Issue "Money paths" 13: the race was lost to another processor of the lane, which is drift (rule 8).
+    assert world.c.metrics.sample("billing_processor_lock_drift_total", {
+        "lane": "nsfw", "locked_psp": "NSFW_SEGPAY", "settled_psp": "NSFW_CCBILL"}) == 1
 
 
 def test_concurrent_first_settles_leave_exactly_one_winner(world):
@@ -235,6 +238,38 @@ def test_rule_5_backfill_only_the_legacy_mid(world):
     assert {lock_row(world, u)["nsfw_processor"] for u in ("legacy_1", "legacy_2", "modern")} == {legacy, "NSFW_SEGPAY"}
 
 
+def test_rule_9_cross_lane_settle_on_an_unlocked_user_is_a_debug_line_not_a_write_failure(world, caplog):
+    """Issue "Money paths" 13: it used to log a warning and count assign_error, which pages."""
+    with caplog.at_level(logging.DEBUG, logger="billingctl.processor_lock"):
+        result = settle(world, plan="credits-basic-USD-monthly", processor="NSFW_SEGPAY")
+    record = [r for r in caplog.records if r.getMessage() == "cross-lane settle on an unlocked user; not locked"]
+    assert [r.levelname for r in record] == ["DEBUG"]
+    assert result["lock"]["outcome"] == "cross_lane"
+    assert outcome(world, "sfw", "NSFW_SEGPAY", "assign_error") == 0
+    assert outcome(world, "sfw", "NSFW_SEGPAY", "cross_lane") == 1
+    assert lock_row(world)["sfw_processor"] in (None, "")
+
+
+def test_rule_11_every_repair_records_one_outcome_even_refused_or_without_a_database(world):
+    """Issue "Money paths" 13: a failed database read recorded nothing (and crashed), a refusal nothing."""
+    co = world.checkout("user_h", "credits-pro-nsfw-USD-monthly")
+    world.settle(co["order_id"], processor="NSFW_NMI")
+    assert pl.repair(world.c, "user_h", "nsfw")["outcome"] == "locked"
+    with pytest.raises(e.Refused):
+        pl.repair(world.c, "user_h", "nsfw")
+
+    with world.c.engine.begin() as conn:  # the lock table cannot be read
+        conn.execute(text("ALTER TABLE user_credits RENAME TO user_credits_away"))
+    try:
+        assert pl.repair(world.c, "user_h", "sfw")["outcome"] == "unavailable"
+    finally:
+        with world.c.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE user_credits_away RENAME TO user_credits"))
+    m = world.c.metrics
+    assert [m.sample("billing_processor_repair_outcome_total", {"lane": lane, "outcome": o}) for lane, o in
+            (("nsfw", "locked"), ("sfw", "unavailable"))] == [2, 1]
+
+
 def test_rule_11_repair_outcomes(world):
     # locked: history exists but the lock was never written (e.g. an unknown name at the time)
     co = world.checkout("user_h", "credits-pro-nsfw-USD-monthly")
@@ -248,4 +283,4 @@ def test_rule_11_repair_outcomes(world):
     assert pl.repair(world.c, "user_x", "sfw")["outcome"] == "unavailable"
     m = world.c.metrics
     assert [m.sample("billing_processor_repair_outcome_total", {"lane": lane, "outcome": o}) for lane, o in
-            (("nsfw", "locked"), ("sfw", "no_history"), ("sfw", "unavailable"))] == [1, 1, 1]
+            (("nsfw", "locked"), ("sfw", "no_history"), ("sfw", "unavailable"))] == [2, 1, 1]

@@ -240,3 +240,84 @@ def test_dunning_rows_carry_the_spec_fields(world):
     assert row["invoice_id"] and row["created_at"] and row["status"] == "declined"
     assert row["decline_code"] == "DO_NOT_HONOR" and row["processor"] == "SFW_STRIPE"
     assert isinstance(row["created_at"], datetime) and row["created_at"].tzinfo == UTC
+
+
+# ---- issue "Money paths" defect 4: errors are not authorizations; permanent ones do not loop --------
+
+def quota_rows(world, user="user_a"):
+    with world.c.uow() as uow:
+        return uow.execute(select(fraud_event.c.dedupe_key).where(
+            fraud_event.c.user_id == user, fraud_event.c.event_type == "authorization_attempt")).scalars().all()
+
+
+@pytest.mark.parametrize("kind", ["503", "401", "reset"])
+def test_charges_that_never_reached_a_processor_are_not_authorization_attempts(world, kind):
+    subscribed(world, plan=NSFW)
+    before = quota_rows(world)
+    assert len(before) == 1  # the checkout's authorization
+    month_passes(world)
+    world.sandbox.store.add_fault("orchestrator", kind, method="POST", path="/payments", count=-1)
+    waits = []
+    for _ in range(5):
+        assert run_renewals(world.c)["outcomes"] == {"error": 1}
+        last = list_attempts(world.c, user_id="user_a")[0]
+        waits.append((last["next_attempt_at"] - world.c.clock.now()).total_seconds() / 60)
+        world.c.clock.advance(last["next_attempt_at"].timestamp() - world.c.clock.now().timestamp())
+    assert quota_rows(world) == before  # five ticks of outage blocked nobody's checkout
+    assert waits == [10, 20, 40, 80, 160]  # backing off, not every tick for ever
+    pages = [p["text"] for p in chat_payloads(world)]
+    assert len([t for t in pages if t.startswith("Renewals cannot charge")]) == (1 if kind == "401" else 0)
+    world.sandbox.store.clear_faults()
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    assert len(quota_rows(world)) == 2  # the one real authorization counts
+
+
+def chat_payloads(world):
+    with world.c.uow() as uow:
+        return uow.execute(select(alert_outbox.c.payload).where(alert_outbox.c.sink == "chat")).scalars().all()
+
+
+def test_a_refused_charge_counts_toward_the_retry_schedule_and_exhausts(world):
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.store.add_fault("orchestrator", "400", method="POST", path="/payments", count=-1)
+    schedule = world.c.settings.renewal_retry_hours
+    for hours in schedule:
+        assert run_renewals(world.c)["outcomes"] == {"failed": 1}
+        world.c.clock.advance(hours * 3600)
+    assert run_renewals(world.c)["outcomes"] == {"exhausted": 1}
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"
+    assert charges(world) == len(schedule) + 1  # one refused request per attempt, none after exhaustion
+
+
+def test_a_lost_answer_is_resolved_by_the_same_request_before_any_new_charge(world):
+    subscribed(world, plan=NSFW)
+    month_passes(world)
+    world.sandbox.store.add_fault("orchestrator", "error_after_effect", method="POST", path="/payments",
+                                  count=world.c.settings.http_max_attempts)
+    assert run_renewals(world.c)["outcomes"] == {"error": 1}  # charged, but every answer was lost
+    world.c.clock.advance(600)
+    # Its settle reached the provider and our books meanwhile: the invoice is paid, nothing is charged again.
+    assert run_renewals(world.c)["outcomes"] == {}
+    renewals = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
+    assert len(renewals) == 1  # the orchestrator's books: charged once
+    assert len(quota_rows(world)) == 2 and world.credits() == 6000
+
+
+def test_nsfw_substitution_prefers_the_card_vaulted_at_the_latest_nsfw_checkout(world, caplog):
+    """Issue "Money paths" 13: the oldest usable card was chosen. Spec 3 rule 3: when making the new
+    card primary failed at checkout, the next renewal retries the substitution, with that card."""
+    world.sandbox.add_instrument("user_a", "PAYPAL", default=True)  # the primary: a wallet
+    old_card = world.sandbox.add_instrument("user_a", "PAYMENT_CARD")
+    world.sandbox.store.add_fault("orchestrator", "500", method="POST", path="/default", count=-1)
+    co = world.checkout("user_a", NSFW)
+    paid = world.sandbox.pay(co["order_id"])  # a new card; making it primary fails
+    world.sandbox.store.clear_faults()
+    new_token = paid["paymentMethod"]["paymentMethodToken"]
+    assert new_token != old_card["token"]
+    month_passes(world)
+    with caplog.at_level(logging.INFO, logger="billingctl.renewals"):
+        assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    assert "nsfw_renewal_card_substitution" in [r.getMessage() for r in caplog.records]
+    renewal = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
+    assert [p["paymentMethod"]["paymentMethodToken"] for p in renewal] == [new_token]

@@ -146,6 +146,7 @@ fraud_event = Table(
     Column("event_type", String(32), nullable=False),
     _ts("created_at", nullable=False),
     Column("metadata", JSON, nullable=False, default=dict),
+    Column("dedupe_key", String(200), unique=True),
     Index("ix_fraud_event_user_type_created", "user_id", "event_type", "created_at"),
 )
 
