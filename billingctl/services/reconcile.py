@@ -1,38 +1,122 @@
-"""Reconcile: check the invariants the service promises and list every violation.
+"""Reconcile: the invariant checker. Every check of our own books is one SQL query (flat memory at
+millions of ledger rows: only violations are held, at most LIMIT per check); the orchestrator's and
+the provider's lists are streamed page by page.
 
-1. every SETTLED orchestrator payment is recorded exactly once, or is an orphan owned by recovery or
-   by a person;
-2. every credit-ledger entry matches a purchase (payment) or a refund of one, never more reversed
-   than credited;
-3. users.credits equals the user's ledger sum;
-4. every active local subscription matches the provider."""
+From our books:
+- every credit-ledger entry matches a purchase (payment) or a refund of one, never more reversed than
+  credited; users.credits equals the user's ledger sum;
+- no invoice paid by two purchases (two settled charges for one subscription period);
+- every purchase recorded on the provider's invoice within an hour (unless orphan recovery owns it);
+- no subscription paid but still waiting for activation after an hour;
+- no credits applied to an account after its freeze;
+- no NSFW authorization-quota window over its limit.
+From the orchestrator's and the provider's books:
+- every SETTLED payment is recorded exactly once, or owned by orphan recovery or a person;
+- no two settled payments for one order (one checkout, one renewal invoice);
+- a refund at the orchestrator is reversed in the ledger (payments settled in the last REFUND_WINDOW);
+- every active local subscription is active at the provider."""
 
 from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 
-from billingctl.adapters.db.tables import credit_ledger, orphan_recovery, purchase, subscription, users
+from billingctl.adapters.db.tables import (
+    credit_ledger,
+    fraud_event,
+    orphan_recovery,
+    purchase,
+    subscription,
+    users,
+)
+from billingctl.domain.quota import WINDOWS
 from billingctl.services.orphans import OWNED as OWNED_BY_RECOVERY
 from billingctl.services.payments import parse_time
 
 TOO_RECENT = timedelta(seconds=15)
+GRACE = timedelta(hours=1)  # follow-up work (provider record, activation) the jobs finish well within
+REFUND_WINDOW = timedelta(days=35)
+LIMIT = 100  # violations listed per check (all are counted)
+
+
+def _local_checks(uow, now) -> list[tuple[str, object, callable]]:
+    """(check name, query, row -> violation) for every check of our own books."""
+    payments = select(credit_ledger.c.id, credit_ledger.c.payment_id, credit_ledger.c.user_id, credit_ledger.c.amount
+                      ).outerjoin(purchase, purchase.c.transaction_id == credit_ledger.c.payment_id)
+    reversed_ = (select(credit_ledger.c.payment_id, (-func.sum(credit_ledger.c.amount)).label("reversed"))
+                 .where(credit_ledger.c.reason == "refund").group_by(credit_ledger.c.payment_id).subquery())
+    sums = (select(credit_ledger.c.user_id, func.sum(credit_ledger.c.amount).label("total"))
+            .group_by(credit_ledger.c.user_id).subquery())
+    handed_to_recovery = select(orphan_recovery.c.payment_id)
+    attempts = []
+    for name, length, limit in WINDOWS:
+        attempts.append((f"quota_over_limit:{name}", select(fraud_event.c.user_id, func.count().label("n"))
+                         .where(fraud_event.c.event_type == "authorization_attempt",
+                                fraud_event.c.created_at > now - length)
+                         .group_by(fraud_event.c.user_id).having(func.count() > limit),
+                         lambda r, name=name, limit=limit: {"user_id": r.user_id,
+                                                            "detail": f"{r.n} attempts in the {name} window "
+                                                                      f"(limit {limit})"}))
+    return [
+        ("ledger_without_purchase",
+         payments.where(credit_ledger.c.reason == "payment", or_(
+             purchase.c.id.is_(None), purchase.c.user_id != credit_ledger.c.user_id,
+             purchase.c.credits != credit_ledger.c.amount)),
+         lambda r: {"ledger_id": r.id, "payment_id": r.payment_id, "detail": "a credit that matches no purchase"}),
+        ("refund_without_purchase", payments.where(credit_ledger.c.reason == "refund", purchase.c.id.is_(None)),
+         lambda r: {"ledger_id": r.id, "payment_id": r.payment_id, "detail": "a reversal that matches no purchase"}),
+        ("ledger_unknown_reason", select(credit_ledger.c.id, credit_ledger.c.reason).where(
+            credit_ledger.c.reason.not_in(("payment", "refund"))),
+         lambda r: {"ledger_id": r.id, "detail": r.reason}),
+        ("refund_exceeds_credit", select(purchase.c.transaction_id, purchase.c.credits, reversed_.c.reversed)
+         .join(reversed_, reversed_.c.payment_id == purchase.c.transaction_id)
+         .where(reversed_.c.reversed > purchase.c.credits),
+         lambda r: {"payment_id": r.transaction_id, "detail": f"{r.reversed} reversed of {r.credits}"}),
+        ("credits_differ_from_ledger", select(users.c.id, users.c.credits, func.coalesce(sums.c.total, 0).label("t"))
+         .outerjoin(sums, sums.c.user_id == users.c.id).where(users.c.credits != func.coalesce(sums.c.total, 0)),
+         lambda r: {"user_id": r.id, "detail": f"users.credits={r.credits}, ledger sum={r.t}"}),
+        ("invoice_paid_twice", select(purchase.c.invoice_id, func.count().label("n"))
+         .where(purchase.c.invoice_id.is_not(None)).group_by(purchase.c.invoice_id).having(func.count() > 1),
+         lambda r: {"invoice_id": r.invoice_id, "detail": f"{r.n} settled charges for one subscription period"}),
+        ("recorded_not_on_provider_invoice", select(purchase.c.transaction_id, purchase.c.invoice_id).where(
+            purchase.c.provider_recorded_at.is_(None), purchase.c.created_at < now - GRACE,
+            purchase.c.transaction_id.not_in(handed_to_recovery)),
+         lambda r: {"payment_id": r.transaction_id, "invoice_id": r.invoice_id,
+                    "detail": "recorded by us, not on the provider's invoice"}),
+        ("paid_not_active", select(subscription.c.id, subscription.c.activation_error).where(
+            subscription.c.activation_pending_since < now - GRACE,
+            subscription.c.id.in_(select(purchase.c.subscription_id))),
+         lambda r: {"subscription_id": r.id, "detail": f"paid, not active: {r.activation_error or 'pending'}"}),
+        ("credits_after_freeze", select(credit_ledger.c.id, credit_ledger.c.user_id, credit_ledger.c.payment_id)
+         .join(users, users.c.id == credit_ledger.c.user_id)
+         .where(users.c.frozen_at.is_not(None), credit_ledger.c.amount > 0,
+                credit_ledger.c.created_at > users.c.frozen_at),
+         lambda r: {"ledger_id": r.id, "user_id": r.user_id, "payment_id": r.payment_id,
+                    "detail": "credits applied after the account was frozen"}),
+        *attempts,
+    ]
 
 
 def reconcile(container, since=None, progress=None) -> dict:
     now = container.clock.now()
     violations: list[dict] = []
+    counts: dict[str, int] = {}
+
+    def add(check: str, violation: dict) -> None:
+        counts[check] = counts.get(check, 0) + 1
+        if counts[check] <= LIMIT:
+            violations.append({"check": check.split(":")[0], **violation})
+
     with container.uow() as uow:
-        purchases = {r.transaction_id: r for r in uow.execute(select(purchase))}
-        orphans = dict(uow.execute(select(orphan_recovery.c.payment_id, orphan_recovery.c.status)).all())
-        ledger = uow.execute(select(credit_ledger)).mappings().all()
-        balances = dict(uow.execute(select(users.c.id, users.c.credits)).all())
-        sums = dict(uow.execute(select(credit_ledger.c.user_id, func.sum(credit_ledger.c.amount))
-                                .group_by(credit_ledger.c.user_id)).all())
-        active = {r.id: r for r in uow.execute(select(subscription).where(subscription.c.status == "active"))}
+        for check, query, describe in _local_checks(uow, now):
+            for row in uow.execute(query.limit(LIMIT)):
+                add(check, describe(row))
+        ledger_entries = uow.execute(select(func.count()).select_from(credit_ledger)).scalar_one()
+        user_count = uow.execute(select(func.count()).select_from(users)).scalar_one()
 
     checked_payments = 0
+    orders: set[str] = set()
     for payment in container.orchestrator.list_payments("SETTLED", from_date=since):
         checked_payments += 1
         if progress:
@@ -41,55 +125,62 @@ def reconcile(container, since=None, progress=None) -> dict:
         if settled is not None and now - settled < TOO_RECENT:
             continue
         pid = payment["id"]
-        if pid not in purchases and orphans.get(pid) not in OWNED_BY_RECOVERY:
-            violations.append({"check": "payment_unrecorded", "payment_id": pid,
-                               "detail": "settled at the orchestrator, no purchase and no orphan record"})
-        if pid in purchases and orphans.get(pid) == "duplicate_refunded":
-            violations.append({"check": "payment_recorded_and_refunded", "payment_id": pid,
-                               "detail": "recorded although recovery refunded it as a duplicate"})
+        with container.uow() as uow:
+            recorded = uow.execute(select(purchase.c.credits).where(purchase.c.transaction_id == pid)).first()
+            owner = uow.execute(select(orphan_recovery.c.status).where(orphan_recovery.c.payment_id == pid)).scalar()
+        if recorded is None and owner not in OWNED_BY_RECOVERY:
+            add("payment_unrecorded", {"payment_id": pid,
+                                       "detail": "settled at the orchestrator, no purchase and no orphan record"})
+        if recorded is not None and owner == "duplicate_refunded":
+            add("payment_recorded_and_refunded", {"payment_id": pid,
+                                                  "detail": "recorded although recovery refunded it as a duplicate"})
+        order = payment.get("orderId")
+        if order and order in orders:
+            add("order_charged_twice", {"payment_id": pid, "order_id": order,
+                                        "detail": "a second settled payment for one order"})
+        elif order:
+            orders.add(order)
+        if recorded is not None and settled is not None and now - settled < REFUND_WINDOW:
+            _check_refund(container, pid, recorded.credits, add)
 
-    reversed_by_payment: dict[str, int] = {}
-    for entry in ledger:
-        pid = entry["payment_id"]
-        if entry["reason"] == "payment":
-            bought = purchases.get(pid)
-            if bought is None or bought.user_id != entry["user_id"] or bought.credits != entry["amount"]:
-                violations.append({"check": "ledger_without_purchase", "ledger_id": entry["id"], "payment_id": pid,
-                                   "detail": "a credit that matches no purchase"})
-        elif entry["reason"] == "refund":
-            if pid not in purchases:
-                violations.append({"check": "refund_without_purchase", "ledger_id": entry["id"], "payment_id": pid,
-                                   "detail": "a reversal that matches no purchase"})
-            reversed_by_payment[pid] = reversed_by_payment.get(pid, 0) - entry["amount"]
-        else:
-            violations.append({"check": "ledger_unknown_reason", "ledger_id": entry["id"], "detail": entry["reason"]})
-    for pid, total in reversed_by_payment.items():
-        if pid in purchases and total > purchases[pid].credits:
-            violations.append({"check": "refund_exceeds_credit", "payment_id": pid,
-                               "detail": f"{total} reversed of {purchases[pid].credits}"})
-
-    for user_id, balance in balances.items():
-        expected = int(sums.get(user_id) or 0)
-        if int(balance) != expected:
-            violations.append({"check": "credits_differ_from_ledger", "user_id": user_id,
-                               "detail": f"users.credits={balance}, ledger sum={expected}"})
-
-    seen = set()
+    active = 0
+    with container.uow() as uow:
+        active_ids = select(subscription.c.id).where(subscription.c.status == "active")
+        active = uow.execute(select(func.count()).select_from(active_ids.subquery())).scalar_one()
+    seen: set[str] = set()  # provider ids (as many as subscriptions, not ledger rows)
     for row in container.provider.list_subscriptions():
         remote = row["subscription"]
         seen.add(remote["id"])
         if progress:
             progress(1)
-        local = active.get(remote["id"])
-        if local is not None and remote["status"] != "active":
-            violations.append({"check": "subscription_differs", "subscription_id": remote["id"],
-                               "detail": f"local active, provider {remote['status']}"})
-    for sub_id in active:
-        if sub_id not in seen:
-            violations.append({"check": "subscription_missing_at_provider", "subscription_id": sub_id,
-                               "detail": "active locally, unknown to the provider"})
+        with container.uow() as uow:
+            local = uow.execute(select(subscription.c.status).where(subscription.c.id == remote["id"])).scalar()
+        if local == "active" and remote["status"] != "active":
+            add("subscription_differs", {"subscription_id": remote["id"],
+                                         "detail": f"local active, provider {remote['status']}"})
+    with container.uow() as uow:
+        for sub_id in uow.execute(select(subscription.c.id).where(subscription.c.status == "active")).scalars():
+            if sub_id not in seen:
+                add("subscription_missing_at_provider", {"subscription_id": sub_id,
+                                                         "detail": "active locally, unknown to the provider"})
 
-    container.metrics.reconcile_violations.set(len(violations))
-    return {"checked": {"payments": checked_payments, "ledger_entries": len(ledger), "users": len(balances),
-                        "active_subscriptions": len(active)},
-            "violations": violations, "ok": not violations}
+    container.metrics.reconcile_violations.set(sum(counts.values()))
+    return {"checked": {"payments": checked_payments, "ledger_entries": ledger_entries, "users": user_count,
+                        "active_subscriptions": active},
+            "violations": violations, "counts": counts, "ok": not counts}
+
+
+def _check_refund(container, payment_id: str, credits: int, add) -> None:
+    """Refunded at the orchestrator (the list holds no refunded amount: the payment is read) but not
+    reversed in the ledger."""
+    payment = container.orchestrator.get_payment(payment_id)
+    refunded, amount = int((payment.get("processor") or {}).get("amountRefunded") or 0), int(payment.get("amount") or 0)
+    if not refunded or not amount:
+        return
+    expected = (int(credits) * min(refunded, amount)) // amount
+    with container.uow() as uow:
+        done = -int(uow.execute(select(func.coalesce(func.sum(credit_ledger.c.amount), 0)).where(
+            credit_ledger.c.payment_id == payment_id, credit_ledger.c.reason == "refund")).scalar_one())
+    if done < expected:
+        add("refund_not_reversed", {"payment_id": payment_id, "detail": f"refunded {refunded} of {amount}: "
+                                                                        f"{done} of {expected} credits reversed"})

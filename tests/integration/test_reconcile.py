@@ -1,0 +1,131 @@
+"""Reconcile is the invariant checker (issue "Money paths"): each check sees a planted violation, from
+our books or from the orchestrator's, and a clean system reports nothing."""
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import insert, update
+
+from billingctl.adapters.db.tables import credit_ledger, fraud_event, purchase, subscription, users
+from billingctl.bootstrap import Container
+from billingctl.domain.clock import ManualClock
+from billingctl.services.reconcile import reconcile
+from tests.integration.conftest import World
+
+pytestmark = pytest.mark.integration
+PRO = "credits-pro-USD-monthly"
+
+
+@pytest.fixture
+def world(make_settings, db_url):
+    c = Container(make_settings(database_url=db_url, http_max_attempts=1), clock=ManualClock())
+    c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
+    yield World(c)
+    c.close()
+
+
+def paid(world, user="user_a"):
+    co = world.checkout(user)
+    payment = world.sandbox.pay(co["order_id"])
+    world.c.clock.advance(60)
+    world.sandbox.store.advance_clock(60)
+    return co, payment
+
+
+def checks(world):
+    return {v["check"] for v in reconcile(world.c)["violations"]}
+
+
+def test_a_clean_system_reports_nothing(world):
+    paid(world, "user_a")
+    _, refunded = paid(world, "user_b")
+    world.sandbox.refund(refunded["id"], 500)  # reported and reversed
+    world.c.clock.advance(2 * 3600)
+    report = reconcile(world.c)
+    assert report["violations"] == [] and report["ok"] is True
+
+
+def plant_invoice_paid_twice(world):
+    co, payment = paid(world)
+    with world.c.uow() as uow:
+        invoice_id = uow.execute(purchase.select().where(purchase.c.transaction_id == payment["id"])).one().invoice_id
+        uow.execute(insert(purchase).values(invoice_id=invoice_id, transaction_id="pay_second", amount=1,
+                                            subscription_id=co["subscription_id"], user_id="user_a", credits=0,
+                                            created_at=world.c.clock.now(), provider_recorded_at=world.c.clock.now()))
+        uow.commit()
+
+
+def plant_unreported(world):
+    _, payment = paid(world)
+    with world.c.uow() as uow:
+        uow.execute(update(purchase).where(purchase.c.transaction_id == payment["id"]).values(
+            provider_recorded_at=None))
+        uow.commit()
+    world.c.clock.advance(2 * 3600)
+
+
+def plant_paid_not_active(world):
+    co, _ = paid(world)
+    with world.c.uow() as uow:
+        uow.execute(update(subscription).where(subscription.c.id == co["subscription_id"]).values(
+            status="future", activation_pending_since=world.c.clock.now()))
+        uow.commit()
+    world.c.clock.advance(2 * 3600)
+
+
+def plant_credits_after_freeze(world):
+    paid(world)
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        uow.execute(update(users).where(users.c.id == "user_a").values(frozen_at=now - timedelta(hours=1),
+                                                                       frozen_reason="fraud"))
+        uow.commit()
+
+
+def plant_quota_over_limit(world):
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        for i in range(6):
+            uow.execute(insert(fraud_event).values(user_id="user_q", event_type="authorization_attempt",
+                                                   created_at=now - timedelta(hours=i + 1),
+                                                   metadata={"merchant_context": "full"}))
+        uow.commit()
+
+
+def plant_order_charged_twice(world):
+    co, _ = paid(world)
+    world.sandbox.pay(co["order_id"], drop_webhook=True)  # the same checkout settles a second time
+    world.c.clock.advance(60)
+
+
+def plant_refund_not_reversed(world):
+    _, payment = paid(world)
+    world.sandbox.hold_webhooks()  # the refund report is lost
+    world.sandbox.refund(payment["id"])
+
+
+def plant_ledger_without_purchase(world):
+    with world.c.uow() as uow:
+        uow.execute(insert(users).values(id="user_g", created_at=world.c.clock.now(), credits=0))
+        uow.execute(insert(credit_ledger).values(user_id="user_g", amount=0, source_key="payment:pay_ghost",
+                                                 reason="payment", payment_id="pay_ghost",
+                                                 created_at=world.c.clock.now()))
+        uow.commit()
+
+
+@pytest.mark.parametrize(("plant", "check"), [
+    (plant_invoice_paid_twice, "invoice_paid_twice"),
+    (plant_unreported, "recorded_not_on_provider_invoice"),
+    (plant_paid_not_active, "paid_not_active"),
+    (plant_credits_after_freeze, "credits_after_freeze"),
+    (plant_quota_over_limit, "quota_over_limit"),
+    (plant_order_charged_twice, "order_charged_twice"),
+    (plant_refund_not_reversed, "refund_not_reversed"),
+    (plant_ledger_without_purchase, "ledger_without_purchase"),
+])
+def test_each_planted_violation_is_named(world, plant, check):
+    plant(world)
+    report = reconcile(world.c)
+    assert check in {v["check"] for v in report["violations"]} and report["ok"] is False
+    assert report["counts"][next(k for k in report["counts"] if k.split(":")[0] == check)] >= 1
+    assert world.c.metrics.sample("billing_reconcile_violations", {}) == sum(report["counts"].values())
