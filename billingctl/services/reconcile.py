@@ -116,7 +116,7 @@ def reconcile(container, since=None, progress=None) -> dict:
         user_count = uow.execute(select(func.count()).select_from(users)).scalar_one()
 
     checked_payments = 0
-    orders: set[str] = set()
+    orders: dict[str, str] = {}  # order id -> first payment id (as many as payments listed, not ledger rows)
     for payment in container.orchestrator.list_payments("SETTLED", from_date=since):
         checked_payments += 1
         if progress:
@@ -136,10 +136,11 @@ def reconcile(container, since=None, progress=None) -> dict:
                                                   "detail": "recorded although recovery refunded it as a duplicate"})
         order = payment.get("orderId")
         if order and order in orders:
-            add("order_charged_twice", {"payment_id": pid, "order_id": order,
-                                        "detail": "a second settled payment for one order"})
+            if not (_fully_refunded(container, pid) or _fully_refunded(container, orders[order])):
+                add("order_charged_twice", {"payment_id": pid, "order_id": order, "first_payment_id": orders[order],
+                                            "detail": "a second settled payment for one order"})
         elif order:
-            orders.add(order)
+            orders[order] = pid
         if recorded is not None and settled is not None and now - settled < REFUND_WINDOW:
             _check_refund(container, pid, recorded.credits, add)
 
@@ -168,6 +169,12 @@ def reconcile(container, since=None, progress=None) -> dict:
     return {"checked": {"payments": checked_payments, "ledger_entries": ledger_entries, "users": user_count,
                         "active_subscriptions": active},
             "violations": violations, "counts": counts, "ok": not counts}
+
+
+def _fully_refunded(container, payment_id: str) -> bool:
+    """A second charge already refunded in full is resolved: the check clears once the refund is done."""
+    payment = container.orchestrator.get_payment(payment_id)
+    return int((payment.get("processor") or {}).get("amountRefunded") or 0) >= int(payment.get("amount") or 0) > 0
 
 
 def _check_refund(container, payment_id: str, credits: int, add) -> None:

@@ -129,3 +129,13 @@ def test_each_planted_violation_is_named(world, plant, check):
     assert check in {v["check"] for v in report["violations"]} and report["ok"] is False
     assert report["counts"][next(k for k in report["counts"] if k.split(":")[0] == check)] >= 1
     assert world.c.metrics.sample("billing_reconcile_violations", {}) == sum(report["counts"].values())
+
+
+def test_a_second_charge_refunded_in_full_clears_the_order_check(world):
+    co, _ = paid(world)
+    second = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    world.c.clock.advance(60)
+    assert "order_charged_twice" in checks(world)
+    world.sandbox.hold_webhooks()
+    world.sandbox.refund(second["id"])  # the operator refunds the double charge
+    assert "order_charged_twice" not in checks(world)
