@@ -125,3 +125,34 @@ def test_reconcile_finds_each_planted_violation(container, env):
     assert report.returncode == 5
     assert {"payment_unrecorded", "credits_differ_from_ledger", "ledger_without_purchase",
             "subscription_missing_at_provider"} <= checks
+
+
+def test_reconcile_exits_5_naming_the_money_path_checks(container, env):
+    """Issue "Money paths": the invariant checks seen through the command cron and on-call run."""
+    from sqlalchemy import insert, update
+
+    from billingctl.adapters.db.tables import fraud_event, purchase, users
+    from billingctl.services.checkout import create_checkout
+
+    co = create_checkout(container, "user_f", "credits-pro-USD-monthly")
+    payment = container.sandbox.pay(co["order_id"])
+    second = container.sandbox.pay(co["order_id"], drop_webhook=True)  # charged twice for one checkout
+    for settled in (payment, second):  # older than the 15 s a fresh payment is given
+        container.sandbox.store.put("payment", settled["id"], {**container.sandbox.store.get(
+            "payment", settled["id"]), "date": settled["date"] - 60})
+    now = container.clock.now()
+    with container.uow() as uow:
+        uow.execute(update(users).where(users.c.id == "user_f").values(frozen_at=now - timedelta(days=1),
+                                                                       frozen_reason="fraud"))
+        uow.execute(update(purchase).where(purchase.c.transaction_id == payment["id"]).values(
+            provider_recorded_at=None, created_at=now - timedelta(hours=2)))
+        for i in range(6):
+            uow.execute(insert(fraud_event).values(user_id="user_f", event_type="authorization_attempt",
+                                                   created_at=now - timedelta(hours=i + 1),
+                                                   metadata={"merchant_context": "full"}))
+        uow.commit()
+    report = billingctl(["--json", "reconcile"], env)
+    assert report.returncode == 5
+    checks = {v["check"] for v in json.loads(report.stdout)["violations"]}
+    assert {"credits_after_freeze", "recorded_not_on_provider_invoice", "quota_over_limit",
+            "order_charged_twice"} <= checks
