@@ -49,6 +49,11 @@ def test_healthz_and_metrics_on_the_private_listener(internal):
     metrics = internal.get("/metrics")
     assert metrics.status_code == 200
     assert b"billing_provider_rate_limit_errors_total" in metrics.data
+    # Issue "Observability" 1: one charset parameter; Prometheus 3 refuses a duplicated one.
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    assert metrics.headers["Content-Type"] == CONTENT_TYPE_LATEST
+    assert metrics.headers["Content-Type"].count("charset") == 1
 
 
 @pytest.mark.parametrize("path", ["/internal/anything", "/internal/health/circuit-breaker", "/metrics",

@@ -42,7 +42,8 @@ def metrics():
         multiprocess.MultiProcessCollector(registry)
     else:
         registry = container().metrics.registry
-    return Response(generate_latest(registry), mimetype=CONTENT_TYPE_LATEST)
+    # content_type, not mimetype: Flask would append a second charset to the one the constant carries.
+    return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
 
 @bp.get("/internal/health/circuit-breaker")
