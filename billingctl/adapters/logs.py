@@ -37,3 +37,9 @@ def configure_logging(level: str = "INFO") -> None:
     root.setLevel(level)
     # One line per outbound HTTP request is noise at INFO; our clients log failures themselves.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))
+
+
+def set_level(level: str) -> None:
+    root = logging.getLogger()
+    root.setLevel(level)
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, root.level))

@@ -20,6 +20,7 @@ class CliContext:
     json: bool = False
     dry_run: bool = False
     output: Output = field(default_factory=Output)
+    log_level_given: bool = False
     _container: object = None
 
     @property

@@ -41,6 +41,11 @@ def run(name: str, loop: bool = typer.Option(False, "--loop", help="Keep running
     job = BY_NAME.get(name)
     if job is None:
         raise NotFound(f"no job {name!r}; see `billingctl jobs list`")
+    if not cli.log_level_given:
+        # Scheduled jobs log at INFO: the spec's markers (nsfw_renewal_card_substitution, …) are INFO lines.
+        from billingctl.adapters.logs import set_level
+
+        set_level("INFO")
     if cli.dry_run:
         from jobs.runner import leases
 

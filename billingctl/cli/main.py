@@ -23,12 +23,14 @@ def _root(
     ctx: typer.Context,
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; change nothing."),
-    log_level: str = typer.Option("WARNING", "--log-level", envvar="BILLING_LOG_LEVEL", help="Log level."),
+    log_level: str = typer.Option(None, "--log-level", envvar="BILLING_LOG_LEVEL",
+                                  help="Log level (default WARNING; INFO for `jobs run`)."),
 ):
     from billingctl.adapters.logs import configure_logging
 
-    configure_logging(log_level.upper())
-    ctx.obj = set_ctx(CliContext(json=json_output, dry_run=dry_run, output=Output(json_output)))
+    configure_logging((log_level or "WARNING").upper())
+    ctx.obj = set_ctx(CliContext(json=json_output, dry_run=dry_run, output=Output(json_output),
+                                 log_level_given=log_level is not None))
 
 
 @command(app, "version")

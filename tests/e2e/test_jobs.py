@@ -156,3 +156,20 @@ def test_reconcile_exits_5_naming_the_money_path_checks(container, env):
     checks = {v["check"] for v in json.loads(report.stdout)["violations"]}
     assert {"credits_after_freeze", "recorded_not_on_provider_invoice", "quota_over_limit",
             "order_charged_twice"} <= checks
+
+
+def test_a_scheduled_job_logs_the_spec_info_markers(container, env):
+    """Issue "Observability" 6: jobs logged at WARNING, so nsfw_renewal_card_substitution never appeared."""
+    from billingctl.services.checkout import create_checkout
+
+    co = create_checkout(container, "user_w", "credits-pro-nsfw-USD-monthly")
+    container.sandbox.pay(co["order_id"], method="PAYPAL")
+    container.sandbox.add_instrument("user_w", "PAYMENT_CARD")
+    container.sandbox.change_term_end(co["subscription_id"], container.sandbox.now() - 1)
+    quiet_env = {k: v for k, v in env.items() if k != "BILLING_LOG_LEVEL"}
+    result = billingctl(["jobs", "run", "renewals"], quiet_env)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    assert "nsfw_renewal_card_substitution" in [line.get("message") for line in lines]
+    plain = billingctl(["renewals", "list", "--user", "user_w"], quiet_env)  # an operator command stays quiet
+    assert plain.stderr == ""
