@@ -31,10 +31,17 @@ class HttpSink:
             raise ExternalUnavailable(f"{self.name} sink answered HTTP {response.status_code}")
 
 
+def slack_escape(value) -> str:
+    """Slack's three control characters: data never becomes a mention (<!channel>), a link or markup."""
+    return str(value).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def chat_message(text: str, **fields) -> dict:
-    """Slack-compatible incoming-webhook JSON."""
-    payload = {"text": text}
+    """Slack-compatible incoming-webhook JSON. Every piece of data is escaped; attachments carry a
+    plain-text `fallback` for clients (and notifications) that do not render fields."""
+    payload = {"text": slack_escape(text)}
     if fields:
-        payload["attachments"] = [{"fields": [{"title": k, "value": str(v), "short": True}
-                                              for k, v in fields.items()]}]
+        rows = [{"title": k, "value": slack_escape(v), "short": True} for k, v in fields.items()]
+        fallback = slack_escape(text) + " (" + ", ".join(f"{r['title']}: {r['value']}" for r in rows) + ")"
+        payload["attachments"] = [{"fallback": fallback, "fields": rows}]
     return payload

@@ -88,3 +88,20 @@ def test_undeliverable_messages_never_starve_a_chat_alert(make_settings, db_url,
     assert [json.loads(b)["text"] for b in sink.received] == [
         "ORPHANED PAYMENT RECOVERY EXHAUSTED - manual review required"]
     c.close()
+
+
+def test_chat_alerts_escape_data_and_carry_a_fallback(make_settings, db_url, sink):
+    """Issue "Observability" 7: `<!channel>` inside an alert or an embedded error pinged the channel."""
+    c = Container(make_settings(database_url=db_url, alert_webhook_url=sink.url), clock=ManualClock())
+    with c.uow() as uow:
+        raise_alert(uow, c.clock, "Inbox event parked: <!channel> & <https://evil|click>", "esc:1",
+                    error="provider said <!here> <@U123>")
+        uow.commit()
+    assert deliver_outbox(c)["delivered"] == 1
+    body = json.loads(sink.received[0])
+    assert body["text"] == "Inbox event parked: &lt;!channel&gt; &amp; &lt;https://evil|click&gt;"
+    [attachment] = body["attachments"]
+    assert attachment["fields"][0]["value"] == "provider said &lt;!here&gt; &lt;@U123&gt;"
+    assert attachment["fallback"].startswith("Inbox event parked: &lt;!channel&gt;")
+    assert "<" not in json.dumps(body)
+    c.close()
