@@ -48,9 +48,12 @@ class Container:
 
     @cached_property
     def metrics(self) -> Metrics:
-        from billingctl.adapters.metrics import Metrics
+        from billingctl.adapters.metrics import Metrics, ensure_multiprocess_dir
 
-        return self._metrics or Metrics()
+        if self._metrics is not None:
+            return self._metrics
+        ensure_multiprocess_dir()
+        return Metrics()
 
     @cached_property
     def redis(self):

@@ -214,10 +214,17 @@ def _present(value) -> bool:
 
 def load_settings(**overrides) -> Settings:
     """Build Settings from the environment (and overrides), turning validation errors into one line."""
+    from pydantic_settings import SettingsError
+
     try:
         return Settings(**overrides)
     except ValidationError as exc:
         raise ConfigError(_one_line(exc)) from None
+    except SettingsError as exc:  # a complex value (JSON) that does not parse: a configuration error too
+        field = str(exc).split('field "', 1)[-1].split('"', 1)[0] if 'field "' in str(exc) else ""
+        named = f"BILLING_{field.upper()}: " if field else ""
+        raise ConfigError(f"configuration error: {named}not valid JSON (quote the whole value in single quotes "
+                          "in the env file)") from None
 
 
 def _one_line(exc: ValidationError) -> str:

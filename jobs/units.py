@@ -24,17 +24,25 @@ RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6
 SystemCallArchitectures=native
 CapabilityBoundingSet=
 ReadWritePaths=/var/lib/billing /run/billing-metrics"""
+METRICS_DIR = "/run/billing-metrics"
 COMMON = f"""User=billing
 Group=billing
 WorkingDirectory={STATE_DIR}
 EnvironmentFile={ENV_FILE}
-Environment=PROMETHEUS_MULTIPROC_DIR=/run/billing-metrics
+Environment=PROMETHEUS_MULTIPROC_DIR={METRICS_DIR}
 {HARDENING}"""
 
 
+def cron_command(job: Job, env_file: str = ENV_FILE, billingctl: str = BILLINGCTL) -> str:
+    """The env file is read by `sh` here and by systemd in the units: one format for both (values with
+    spaces, quotes or JSON in single quotes). Output goes to syslog (the journal), which every host has;
+    the metrics directory is the units' (the job creates it when it can)."""
+    return (f"set -a && . {env_file} && PROMETHEUS_MULTIPROC_DIR={METRICS_DIR} {billingctl} jobs run {job.name} "
+            f"2>&1 | logger -t billing-job-{job.name}")
+
+
 def cron_lines(job: Job) -> list[str]:
-    command = (f"set -a && . {ENV_FILE} && {BILLINGCTL} jobs run {job.name} "
-               f">> /var/log/billing/{job.name}.log 2>&1")
+    command = cron_command(job)
     seconds = job.interval_seconds
     if seconds < 60:
         return [f"* * * * * billing {'sleep ' + str(offset) + ' && ' if offset else ''}{command}"
@@ -71,6 +79,8 @@ ExecStart={billingctl} jobs run {job.name}
 # 75: another host holds the lease; that is not a failure.
 SuccessExitStatus=75
 TimeoutStartSec={job.lease_seconds}
+RuntimeDirectory=billing-metrics
+RuntimeDirectoryPreserve=yes
 {COMMON}
 """
         units[f"billing-job-{job.name}.timer"] = f"""# Generated from jobs/schedule.py; do not edit by hand.

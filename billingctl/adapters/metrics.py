@@ -9,6 +9,31 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 30, 60, 120, 300, 900)
 
 
+def ensure_multiprocess_dir() -> str | None:
+    """Jobs run whether or not PROMETHEUS_MULTIPROC_DIR exists (a timer host without the web units, a
+    cron line): the directory is created; when it cannot be, this process keeps its samples in a private
+    directory (they are not scraped, and a warning says so) instead of crashing."""
+    import logging
+    import os
+    import tempfile
+
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return None
+    try:
+        os.makedirs(path, exist_ok=True)
+        if os.access(path, os.W_OK):
+            return path
+        raise PermissionError(path)
+    except OSError as exc:
+        private = tempfile.mkdtemp(prefix="billing-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = private
+        logging.getLogger("billingctl.metrics").warning(
+            "metrics directory unavailable (%s: %s); this process's metrics are not scraped",
+            type(exc).__name__, path, extra={"metrics_dir": path})
+        return private
+
+
 class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()

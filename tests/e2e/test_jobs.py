@@ -173,3 +173,46 @@ def test_a_scheduled_job_logs_the_spec_info_markers(container, env):
     assert "nsfw_renewal_card_substitution" in [line.get("message") for line in lines]
     plain = billingctl(["renewals", "list", "--user", "user_w"], quiet_env)  # an operator command stays quiet
     assert plain.stderr == ""
+
+
+def test_a_job_runs_without_its_metrics_directory(env, tmp_path):
+    """Issue "Observability" 5: jobs crashed (FileNotFoundError, exit 1) when /run/billing-metrics did
+    not exist. The job creates it; one it cannot create costs the scrape, never the run."""
+    missing = tmp_path / "run" / "billing-metrics"
+    result = billingctl(["jobs", "run", "velocity-watch"], {**env, "PROMETHEUS_MULTIPROC_DIR": str(missing)})
+    assert result.returncode == 0, result.stderr
+    assert any(p.suffix == ".db" for p in missing.iterdir())  # its samples are there for the scrape
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    result = billingctl(["jobs", "run", "velocity-watch"], {**env, "PROMETHEUS_MULTIPROC_DIR": str(blocked / "x")})
+    assert result.returncode == 0, result.stderr
+    assert "metrics directory unavailable" in result.stderr
+
+
+def test_the_cron_line_runs_end_to_end_with_one_env_file_format(env, tmp_path, container):
+    """Issue "Observability" 5: one env file read by systemd and by sh; a JSON value in single quotes
+    reaches the job intact; unquoted, sh mangles it and the job refuses to start with exit 2."""
+    import os
+    import sys
+
+    from sqlalchemy import select
+
+    from billingctl.adapters.db.tables import job_lease
+    from jobs.units import cron_command
+
+    lanes = '{"SFW_STRIPE": "sfw", "SFW_ADYEN": "sfw", "NSFW_SEGPAY": "nsfw", "NSFW_CCBILL": "nsfw", ' \
+            '"NSFW_NMI": "nsfw"}'
+    env_file = tmp_path / "billing.env"
+    env_file.write_text("".join(f"{k}='{v}'\n" for k, v in env.items()) + f"BILLING_PROCESSOR_LANES='{lanes}'\n")
+    billingctl_bin = f"{sys.executable} -m billingctl"
+    line = cron_command(BY_NAME["velocity-watch"], env_file=str(env_file), billingctl=billingctl_bin)
+    line = line.replace("/run/billing-metrics", str(tmp_path / "metrics"))
+    subprocess.run(["sh", "-c", line], env={"PATH": os.environ["PATH"]}, timeout=120, check=False)
+    with container.uow() as uow:
+        lease = uow.execute(select(job_lease).where(job_lease.c.name == "velocity-watch")).mappings().one()
+    assert lease["last_success_at"] is not None and lease["last_error"] is None
+    compact = lanes.replace(" ", "")  # without spaces sh sources it, but strips its quotes
+    env_file.write_text("".join(f"{k}='{v}'\n" for k, v in env.items()) + f"BILLING_PROCESSOR_LANES={compact}\n")
+    unquoted = subprocess.run(["sh", "-c", f"set -a && . {env_file} && {billingctl_bin} jobs run velocity-watch"],
+                              env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=120)
+    assert unquoted.returncode == 2 and "BILLING_PROCESSOR_LANES" in unquoted.stderr
