@@ -110,3 +110,44 @@ class Metrics:
         """The current value of one sample (tests and `health` read metrics back this way)."""
         value = self.registry.get_sample_value(name, labels or {})
         return value or 0.0
+
+
+# State gauges are read from the shared state when Prometheus scrapes, never aggregated over the files
+# of processes that exited (a job that once saw the breaker open would keep the alert firing).
+LIVE_GAUGES = ("billing_circuit_breaker_state", "billing_reconcile_violations")
+
+
+class WithoutLive:
+    """The multiprocess aggregation minus the state gauges (LiveState answers those)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def collect(self):
+        for family in self.inner.collect():
+            if family.name not in LIVE_GAUGES:
+                yield family
+
+
+class LiveState:
+    """billing_circuit_breaker_state from the breakers (shared through Redis when configured) and
+    billing_reconcile_violations from the database (the last reconcile's count), read at scrape time."""
+
+    def __init__(self, breakers: callable, violations: callable):
+        self.breakers, self.violations = breakers, violations
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        from billingctl.adapters.breaker import STATE_VALUE
+
+        state = GaugeMetricFamily("billing_circuit_breaker_state",
+                                  "Circuit breaker state per dependency: 0 closed, 1 half-open, 2 open.",
+                                  labels=["dependency"])
+        for name, snap in self.breakers().items():
+            state.add_metric([name], STATE_VALUE.get(snap["state"], 2))
+        yield state
+        count = self.violations()
+        if count is not None:
+            yield GaugeMetricFamily("billing_reconcile_violations",
+                                    "Invariant violations found by the last reconcile.", value=count)

@@ -166,6 +166,7 @@ def reconcile(container, since=None, progress=None) -> dict:
                                                          "detail": "active locally, unknown to the provider"})
 
     container.metrics.reconcile_violations.set(sum(counts.values()))
+    _store_violations(container, sum(counts.values()))
     return {"checked": {"payments": checked_payments, "ledger_entries": ledger_entries, "users": user_count,
                         "active_subscriptions": active},
             "violations": violations, "counts": counts, "ok": not counts}
@@ -191,3 +192,30 @@ def _check_refund(container, payment_id: str, credits: int, add) -> None:
     if done < expected:
         add("refund_not_reversed", {"payment_id": payment_id, "detail": f"refunded {refunded} of {amount}: "
                                                                         f"{done} of {expected} credits reversed"})
+
+
+STATE_KEY = "reconcile_violations"
+
+
+def _store_violations(container, count: int) -> None:
+    """The last run's count, for the scrape (billing_reconcile_violations is live state, not a max over
+    the processes that ever ran reconcile)."""
+    from sqlalchemy import update
+
+    from billingctl.adapters.db.sql import insert_ignore
+    from billingctl.adapters.db.tables import poller_cursor
+
+    now = container.clock.now()
+    with container.uow() as uow:
+        insert_ignore(uow, poller_cursor, {"name": STATE_KEY, "value": str(count), "updated_at": now}, ["name"])
+        uow.execute(update(poller_cursor).where(poller_cursor.c.name == STATE_KEY).values(value=str(count),
+                                                                                          updated_at=now))
+        uow.commit()
+
+
+def last_violations(container) -> int | None:
+    from billingctl.adapters.db.tables import poller_cursor
+
+    with container.uow() as uow:
+        value = uow.execute(select(poller_cursor.c.value).where(poller_cursor.c.name == STATE_KEY)).scalar()
+    return int(value) if value is not None else None

@@ -216,3 +216,32 @@ def test_the_cron_line_runs_end_to_end_with_one_env_file_format(env, tmp_path, c
     unquoted = subprocess.run(["sh", "-c", f"set -a && . {env_file} && {billingctl_bin} jobs run velocity-watch"],
                               env={"PATH": os.environ["PATH"]}, capture_output=True, text=True, timeout=120)
     assert unquoted.returncode == 2 and "BILLING_PROCESSOR_LANES" in unquoted.stderr
+
+
+def test_state_gauges_report_the_live_state_not_the_max_over_exited_processes(container, env, tmp_path,
+                                                                              monkeypatch):
+    """Issue "Observability" 2: reconcile_violations (and the breaker state) were a max over the metric
+    files of every process that ever ran, so an alert kept firing after the condition ended."""
+    from prometheus_client.parser import text_string_to_metric_families
+    from sqlalchemy import insert, update
+
+    from billingctl.adapters.db.tables import users
+    from webhooks_app import create_internal_app
+
+    metrics_dir = tmp_path / "metrics"
+    job_env = {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+    with container.uow() as uow:
+        uow.execute(insert(users).values(id="user_v", created_at=container.clock.now(), credits=7))
+        uow.commit()
+    assert billingctl(["reconcile"], job_env).returncode == 5  # a process that saw one violation, then exited
+    with container.uow() as uow:
+        uow.execute(update(users).where(users.c.id == "user_v").values(credits=0))
+        uow.commit()
+    assert billingctl(["reconcile"], job_env).returncode == 0
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
+    scrape = create_internal_app(container=container).test_client().get("/metrics")
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(scrape.get_data(as_text=True)) for s in family.samples}
+    assert samples[("billing_reconcile_violations", ())] == 0
+    assert samples[("billing_circuit_breaker_state", (("dependency", "subscription_provider"),))] == 0
+    assert sum(1 for name, _ in samples if name == "billing_reconcile_violations") == 1

@@ -38,8 +38,13 @@ def metrics():
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
+        from billingctl.adapters.metrics import LiveState, WithoutLive
+        from billingctl.services.health import breaker_status
+        from billingctl.services.reconcile import last_violations
+
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
+        registry.register(WithoutLive(multiprocess.MultiProcessCollector(None)))
+        registry.register(LiveState(lambda: breaker_status(container()), lambda: last_violations(container())))
     else:
         registry = container().metrics.registry
     # content_type, not mimetype: Flask would append a second charset to the one the constant carries.
