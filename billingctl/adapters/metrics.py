@@ -23,6 +23,7 @@ def ensure_multiprocess_dir() -> str | None:
     try:
         os.makedirs(path, exist_ok=True)
         if os.access(path, os.W_OK):
+            _archive_at_exit()
             return path
         raise PermissionError(path)
     except OSError as exc:
@@ -32,6 +33,56 @@ def ensure_multiprocess_dir() -> str | None:
             "metrics directory unavailable (%s: %s); this process's metrics are not scraped",
             type(exc).__name__, path, extra={"metrics_dir": path})
         return private
+
+
+_ARCHIVING: list[int] = []
+
+
+def _archive_at_exit() -> None:
+    import atexit
+    import os
+
+    if os.getpid() not in _ARCHIVING:
+        _ARCHIVING.append(os.getpid())
+        atexit.register(archive_process_metrics)
+
+
+def archive_process_metrics(pid: int | None = None) -> int:
+    """Fold one exiting process's metric files into one archive file per kind (counters and histograms
+    summed, max gauges kept as the max; other gauges are state and dropped), so the directory stays a
+    few files however many job processes ran, and the scrape stays fast. Returns the files folded."""
+    import fcntl
+    import glob
+    import os
+
+    from prometheus_client.mmap_dict import MmapedDict
+
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path or not os.path.isdir(path):
+        return 0
+    pid = pid or os.getpid()
+    folded = 0
+    with open(os.path.join(path, "archive.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        for name in glob.glob(os.path.join(path, f"*_{pid}.db")):
+            kind = os.path.basename(name)[:-len(f"_{pid}.db")]  # counter, histogram, gauge_max, ...
+            if kind in ("counter", "histogram", "summary", "gauge_max", "gauge_min"):
+                archive = MmapedDict(os.path.join(path, f"{kind}_archive.db"))
+                try:
+                    for key, value, timestamp, _ in MmapedDict.read_all_values_from_file(name):
+                        current, _ = archive.read_value(key)
+                        if kind == "gauge_max":
+                            value = max(value, current) if current else value
+                        elif kind == "gauge_min":
+                            value = min(value, current) if current else value
+                        else:
+                            value = current + value
+                        archive.write_value(key, value, timestamp)
+                finally:
+                    archive.close()
+            os.remove(name)
+            folded += 1
+    return folded
 
 
 class Metrics:
@@ -124,7 +175,14 @@ class WithoutLive:
         self.inner = inner
 
     def collect(self):
-        for family in self.inner.collect():
+        for attempt in range(3):  # an exiting job may fold its files into the archive mid-scrape
+            try:
+                families = list(self.inner.collect())
+                break
+            except FileNotFoundError:
+                if attempt == 2:
+                    raise
+        for family in families:
             if family.name not in LIVE_GAUGES:
                 yield family
 

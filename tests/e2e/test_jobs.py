@@ -245,3 +245,22 @@ def test_state_gauges_report_the_live_state_not_the_max_over_exited_processes(co
     assert samples[("billing_reconcile_violations", ())] == 0
     assert samples[("billing_circuit_breaker_state", (("dependency", "subscription_provider"),))] == 0
     assert sum(1 for name, _ in samples if name == "billing_reconcile_violations") == 1
+
+
+def test_job_processes_fold_their_metric_files_so_the_directory_stays_small(env, tmp_path, monkeypatch, container):
+    """Issue "Observability" 4: three files per job process (about 39,000 a day), scrape time growing."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from webhooks_app import create_internal_app
+
+    metrics_dir = tmp_path / "metrics"
+    for _ in range(4):
+        assert billingctl(["jobs", "run", "velocity-watch"], {**env, "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+                          ).returncode == 0
+    files = sorted(p.name for p in metrics_dir.glob("*.db"))
+    assert all(name.endswith("_archive.db") for name in files) and len(files) <= 4, files
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(metrics_dir))
+    scrape = create_internal_app(container=container).test_client().get("/metrics").get_data(as_text=True)
+    runs = {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(scrape)
+            for s in f.samples if s.name == "billing_job_runs_total"}
+    assert runs[(("job", "velocity-watch"), ("outcome", "ok"))] == 4  # nothing lost in the folding
