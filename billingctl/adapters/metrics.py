@@ -165,7 +165,8 @@ class Metrics:
 
 # State gauges are read from the shared state when Prometheus scrapes, never aggregated over the files
 # of processes that exited (a job that once saw the breaker open would keep the alert firing).
-LIVE_GAUGES = ("billing_circuit_breaker_state", "billing_reconcile_violations")
+LIVE_GAUGES = ("billing_circuit_breaker_state", "billing_reconcile_violations",
+               "billing_job_last_success_timestamp_seconds", "billing_job_interval_seconds")
 
 
 class WithoutLive:
@@ -191,8 +192,8 @@ class LiveState:
     """billing_circuit_breaker_state from the breakers (shared through Redis when configured) and
     billing_reconcile_violations from the database (the last reconcile's count), read at scrape time."""
 
-    def __init__(self, breakers: callable, violations: callable):
-        self.breakers, self.violations = breakers, violations
+    def __init__(self, breakers: callable, violations: callable, jobs: callable = lambda: []):
+        self.breakers, self.violations, self.jobs = breakers, violations, jobs
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
@@ -209,3 +210,14 @@ class LiveState:
         if count is not None:
             yield GaugeMetricFamily("billing_reconcile_violations",
                                     "Invariant violations found by the last reconcile.", value=count)
+        last = GaugeMetricFamily("billing_job_last_success_timestamp_seconds",
+                                 "Unix time of each job's newest successful run (from its lease row, any host).",
+                                 labels=["job_name"])
+        interval = GaugeMetricFamily("billing_job_interval_seconds", "Each job's scheduled interval.",
+                                     labels=["job_name"])
+        for row in self.jobs():
+            interval.add_metric([row["job"]], row["interval_seconds"])
+            if row["last_success_at"] is not None:
+                last.add_metric([row["job"]], row["last_success_at"])
+        yield last
+        yield interval

@@ -35,18 +35,21 @@ def metrics():
 
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+    from billingctl.adapters.metrics import LiveState, WithoutLive
+    from billingctl.services.health import breaker_status
+    from billingctl.services.reconcile import last_violations
+    from jobs.runner import job_freshness
+
+    c = container()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
-        from billingctl.adapters.metrics import LiveState, WithoutLive
-        from billingctl.services.health import breaker_status
-        from billingctl.services.reconcile import last_violations
-
-        registry = CollectorRegistry()
-        registry.register(WithoutLive(multiprocess.MultiProcessCollector(None)))
-        registry.register(LiveState(lambda: breaker_status(container()), lambda: last_violations(container())))
+        source = multiprocess.MultiProcessCollector(None)  # every process's files
     else:
-        registry = container().metrics.registry
+        source = c.metrics.registry  # this process only (tests, a single-process deployment)
+    registry = CollectorRegistry()
+    registry.register(WithoutLive(source))
+    registry.register(LiveState(lambda: breaker_status(c), lambda: last_violations(c), lambda: job_freshness(c)))
     # content_type, not mimetype: Flask would append a second charset to the one the constant carries.
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
