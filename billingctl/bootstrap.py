@@ -53,7 +53,7 @@ class Container:
         if self._metrics is not None:
             return self._metrics
         ensure_multiprocess_dir()
-        return Metrics()
+        return Metrics().preset(self.settings.processor_lanes)
 
     @cached_property
     def redis(self):

@@ -35,6 +35,9 @@ def ensure_multiprocess_dir() -> str | None:
         return private
 
 
+LOCK_OUTCOMES = ("locked", "already_locked", "lost_race", "unknown_processor", "assign_error", "cross_lane")
+REPAIR_OUTCOMES = ("locked", "no_history", "unavailable")
+
 _ARCHIVING: list[int] = []
 
 
@@ -86,6 +89,23 @@ def archive_process_metrics(pid: int | None = None) -> int:
 
 
 class Metrics:
+    def preset(self, processor_lanes: dict[str, str]) -> Metrics:
+        """Create the rare-event label sets at 0, so the first occurrence is an increase every rule sees
+        and every spec metric is on the first scrape."""
+        lanes = sorted(set(processor_lanes.values()) | {"sfw", "nsfw"})
+        for lane in lanes:
+            own = sorted(p for p, p_lane in processor_lanes.items() if p_lane == lane)
+            for psp in (*own, "none", "other"):
+                for outcome in LOCK_OUTCOMES:
+                    self.processor_lock_outcome.labels(lane=lane, psp=psp, outcome=outcome)
+            for locked in own:
+                for settled in own:
+                    if locked != settled:
+                        self.processor_lock_drift.labels(lane=lane, locked_psp=locked, settled_psp=settled)
+            for outcome in REPAIR_OUTCOMES:
+                self.processor_repair_outcome.labels(lane=lane, outcome=outcome)
+        return self
+
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
