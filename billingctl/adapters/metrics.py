@@ -186,7 +186,7 @@ class Metrics:
 # State gauges are read from the shared state when Prometheus scrapes, never aggregated over the files
 # of processes that exited (a job that once saw the breaker open would keep the alert firing).
 LIVE_GAUGES = ("billing_circuit_breaker_state", "billing_reconcile_violations",
-               "billing_job_last_success_timestamp_seconds", "billing_job_interval_seconds")
+               "billing_job_last_success_timestamp_seconds", "billing_job_interval_seconds", "billing_outbox_pending")
 
 
 class WithoutLive:
@@ -212,8 +212,9 @@ class LiveState:
     """billing_circuit_breaker_state from the breakers (shared through Redis when configured) and
     billing_reconcile_violations from the database (the last reconcile's count), read at scrape time."""
 
-    def __init__(self, breakers: callable, violations: callable, jobs: callable = lambda: []):
-        self.breakers, self.violations, self.jobs = breakers, violations, jobs
+    def __init__(self, breakers: callable, violations: callable, jobs: callable = lambda: [],
+                 outbox: callable = lambda: {}):
+        self.breakers, self.violations, self.jobs, self.outbox = breakers, violations, jobs, outbox
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
@@ -241,3 +242,8 @@ class LiveState:
                 last.add_metric([row["job"]], row["last_success_at"])
         yield last
         yield interval
+        backlog = GaugeMetricFamily("billing_outbox_pending", "Outbox messages not yet delivered, by sink.",
+                                    labels=["sink"])
+        for sink, count in self.outbox().items():
+            backlog.add_metric([sink], count)
+        yield backlog

@@ -113,3 +113,11 @@ def list_outbox(container, status: str | None = None, limit: int = 50) -> list[d
         query = query.where(alert_outbox.c.status == status)
     with container.uow() as uow:
         return [dict(r) for r in uow.execute(query).mappings()]
+
+
+def outbox_backlog(container) -> dict[str, int]:
+    """Undelivered messages per sink (every sink listed, 0 included), for the scrape."""
+    with container.uow() as uow:
+        counts = dict(uow.execute(select(alert_outbox.c.sink, func.count()).where(
+            alert_outbox.c.status.in_(("pending", "sending"))).group_by(alert_outbox.c.sink)).all())
+    return {sink: int(counts.get(sink, 0)) for sink in SINK_SETTINGS}

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SPEC_METRICS = ("payment_recording_latency_seconds_bucket", "events_polled_total",
                 "billing_provider_rate_limit_errors_total", "billing_processor_lock_outcome_total",
                 "billing_circuit_breaker_state", "billing_reconcile_violations", "billing_job_runs_total",
-                "billing_job_last_success_timestamp_seconds", "billing_job_interval_seconds")
+                "billing_job_last_success_timestamp_seconds", "billing_job_interval_seconds", "billing_outbox_pending")
 
 
 def wait_for(predicate, timeout=45.0, what="condition"):

@@ -36,6 +36,7 @@ def metrics():
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
     from billingctl.adapters.metrics import LiveState, WithoutLive
+    from billingctl.services.alerts import outbox_backlog
     from billingctl.services.health import breaker_status
     from billingctl.services.reconcile import last_violations
     from jobs.runner import job_freshness
@@ -49,7 +50,8 @@ def metrics():
         source = c.metrics.registry  # this process only (tests, a single-process deployment)
     registry = CollectorRegistry()
     registry.register(WithoutLive(source))
-    registry.register(LiveState(lambda: breaker_status(c), lambda: last_violations(c), lambda: job_freshness(c)))
+    registry.register(LiveState(lambda: breaker_status(c), lambda: last_violations(c), lambda: job_freshness(c),
+                                lambda: outbox_backlog(c)))
     # content_type, not mimetype: Flask would append a second charset to the one the constant carries.
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
