@@ -186,7 +186,8 @@ class Metrics:
 # State gauges are read from the shared state when Prometheus scrapes, never aggregated over the files
 # of processes that exited (a job that once saw the breaker open would keep the alert firing).
 LIVE_GAUGES = ("billing_circuit_breaker_state", "billing_reconcile_violations",
-               "billing_job_last_success_timestamp_seconds", "billing_job_interval_seconds", "billing_outbox_pending")
+               "billing_job_last_success_timestamp_seconds", "billing_job_interval_seconds", "billing_outbox_pending",
+               "billing_event_poller_last_run_timestamp_seconds")
 
 
 class WithoutLive:
@@ -213,8 +214,9 @@ class LiveState:
     billing_reconcile_violations from the database (the last reconcile's count), read at scrape time."""
 
     def __init__(self, breakers: callable, violations: callable, jobs: callable = lambda: [],
-                 outbox: callable = lambda: {}):
+                 outbox: callable = lambda: {}, poller: callable = lambda: None):
         self.breakers, self.violations, self.jobs, self.outbox = breakers, violations, jobs, outbox
+        self.poller = poller
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
@@ -247,3 +249,7 @@ class LiveState:
         for sink, count in self.outbox().items():
             backlog.add_metric([sink], count)
         yield backlog
+        newest = self.poller()
+        if newest is not None:
+            yield GaugeMetricFamily("billing_event_poller_last_run_timestamp_seconds",
+                                    "Unix time of the newest event poller run (any host).", value=newest)

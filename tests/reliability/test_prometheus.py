@@ -139,5 +139,20 @@ def test_a_real_prometheus_scrapes_and_the_alerts_fire_and_clear(stack, containe
     container.sandbox.store.clear_faults()
     wait_for(lambda: firing(api).get("ProcessorRepairUnavailable"), what="ProcessorRepairUnavailable firing")
 
+    # A poller whose newest run is ten minutes old (read from the database at scrape, any host's run).
+    from datetime import timedelta
+
+    from billingctl.adapters.db.tables import event_poller_state
+
+    with container.uow() as uow:
+        uow.execute(event_poller_state.delete())
+        uow.execute(insert(event_poller_state).values(created_at=container.clock.now() - timedelta(minutes=10)))
+        uow.commit()
+    wait_for(lambda: "EventPollerStale" in firing(api), timeout=100, what="EventPollerStale firing")  # for: 1m
+    with container.uow() as uow:
+        uow.execute(insert(event_poller_state).values(created_at=container.clock.now()))
+        uow.commit()
+    wait_for(lambda: "EventPollerStale" not in firing(api), what="EventPollerStale cleared")
+
     assert "MetricsScrapeFailing" not in firing(api)
     assert "CircuitBreakerOpen" not in firing(api)  # a process that saw failures and exited latches nothing

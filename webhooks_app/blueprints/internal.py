@@ -51,9 +51,16 @@ def metrics():
     registry = CollectorRegistry()
     registry.register(WithoutLive(source))
     registry.register(LiveState(lambda: breaker_status(c), lambda: last_violations(c), lambda: job_freshness(c),
-                                lambda: outbox_backlog(c)))
+                                lambda: outbox_backlog(c), lambda: _newest_poll(c)))
     # content_type, not mimetype: Flask would append a second charset to the one the constant carries.
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+
+
+def _newest_poll(c) -> float | None:
+    from billingctl.services.events import poller_freshness
+
+    newest = poller_freshness(c)["newest_run_at"]
+    return newest.timestamp() if newest is not None else None
 
 
 @bp.get("/internal/health/circuit-breaker")
