@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import re
 
 from billingctl.domain.errors import AuthenticationFailed
 from webhooks_app.auth import constant_time_equal
@@ -33,12 +34,22 @@ def verify_orchestrator(raw: bytes, primary: str | None, secondary: str | None, 
         raise AuthenticationFailed("invalid signature")
 
 
+_UNIX_SECONDS = re.compile(r"[0-9]{1,12}")  # ASCII digits only ("²".isdigit() is True), a sane length
+
+
+def unix_seconds(value) -> int | None:
+    """A unix timestamp written as ASCII digits (at most 12), else None: never an int() that raises."""
+    text = value.strip() if isinstance(value, str) else str(value) if isinstance(value, int) and \
+        not isinstance(value, bool) else ""
+    return int(text) if _UNIX_SECONDS.fullmatch(text) else None
+
+
 def check_timestamp(value, now: float, skew: int = SKEW_SECONDS) -> None:
     """A numeric unix timestamp within +/- skew seconds of now; anything else is rejected."""
-    text = str(value).strip() if value is not None else ""
-    if not text.isdigit():
+    stamp = unix_seconds(value)
+    if stamp is None:
         raise AuthenticationFailed("missing or non-numeric timestamp")
-    if abs(int(now) - int(text)) > skew:
+    if abs(int(now) - stamp) > skew:
         raise AuthenticationFailed("timestamp outside the allowed window")
 
 
@@ -53,9 +64,10 @@ def verify_timestamped(raw: bytes, header: str | None, secrets: list[str], now: 
     for chunk in header.split():
         fields = dict(part.split("=", 1) for part in chunk.split(",") if "=" in part)
         ts, sig = fields.get("t", ""), fields.get("v1", "")
-        if not ts.isdigit() or not sig:
+        stamp = unix_seconds(ts)
+        if stamp is None or not sig:
             continue
-        if abs(int(now) - int(ts)) > SKEW_SECONDS:
+        if abs(int(now) - stamp) > SKEW_SECONDS:
             continue
         signed = ts.encode() + b"." + raw
         for secret in secrets:

@@ -57,7 +57,7 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 def looks_like_id(value) -> bool:
     """Ids of the provider and the orchestrator: letters, digits, '.', '_' and '-' (at most 128)."""
-    return isinstance(value, str) and bool(_ID.match(value))
+    return isinstance(value, str) and bool(_ID.fullmatch(value))  # `$` would accept a trailing newline
 
 
 def require_id(value, name: str) -> str:

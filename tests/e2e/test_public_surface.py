@@ -128,10 +128,24 @@ def test_identity_verification_window(c, client, offset, status):
     assert (stored[0]["idv_status"] if stored else None) == ("verified" if status == 200 else None)
 
 
-@pytest.mark.parametrize("header", ["t=abc,v1=00", "t=,v1=00", "", "v1=00", "t=1e3,v1=00"])
+@pytest.mark.parametrize("header", ["t=abc,v1=00", "t=,v1=00", "", "v1=00", "t=1e3,v1=00",
+                                    # issue "Hardening" 1: isdigit() accepted these and int() raised (500)
+                                    "t=\u00b2,v1=00", "t=" + "9" * 4301 + ",v1=00", "t=\u0661\u0662,v1=00"])
 def test_identity_verification_rejects_non_numeric_and_empty_timestamps(client, header):
     response = client.post("/webhooks/identity-verification", data=b'{"id":"i","user_id":"u","status":"x"}',
                            headers={"Verification-Signature": header})
+    assert response.status_code == 401
+
+
+@pytest.mark.parametrize("signed_at", ["\u00b2", "9" * 4301, "\u0661\u0662\u0663", "12.5", True, [1], {"a": 1}])
+def test_orchestrator_signed_at_that_is_not_ascii_digits_is_401_never_500(c, client, signed_at):
+    from billingctl.sandbox.model import sign_body
+
+    body = json.dumps({"eventType": "PAYMENT.STATUS", "signedAt": signed_at,
+                       "payment": {"id": "pay_x", "status": "SETTLED"}}).encode()
+    response = client.post("/webhooks/orchestrator/payments", data=body, headers={
+        "X-Signature-Primary": sign_body(c.settings.secret("orchestrator_webhook_secret"), body),
+        "Content-Type": "application/json"})
     assert response.status_code == 401
 
 

@@ -99,3 +99,11 @@ def test_provider_auth_and_idempotency_header_defaults():
     assert load_settings(provider_auth="basic").provider_auth == "basic"
     with pytest.raises(ConfigError, match="BILLING_PROVIDER_AUTH"):
         load_settings(provider_auth="digest")
+
+
+def test_an_id_is_the_whole_string():
+    """Issue "Hardening" 14: `$` matched before a trailing newline, so `sub_1\\n` reached the provider."""
+    from billingctl.domain.plans import looks_like_id
+
+    assert looks_like_id("sub_1") and looks_like_id("credits-pro-USD-monthly")
+    assert not any(looks_like_id(v) for v in ("sub_1\n", "sub_1\r\n", "\nsub_1", "sub 1", "", "a" * 129, None, 5))
