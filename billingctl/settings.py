@@ -162,12 +162,14 @@ class Settings(BaseSettings):
         import base64
         import binascii
 
-        try:
-            decoded = base64.b64decode(value.get_secret_value().removeprefix("whsec_") + "==")
-        except (binascii.Error, ValueError):
-            decoded = b""
-        if not decoded:
-            raise ValueError("must be the Standard Webhooks signing secret: whsec_ followed by base64")
+        for part in (p.strip() for p in value.get_secret_value().split(",")):  # several during a rotation
+            try:
+                decoded = base64.b64decode(part.removeprefix("whsec_") + "==")
+            except (binascii.Error, ValueError):
+                decoded = b""
+            if not decoded:
+                raise ValueError("must be the Standard Webhooks signing secret: whsec_ followed by base64 "
+                                 "(comma-separated during a rotation)")
         return value
 
     @model_validator(mode="after")

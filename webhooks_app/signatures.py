@@ -77,6 +77,15 @@ def verify_timestamped(raw: bytes, header: str | None, secrets: list[str], now: 
         raise AuthenticationFailed("invalid signature")
 
 
+def matches_any(provided: str | None, secrets: list[str]) -> bool:
+    """A shared secret sent as is (the workflow callback), compared in constant time with every value
+    of a rotation (no early exit)."""
+    matched = False
+    for secret in secrets:
+        matched |= constant_time_equal(provided, secret)
+    return matched
+
+
 def verify_standard_webhook(raw: bytes, headers, secret: str | None) -> str:
     """Standard Webhooks, verified by the reference library; returns the message id. Senders built on
     Svix name the same three headers svix-id, svix-timestamp and svix-signature. The secret is read as
@@ -89,8 +98,13 @@ def verify_standard_webhook(raw: bytes, headers, secret: str | None) -> str:
               for name in ("id", "timestamp", "signature")}
     if not all(needed.values()):
         raise AuthenticationFailed("missing webhook signature headers")
-    try:
-        Webhook(secret).verify(raw, needed, json_parse=False)
-    except (WebhookVerificationError, ValueError) as exc:
-        raise AuthenticationFailed("invalid signature") from exc
+    verified = False
+    for value in secrets_of(secret):  # any value of a rotation may sign
+        try:
+            Webhook(value).verify(raw, needed, json_parse=False)
+            verified = True
+        except (WebhookVerificationError, ValueError):
+            continue
+    if not verified:
+        raise AuthenticationFailed("invalid signature")
     return needed["webhook-id"]

@@ -68,7 +68,8 @@ def event_id_for(source: str, event_type: str, payload: dict, given: str | None 
     if source == "orchestrator":
         return payment_event_id(event_type, payload["payment"])
     if source == "workflow":
-        return payload["workflow_id"]
+        # One event per status: a `completed` after an earlier `running` for the same workflow is new.
+        return f"{payload['workflow_id']}:{payload.get('status')}"
     return payload["id"]
 
 

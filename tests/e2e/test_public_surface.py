@@ -350,3 +350,55 @@ def test_media_cli_sign_and_verify(tmp_path):
     expired = run("media", "verify", url, "--at", str(1000 + 300000))
     assert expired.returncode == 3 and "expired" in expired.stderr
     assert run("media", "verify", url.replace("a.png", "b.png"), "--at", "1001").returncode == 3
+
+
+def test_a_completed_callback_after_an_earlier_status_of_the_same_workflow_is_processed(c, client):
+    """Issue "Hardening" 15: the callback deduped on the workflow id alone and ignored `completed`."""
+    from billingctl.services.checkout import create_checkout
+
+    co = create_checkout(c, "user_wf", "credits-pro-USD-monthly")
+    payment = c.sandbox.pay(co["order_id"], drop_webhook=True)
+    secret = {"X-Webhook-Secret": c.settings.secret("workflow_callback_secret")}
+    running = {"workflow_id": "wf_2", "status": "running", "payment_id": payment["id"]}
+    assert client.post("/webhooks/workflow-completion", json=running, headers=secret).get_json()["outcome"] == \
+        "ignored"
+    done = client.post("/webhooks/workflow-completion", json={**running, "status": "completed"}, headers=secret)
+    assert done.get_json()["outcome"] == "recorded"
+    assert rows(c, users, id="user_wf")[0]["credits"] == 2000
+
+
+def test_every_shared_secret_receiver_accepts_each_value_of_a_rotation(make_settings, db_url):
+    """Issue "Hardening" 16: rotation worked on two receivers only."""
+    import base64
+    import time
+
+    from standardwebhooks.webhooks import Webhook
+
+    from billingctl.bootstrap import Container
+    from webhooks_app import create_public_app
+
+    old_id, new_id = (("whsec_" + base64.b64encode(f"identity-{n}-secret-bytes".encode()).decode()) for n in (1, 2))
+    container = Container(make_settings(database_url=db_url, workflow_callback_secret="wf-old, wf-new",
+                                        identity_webhook_secret=f"{old_id},{new_id}"))
+    client = create_public_app(container=container).test_client()
+    for value in ("wf-old", "wf-new"):
+        response = client.post("/webhooks/workflow-completion", json={"workflow_id": value, "status": "running"},
+                               headers={"X-Webhook-Secret": value})
+        assert response.status_code == 200
+    assert client.post("/webhooks/workflow-completion", json={"workflow_id": "x", "status": "running"},
+                       headers={"X-Webhook-Secret": "wf-old, wf-new"}).status_code == 401
+    for n, secret in enumerate((old_id, new_id)):
+        body = json.dumps({"type": "user.updated", "data": {"id": f"u{n}"}}).encode()
+        msg_id, stamp = f"msg_{n}", str(int(time.time()))
+        signature = Webhook(secret).sign(msg_id, datetime_from(stamp), body.decode())
+        response = client.post("/webhooks/identity", data=body, headers={
+            "webhook-id": msg_id, "webhook-timestamp": stamp, "webhook-signature": signature,
+            "Content-Type": "application/json"})
+        assert response.status_code == 200, response.get_json()
+    container.close()
+
+
+def datetime_from(stamp: str):
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(int(stamp), UTC)

@@ -108,11 +108,11 @@ def orchestrator_disputes():
 
 @bp.post("/workflow-completion")
 def workflow_completion():
-    from webhooks_app.auth import constant_time_equal
+    from webhooks_app.signatures import matches_any, secrets_of
 
     c = container()
-    expected = c.settings.secret("workflow_callback_secret")
-    if not expected or not constant_time_equal(request.headers.get("X-Webhook-Secret"), expected):
+    expected = secrets_of(c.settings.secret("workflow_callback_secret"))
+    if not expected or not matches_any(request.headers.get("X-Webhook-Secret"), expected):
         from billingctl.domain.errors import AuthenticationFailed
 
         raise AuthenticationFailed("invalid or missing webhook secret")
