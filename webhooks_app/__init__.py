@@ -3,16 +3,30 @@ internal (/internal/*, /metrics, /healthz). They never share a listener."""
 
 from __future__ import annotations
 
+from datetime import date, datetime
+
 from flask import Flask
+from flask.json.provider import DefaultJSONProvider
 
 from billingctl.bootstrap import Container, bootstrap
 from billingctl.settings import Settings
 from webhooks_app.errors import register_error_handlers
 
 
+class IsoJSONProvider(DefaultJSONProvider):
+    """Dates as ISO 8601, like the CLI's --json (Flask's default is RFC 1123: `Tue, 14 Nov 2023 …`)."""
+
+    @staticmethod
+    def default(o):
+        if isinstance(o, date | datetime):
+            return o.isoformat()
+        return DefaultJSONProvider.default(o)
+
+
 def _base_app(name: str, settings: Settings | None, container: Container | None) -> Flask:
     container = container or bootstrap(settings)
     app = Flask(name)
+    app.json = IsoJSONProvider(app)
     app.config.update(JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=1 << 20)
     app.extensions["billing"] = container
     register_error_handlers(app)

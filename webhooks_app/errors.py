@@ -8,11 +8,13 @@ from __future__ import annotations
 import logging
 
 from flask import Flask, jsonify
+from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
 
 from billingctl.domain import errors as e
 
 log = logging.getLogger("webhooks_app")
+DATABASE_RETRY_AFTER = 5  # seconds
 
 # Subclasses before bases.
 STATUS: tuple[tuple[type[Exception], int], ...] = (
@@ -57,6 +59,21 @@ def register_error_handlers(app: Flask) -> None:
     def _http_error(exc: HTTPException):
         code = (exc.name or "error").lower().replace(" ", "_")
         return error_response(exc.code or 500, code, exc.description or exc.name)
+
+    @app.errorhandler(RecursionError)
+    def _too_deep(exc: RecursionError):
+        # json.loads recurses per nesting level: a body of 50,000 '[' is bad input, not a server error.
+        return error_response(400, "invalid_input", "invalid JSON body: nested too deeply")
+
+    @app.errorhandler(sa_exc.OperationalError)
+    @app.errorhandler(sa_exc.InterfaceError)
+    @app.errorhandler(sa_exc.TimeoutError)
+    def _database_unavailable(exc: Exception):
+        # One line, no traceback per request; the client (a webhook sender, the front end) retries.
+        log.error("database unavailable: %s", type(getattr(exc, "orig", None) or exc).__name__)
+        response = error_response(503, "database_unavailable", "temporarily unavailable; retry shortly")
+        response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER)
+        return response
 
     @app.errorhandler(Exception)
     def _unexpected(exc: Exception):

@@ -326,3 +326,53 @@ def test_set_primary_failure_is_not_fatal(api, caplog):
     assert next(i for i in api.c.sandbox.instruments("alice") if i["token"] == old_card["token"])["default"] is True
     status = api.client.get(f"/api/checkout/status?order_id={co['order_id']}", headers=api.headers("alice"))
     assert status.get_json()["status"] == "paid"
+
+
+# ---- issue "Hardening": no 5xx from input, dates as ISO 8601, a database outage is a 503 -------------
+
+def test_deeply_nested_json_is_400_for_every_body(api):
+    deep = b"[" * 50_000 + b"]" * 50_000
+    response = api.client.post("/api/billing/checkout", data=deep, headers={
+        **api.headers("u_deep"), "Content-Type": "application/json"})
+    assert response.status_code == 400 and response.get_json()["message"] == "invalid JSON body: nested too deeply"
+    from billingctl.sandbox.model import sign_body
+
+    signed = {"X-Signature-Primary": sign_body(api.c.settings.secret("orchestrator_webhook_secret"), deep),
+              "Content-Type": "application/json"}
+    assert api.client.post("/webhooks/orchestrator/payments", data=deep, headers=signed).status_code == 400
+    from webhooks_app import create_internal_app
+
+    internal = create_internal_app(container=api.c).test_client()
+    token = api.c.settings.secret("internal_token")
+    assert internal.post("/internal/billing/sync", data=deep, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json"}).status_code == 400
+    assert api.count(checkout_session) == 0
+
+
+def test_json_dates_are_iso_8601(api):
+    created = api.checkout("u_iso").get_json()
+    status = api.client.get(f"/api/checkout/status?order_id={created['order_id']}", headers=api.headers("u_iso"))
+    expires = status.get_json()["expires_at"]
+    from datetime import datetime
+
+    assert datetime.fromisoformat(expires) and "GMT" not in expires
+
+
+def test_a_database_outage_is_503_with_retry_after_and_one_log_line(make_settings, caplog):
+    from billingctl.sandbox.model import sign_body
+    from tests.servers import free_port
+
+    down = Container(make_settings(database_url=f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none"),
+                     clock=ManualClock())
+    client = create_public_app(container=down).test_client()
+    body = ('{"eventType": "PAYMENT.STATUS", "signedAt": "%d", "payment": {"id": "pay_1", "status": "SETTLED"}}'
+            % int(down.clock.now().timestamp())).encode()
+    with caplog.at_level(logging.ERROR, logger="webhooks_app"):
+        response = client.post("/webhooks/orchestrator/payments", data=body, headers={
+            "X-Signature-Primary": sign_body(down.settings.secret("orchestrator_webhook_secret"), body),
+            "Content-Type": "application/json"})
+    assert response.status_code == 503 and response.headers["Retry-After"] == "5"
+    assert response.get_json() == {"error": "database_unavailable", "message": "temporarily unavailable; retry shortly"}
+    records = [r for r in caplog.records if r.name == "webhooks_app"]
+    assert len(records) == 1 and records[0].exc_info is None
+    down.close()
