@@ -402,3 +402,54 @@ def datetime_from(stamp: str):
     from datetime import UTC, datetime
 
     return datetime.fromtimestamp(int(stamp), UTC)
+
+
+# ---- issue "Hardening" 2: wrongly typed fields behind a valid signature are 400, and write nothing ------
+
+def _signed_orchestrator(c, client, body, setting="orchestrator_webhook_secret",
+                         path="/webhooks/orchestrator/payments"):
+    from billingctl.sandbox.model import sign_body
+
+    raw = json.dumps(body).encode()
+    return client.post(path, data=raw, headers={"X-Signature-Primary": sign_body(c.settings.secret(setting), raw),
+                                                "Content-Type": "application/json"})
+
+
+@pytest.mark.parametrize("payment", [
+    {"id": ["pay_1"], "status": "SETTLED"},
+    {"id": "pay_1", "status": "SETTLED", "metadata": "lane=nsfw"},
+    {"id": "pay_1", "status": "SETTLED", "processor": {"amountRefunded": "x"}},
+    {"id": "pay_1", "status": "SETTLED", "date": "yesterday"},
+    {"id": "pay_1", "status": "SETTLED", "amount": -5},
+    {"id": "pay_1", "status": 7},
+])
+def test_a_wrongly_typed_payment_is_400_and_writes_nothing(c, client, payment):
+    from billingctl.adapters.db.tables import event_inbox
+
+    body = {"eventType": "PAYMENT.REFUND", "signedAt": str(int(c.clock.now().timestamp())), "payment": payment}
+    response = _signed_orchestrator(c, client, body)
+    assert response.status_code == 400 and response.get_json()["error"] == "invalid_input"
+    assert rows(c, event_inbox) == []
+
+
+def test_wrongly_typed_fields_on_the_other_receivers_are_400(c, client):
+    from billingctl.adapters.db.tables import event_inbox
+
+    dispute = {"eventType": "DISPUTE.OPENED", "paymentId": "pay_1", "processorDisputeId": {"id": 1}}
+    assert _signed_orchestrator(c, client, dispute, "orchestrator_disputes_secret",
+                                "/webhooks/orchestrator/disputes").status_code == 400
+    secret = {"X-Webhook-Secret": c.settings.secret("workflow_callback_secret")}
+    bad_workflow = {"workflow_id": "wf", "status": "completed", "payment_id": ["pay_1"]}
+    assert client.post("/webhooks/workflow-completion", json=bad_workflow, headers=secret).status_code == 400
+    body = json.dumps({"id": "iv_1", "user_id": "u", "status": "verified", "extra": 1}).encode()
+    t = int(c.clock.now().timestamp())
+    assert client.post("/webhooks/identity-verification", data=body, headers={
+        "Verification-Signature": idv_header(c.settings.secret("idv_webhook_secret"), body, t)}).status_code == 200
+    auth = {"Authorization": "Basic " + base64.b64encode(
+        f"{c.settings.secret('provider_webhook_username')}:{c.settings.secret('provider_webhook_password')}".encode()
+    ).decode()}
+    event = {"id": "ev_1", "event_type": "subscription_changed", "occurred_at": "yesterday", "content": {}}
+    assert client.post("/webhooks/subscription-provider", json=event, headers=auth).status_code == 400
+    event = {"id": "ev_2", "event_type": "subscription_changed", "content": {"subscription": "sub_1"}}
+    assert client.post("/webhooks/subscription-provider", json=event, headers=auth).status_code == 400
+    assert [r["event_id"] for r in rows(c, event_inbox)] == ["iv_1"]  # only the sound one

@@ -1,6 +1,7 @@
 """The session-authenticated user API: JWT rules, checkout and its abort paths, the quota, status,
 subscriptions, cleanup, NSFW set-primary, products (spec sections 1, 3, 4, 5, 9)."""
 
+import json
 import logging
 import time
 
@@ -365,8 +366,9 @@ def test_a_database_outage_is_503_with_retry_after_and_one_log_line(make_setting
     down = Container(make_settings(database_url=f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none"),
                      clock=ManualClock())
     client = create_public_app(container=down).test_client()
-    body = ('{"eventType": "PAYMENT.STATUS", "signedAt": "%d", "payment": {"id": "pay_1", "status": "SETTLED"}}'
-            % int(down.clock.now().timestamp())).encode()
+    signed_at = int(down.clock.now().timestamp())
+    body = json.dumps({"eventType": "PAYMENT.STATUS", "signedAt": str(signed_at),
+                       "payment": {"id": "pay_1", "status": "SETTLED"}}).encode()
     with caplog.at_level(logging.ERROR, logger="webhooks_app"):
         response = client.post("/webhooks/orchestrator/payments", data=body, headers={
             "X-Signature-Primary": sign_body(down.settings.secret("orchestrator_webhook_secret"), body),

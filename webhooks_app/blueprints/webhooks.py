@@ -10,6 +10,7 @@ import logging
 from flask import Blueprint, current_app, jsonify, request
 
 from billingctl.domain.errors import InvalidInput
+from webhooks_app import schemas
 from webhooks_app.signatures import check_timestamp, secrets_of, verify_orchestrator
 
 log = logging.getLogger("webhooks_app.webhooks")
@@ -42,7 +43,7 @@ def _orchestrator_body(c, secret_name: str) -> dict:
     payment, event_type = body.get("payment"), body.get("eventType")
     if not isinstance(payment, dict) or not payment.get("id") or not isinstance(event_type, str):
         raise InvalidInput("eventType and payment.id are required")
-    return body
+    return schemas.check(schemas.PaymentEvent, body)
 
 
 @bp.post("/orchestrator/payments")
@@ -77,8 +78,9 @@ def subscription_provider():
         raise AuthenticationFailed("invalid or missing basic authentication")
     body = _json(request.get_data(cache=False))
     event = body.get("event") if isinstance(body.get("event"), dict) else body
-    if not event.get("id") or not isinstance(event.get("event_type"), str):
+    if not isinstance(event, dict) or not event.get("id") or not isinstance(event.get("event_type"), str):
         raise InvalidInput("event id and event_type are required")
+    schemas.check(schemas.ProviderEvent, event)
     status = handle_event(c, event, via="webhook")
     return jsonify({"event_id": event["id"], "status": status}), 200
 
@@ -103,6 +105,7 @@ def orchestrator_disputes():
         return jsonify({"outcome": "ignored"}), 200
     if not all(isinstance(body.get(k), str) and body.get(k) for k in ("paymentId", "processorDisputeId")):
         raise InvalidInput("paymentId and processorDisputeId are required")
+    schemas.check(schemas.Dispute, body)
     return jsonify(dispatch(c, "orchestrator", event_type, body)), 200
 
 
@@ -120,6 +123,7 @@ def workflow_completion():
     workflow_id, status = body.get("workflow_id"), body.get("status")
     if not isinstance(workflow_id, str) or not workflow_id or not isinstance(status, str):
         raise InvalidInput("workflow_id and status are required")
+    schemas.check(schemas.WorkflowCallback, body)
 
     from billingctl.services.webhook_events import dispatch
 
@@ -139,6 +143,7 @@ def identity_verification():
     event_id, user_id, outcome = body.get("id"), body.get("user_id"), body.get("status")
     if not all(isinstance(v, str) and v for v in (event_id, user_id, outcome)):
         raise InvalidInput("id, user_id and status are required")
+    schemas.check(schemas.Verification, body)
     return jsonify(dispatch(c, "idv", f"verification.{outcome}", body)), 200
 
 
@@ -154,6 +159,7 @@ def identity():
     event_type, data = body.get("type"), body.get("data")
     if not isinstance(event_type, str) or not isinstance(data, dict):
         raise InvalidInput("type and data are required")
+    schemas.check(schemas.IdentityEvent, body)
     return jsonify(dispatch(c, "identity", event_type, body, event_id=message_id)), 200
 
 
