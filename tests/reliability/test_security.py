@@ -114,3 +114,109 @@ def test_no_secret_ever_appears_in_logs_or_responses(tmp_path):
     assert "payment" in captured and len(captured) > 5000  # the demo did run and log
     leaked = [name for name, value in secrets.items() if value in captured]
     assert leaked == []
+
+
+# ---- issue "Hardening" 4: bodies generated behind valid signatures -----------------------------------
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=False)
+                    | st.text(max_size=20),
+                    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+                    max_leaves=12)
+
+
+def shaped(keys: dict) -> st.SearchStrategy:
+    """A body with the receiver's own keys, each a well-typed value or any JSON at all."""
+    return st.fixed_dictionaries({}, optional={k: v | JSON for k, v in keys.items()})
+
+
+IDS = st.from_regex(r"[a-z]{2,4}_[a-z0-9]{1,8}", fullmatch=True)
+PAYMENT = shaped({"id": IDS, "status": st.sampled_from(["SETTLED", "DECLINED", "PENDING", "AUTHORIZED"]),
+                  "orderId": IDS, "customerId": IDS, "amount": st.integers(0, 10**6), "currencyCode": st.just("USD"),
+                  "date": st.integers(0, 2**31), "metadata": st.dictionaries(st.sampled_from(
+                      ["lane", "subscription_id", "item_price_id", "user_id", "psp"]), st.text(max_size=12)),
+                  "processor": shaped({"name": st.text(max_size=12), "amountRefunded": st.integers(0, 10**6)}),
+                  "paymentMethod": shaped({"paymentType": st.text(max_size=12),
+                                           "paymentMethodToken": st.text(max_size=12)})})
+
+
+def signed_requests(c, now: int) -> st.SearchStrategy:
+    import base64
+    import hashlib
+    import hmac
+    import json
+
+    from standardwebhooks.webhooks import Webhook
+
+    from billingctl.sandbox.model import sign_body
+
+    def orchestrator(body, setting="orchestrator_webhook_secret", path="/webhooks/orchestrator/payments"):
+        raw = json.dumps(body).encode()
+        return path, raw, {"X-Signature-Primary": sign_body(c.settings.secret(setting), raw),
+                           "Content-Type": "application/json"}
+
+    def idv(body):
+        raw = json.dumps(body).encode()
+        mac = hmac.new(c.settings.secret("idv_webhook_secret").encode(), f"{now}.".encode() + raw, hashlib.sha256)
+        return "/webhooks/identity-verification", raw, {"Verification-Signature": f"t={now},v1={mac.hexdigest()}"}
+
+    def identity(body):
+        from datetime import UTC, datetime
+
+        raw = json.dumps(body)
+        stamp = datetime.fromtimestamp(now, UTC)
+        signature = Webhook(c.settings.secret("identity_webhook_secret")).sign("msg_fuzz", stamp, raw)
+        return "/webhooks/identity", raw.encode(), {"webhook-id": f"msg_{abs(hash(raw))}", "webhook-timestamp":
+                                                    str(now), "webhook-signature": signature}
+
+    def workflow(body):
+        return "/webhooks/workflow-completion", json.dumps(body).encode(), {
+            "X-Webhook-Secret": c.settings.secret("workflow_callback_secret"), "Content-Type": "application/json"}
+
+    def provider(body):
+        user, password = c.settings.secret("provider_webhook_username"), c.settings.secret("provider_webhook_password")
+        return "/webhooks/subscription-provider", json.dumps(body).encode(), {
+            "Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode(),
+            "Content-Type": "application/json"}
+
+    return st.one_of(
+        shaped({"eventType": st.sampled_from(["PAYMENT.STATUS", "PAYMENT.REFUND"]), "signedAt": st.just(str(now)),
+                "payment": PAYMENT}).map(orchestrator),
+        shaped({"eventType": st.just("DISPUTE.OPENED"), "paymentId": IDS, "processorDisputeId": IDS,
+                "processorId": st.text(max_size=10)}).map(
+            lambda b: orchestrator(b, "orchestrator_disputes_secret", "/webhooks/orchestrator/disputes")),
+        shaped({"workflow_id": IDS, "status": st.sampled_from(["completed", "running"]), "payment_id": IDS}
+               ).map(workflow),
+        shaped({"id": IDS, "user_id": IDS, "status": st.sampled_from(["verified", "rejected"])}).map(idv),
+        shaped({"type": st.sampled_from(["user.created", "user.deleted", "session.created"]),
+                "data": shaped({"id": IDS, "user_id": IDS, "email": st.emails(), "client_ip": st.ip_addresses().map(
+                    str)})}).map(identity),
+        shaped({"id": IDS, "event_type": st.sampled_from(["subscription_changed", "payment_succeeded",
+                                                         "invoice_generated", "payment_refunded"]),
+                "occurred_at": st.integers(0, 2**31), "content": shaped({
+                    "subscription": shaped({"id": IDS, "status": st.text(max_size=8)}),
+                    "invoice": shaped({"id": IDS}), "transaction": shaped({"reference_number": IDS})})}).map(provider),
+    )
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_bodies_generated_behind_valid_signatures_never_get_a_5xx(container):
+    """2,100 generated bodies over the six receivers, each correctly signed: zero 5xx, and a rejected
+    request changes no row."""
+    client = create_public_app(container=container).test_client()
+    now = int(container.clock.now().timestamp())
+    statuses: dict[int, int] = {}
+
+    @settings(max_examples=2100, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+    @given(request=signed_requests(container, now))
+    def fuzz(request):
+        path, raw, headers = request
+        before = db_rows(container)
+        response = client.post(path, data=raw, headers=headers)
+        statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
+        assert response.status_code < 500, (path, raw[:300], response.data[:300])
+        if response.status_code in (400, 401):
+            assert db_rows(container) == before, (path, raw[:300])
+
+    fuzz()
+    assert sum(statuses.values()) >= 2000 and not [s for s in statuses if s >= 500]
+    assert statuses.get(400, 0) > 100 and statuses.get(200, 0) > 100  # both sound and unsound bodies were sent
