@@ -25,7 +25,10 @@ REQUIRED_IN_PRODUCTION = (
     "session_jwt_key",
 )
 # Production talks to the real systems: no in-process sandbox.
+ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 REQUIRED_IN_PRODUCTION_PLAIN = (
+    "session_jwt_audience",
+    "session_jwt_issuer",
     "provider_url",
     "provider_api_key",
     "orchestrator_url",
@@ -67,6 +70,9 @@ class Settings(BaseSettings):
     session_jwt_algorithms: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["HS256"])
     session_jwt_audience: str | None = None  # when set, the token's aud must match
     session_jwt_issuer: str | None = None  # when set, the token's iss must match
+    # Spec 5.1: a session token lives about 60 s. A token valid for longer than this from now (or minted
+    # with a longer lifetime) is refused, whatever its signature.
+    session_jwt_max_age_seconds: int = Field(300, ge=1, le=86400)
     sign_in_url: str = "/sign-in"
 
     orchestrator_webhook_secret: SecretStr | None = None
@@ -183,8 +189,10 @@ class Settings(BaseSettings):
             if missing:
                 names = ", ".join(f"BILLING_{name.upper()}" for name in missing)
                 raise ValueError(f"missing required setting for BILLING_ENV=production: {names}")
-            if "HS256" in self.session_jwt_algorithms or "none" in self.session_jwt_algorithms:
-                raise ValueError("BILLING_SESSION_JWT_ALGORITHMS: HS256 is refused in production")
+            symmetric = [a for a in self.session_jwt_algorithms if a not in ASYMMETRIC_ALGORITHMS]
+            if symmetric:
+                raise ValueError(f"BILLING_SESSION_JWT_ALGORITHMS: {', '.join(symmetric)} refused in production "
+                                 "(only asymmetric algorithms: a shared key would let its holders mint sessions)")
             if self.fault_points:
                 raise ValueError("BILLING_FAULT_POINTS must not be set in production")
         else:

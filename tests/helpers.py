@@ -52,6 +52,8 @@ class ProductionStack:
     """A container configured as production (every secret, RS256 sessions, real URLs) whose external
     systems are the sandbox served on loopback."""
 
+    AUDIENCE, ISSUER = "billing", "https://identity.example"
+
     def __init__(self, make_settings, db_url, tmp_path, clock=None):
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import rsa
@@ -77,6 +79,7 @@ class ProductionStack:
         url = self.server.url
         self.container = Container(self.make_settings(
             env="production", database_url=self.db_url, session_jwt_algorithms="RS256",
+            session_jwt_audience=self.AUDIENCE, session_jwt_issuer=self.ISSUER,
             provider_url=f"{url}/provider", provider_api_key="k", orchestrator_url=f"{url}/orchestrator",
             orchestrator_api_key="k", **secrets), clock=self.clock)
         self.sandbox.webhook_secret = self.container.settings.secret("orchestrator_webhook_secret")

@@ -6,6 +6,7 @@ wrong is a 401. A user id in client input is never read."""
 from __future__ import annotations
 
 import functools
+import time
 
 import jwt
 from flask import current_app, g, redirect
@@ -29,6 +30,11 @@ def _verify(token: str, settings) -> str:
         raise
     except jwt.PyJWTError:
         raise AuthenticationFailed("invalid session token") from None
+    now = time.time()
+    max_age = settings.session_jwt_max_age_seconds
+    issued = claims.get("iat")
+    if claims["exp"] - now > max_age or (isinstance(issued, int | float) and claims["exp"] - issued > max_age):
+        raise AuthenticationFailed("invalid session token: lifetime beyond the allowed maximum")
     sub = claims.get("sub")
     if not isinstance(sub, str) or not sub or len(sub) > 64:
         raise AuthenticationFailed("invalid session token")

@@ -203,8 +203,11 @@ def prod_api(make_settings, db_url, tmp_path):
     with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock()) as stack:
         prod = Api(stack.container)
         private = stack.private_key
-        prod.headers = lambda user, **kw: {"Authorization": f"Bearer {token(user, private, alg='RS256', **kw)}"}
+        claims = {"aud": stack.AUDIENCE, "iss": stack.ISSUER}
+        prod.headers = lambda user, **kw: {
+            "Authorization": f"Bearer {token(user, private, alg='RS256', **{**claims, **kw})}"}
         prod.sandbox = stack.sandbox
+        prod.private = private
         yield prod
 
 
@@ -378,3 +381,25 @@ def test_a_database_outage_is_503_with_retry_after_and_one_log_line(make_setting
     records = [r for r in caplog.records if r.name == "webhooks_app"]
     assert len(records) == 1 and records[0].exc_info is None
     down.close()
+
+
+
+@pytest.mark.parametrize(("claims", "status"), [
+    ({}, 200),
+    ({"aud": "another-app"}, 401),
+    ({"iss": "https://evil.example"}, 401),
+    ({"aud": None}, 401),
+    ({"ttl": 10 * 365 * 86400}, 401),  # valid for ten years
+    ({"iat": int(time.time()) - 3600, "ttl": 60}, 401),  # minted with a one-hour lifetime
+])
+def test_production_session_policy(prod_api, claims, status):
+    """Issue "Hardening" 8: another audience or issuer, and a ten-year token, were accepted."""
+    kw = dict(claims)
+    if kw.get("aud", "") is None:
+        kw.pop("aud")
+        headers = {"Authorization": "Bearer " + jwt.encode(
+            {"sub": "u", "exp": int(time.time()) + 60, "iss": "https://identity.example"}, prod_api.private,
+            algorithm="RS256")}
+    else:
+        headers = prod_api.headers("u", **kw)
+    assert prod_api.client.get("/api/billing/products", headers=headers).status_code == status

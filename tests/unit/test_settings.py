@@ -7,6 +7,8 @@ pytestmark = pytest.mark.unit
 
 PROD_SECRETS = {name: f"value-{name}" for name in REQUIRED_IN_PRODUCTION}
 PROD_PLAIN = {
+    "session_jwt_audience": "billing",
+    "session_jwt_issuer": "https://identity.example",
     "provider_url": "https://provider.example",
     "provider_api_key": "k",
     "orchestrator_url": "https://orch.example",
@@ -107,3 +109,19 @@ def test_an_id_is_the_whole_string():
 
     assert looks_like_id("sub_1") and looks_like_id("credits-pro-USD-monthly")
     assert not any(looks_like_id(v) for v in ("sub_1\n", "sub_1\r\n", "\nsub_1", "sub 1", "", "a" * 129, None, 5))
+
+
+
+@pytest.mark.parametrize("algorithms", ["HS256", "HS384", "HS512", "RS256,HS512"])
+def test_production_accepts_only_asymmetric_session_algorithms(algorithms):
+    """Issue "Hardening" 8: HS384 and HS512 passed the production check."""
+    with pytest.raises(ConfigError, match="refused in production"):
+        load_settings(env="production", session_jwt_algorithms=algorithms, **PROD_SECRETS, **PROD_PLAIN)
+    assert load_settings(env="production", session_jwt_algorithms="RS256,ES256", **PROD_SECRETS, **PROD_PLAIN)
+
+
+@pytest.mark.parametrize("missing", ["session_jwt_audience", "session_jwt_issuer"])
+def test_production_requires_the_session_audience_and_issuer(missing):
+    plain = {k: v for k, v in PROD_PLAIN.items() if k != missing}
+    with pytest.raises(ConfigError, match=f"BILLING_{missing.upper()}"):
+        load_settings(env="production", session_jwt_algorithms="RS256", **PROD_SECRETS, **plain)
