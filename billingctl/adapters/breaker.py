@@ -111,6 +111,11 @@ class RedisBreakerStore:
         return bool(self.r.set(f"{self.prefix}:probe", "1", nx=True, px=max(1, int(ttl * 1000))))
 
 
+@dataclass(frozen=True)
+class Ticket:
+    probe: bool
+
+
 class CircuitBreaker:
     def __init__(self, dependency: str, config: BreakerConfig, clock, store, fallback=None, gauge=None,
                  on_error=None):
@@ -142,19 +147,24 @@ class CircuitBreaker:
             return "closed"
         return "half_open" if self._now() - opened >= self.config.cooldown else "open"
 
-    def before_call(self) -> None:
+    def before_call(self) -> Ticket:
+        """May this call go out? Its ticket says whether it is the half-open probe."""
         opened = self._call("opened_at")
         if opened is None:
-            return
+            return Ticket(probe=False)
         now = self._now()
         if now - opened >= self.config.cooldown and self._call("try_probe", now, self.config.cooldown):
-            return  # this call is the half-open probe
+            return Ticket(probe=True)  # this call is the half-open probe
         self._publish("open")
         raise CircuitOpen(dependency=self.dependency)
 
-    def record(self, ok: bool) -> None:
+    def record(self, ok: bool, ticket: Ticket | None = None) -> None:
         now = self._now()
         if self._call("opened_at") is not None:
+            if ticket is None or not ticket.probe:
+                # A call that started before the breaker opened (or beside the probe) decides nothing: only
+                # the probe may close it, and only after the cool-down.
+                return
             # The probe's answer decides: close on success, re-open for another cool-down on failure.
             if ok:
                 self._call("close")

@@ -99,7 +99,9 @@ class _Wait:
         exc = state.outcome.exception() if state.outcome else None
         after = getattr(exc, "retry_after", None)
         if after is not None:
-            return after
+            # On top of the server's Retry-After, the same jittered backoff: workers that were refused
+            # together do not come back together.
+            return float(after) + self._exp(state)
         return self._exp(state)
 
 
@@ -164,8 +166,7 @@ class ResilientClient:
             raise
 
     def _attempt(self, method, path, params, data, json, headers):
-        if self.breaker is not None:
-            self.breaker.before_call()
+        ticket = self.breaker.before_call() if self.breaker is not None else None
         if self.limiter is not None:
             self.limiter.acquire()
         self.requests_sent += 1
@@ -174,28 +175,28 @@ class ResilientClient:
                                            timeout=self.policy.timeout)
         except httpx.TransportError as exc:
             failure = e.ExternalUnavailable(f"{self.dependency}: {type(exc).__name__}", dependency=self.dependency)
-            self._failed(failure)
+            self._failed(failure, ticket)
             raise failure from exc
         if response.status_code >= 400:
             failure = error_from_response(response, self.dependency)
-            self._failed(failure)
+            self._failed(failure, ticket)
             raise failure
         try:
             body = response.json() if response.content else {}
         except ValueError:
             failure = e.ExternalServerError(f"{self.dependency}: malformed JSON in the response",
                                             dependency=self.dependency)
-            self._failed(failure)
+            self._failed(failure, ticket)
             raise failure from None
         if self.breaker is not None:
-            self.breaker.record(True)
+            self.breaker.record(True, ticket)
         return body
 
-    def _failed(self, failure: Exception) -> None:
+    def _failed(self, failure: Exception, ticket=None) -> None:
         # The dependency answered sensibly to a bad request (400, 404): that is not its failure.
         counts = not isinstance(failure, e.ExternalInvalidRequest | e.ExternalNotFound)
         if self.breaker is not None:
-            self.breaker.record(not counts)
+            self.breaker.record(not counts, ticket)
         if self.on_error is not None:
             self.on_error(failure)
         log.warning("%s call failed: %s", self.dependency, getattr(failure, "message", failure),

@@ -52,7 +52,7 @@ def test_429_with_retry_after_is_waited_out_and_counted(ext):
     c.sandbox.store.add_fault("provider", "429", count=2, retry_after=1.5)
     price = c.provider.get_item_price("credits-pro-USD-monthly")
     assert price["metadata"] == {"credits": 2000, "lane": "sfw"}
-    assert c.sleeps == [1.5, 1.5]
+    assert len(c.sleeps) == 2 and all(1.5 <= w <= 1.5 + c.settings.http_backoff_max_seconds for w in c.sleeps)
     assert c.metrics.sample("billing_provider_rate_limit_errors_total") == 2
 
 
@@ -163,6 +163,43 @@ def test_a_failed_half_open_probe_reopens(ext):
         c.provider.get_item_price("x")  # the probe fails
     with pytest.raises(e.CircuitOpen):
         c.provider.get_item_price("x")
+
+
+def test_a_success_that_started_before_the_breaker_opened_does_not_close_it(ext):
+    """Issue "Hardening" 6: a slow call that began while the breaker was closed and succeeded after it
+    opened closed it at once, with no cool-down and no probe. Only the half-open probe may close it."""
+    import threading
+
+    c = ext(breaker_min_calls=2, breaker_cooldown_seconds=30, http_max_attempts=1)
+    breaker = c.breakers["subscription_provider"]
+    c.sandbox.store.add_fault("provider", "slow", path="/item_prices/credits-pro-USD-monthly", delay=1.0)
+    slow = threading.Thread(target=lambda: c.provider.get_item_price("credits-pro-USD-monthly"))
+    slow.start()  # in flight while the breaker is closed
+    c.sandbox.store.add_fault("provider", "503", path="/item_prices/x", count=-1)
+    for _ in range(2):
+        with pytest.raises(e.ExternalServerError):
+            c.provider.get_item_price("x")
+    assert breaker.state() == "open"
+    slow.join(30)  # its success arrives now
+    assert breaker.state() == "open"
+    with pytest.raises(e.CircuitOpen):
+        c.provider.get_item_price("credits-pro-USD-monthly")
+    c.clock.advance(31)
+    c.sandbox.store.clear_faults()
+    assert c.provider.get_item_price("credits-pro-USD-monthly")["id"] == "credits-pro-USD-monthly"  # the probe
+    assert breaker.state() == "closed"
+
+
+def test_429_waits_retry_after_plus_jitter(ext):
+    """Issue "Hardening" 6: every worker waited exactly Retry-After and came back in lockstep."""
+    waits = []
+    for _ in range(5):
+        c = ext(http_max_attempts=2)
+        c.sandbox.store.add_fault("provider", "429", count=1, retry_after=2)
+        c.provider.get_item_price("credits-pro-USD-monthly")
+        waits += c.sleeps
+    assert all(2 <= w <= 2 + c.settings.http_backoff_max_seconds for w in waits)
+    assert len(set(waits)) > 1  # not in lockstep
 
 
 def test_an_invalid_key_opens_the_breaker(ext):
