@@ -27,6 +27,9 @@ REQUIRED_IN_PRODUCTION = (
 # Production talks to the real systems: no in-process sandbox.
 ASYMMETRIC_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "ES512", "EdDSA")
 REQUIRED_IN_PRODUCTION_PLAIN = (
+    # Several processes share the provider budget, the breakers, the caches and their invalidation only
+    # through Redis: without it each process would believe it alone spends the 60-a-minute budget.
+    "redis_url",
     "session_jwt_audience",
     "session_jwt_issuer",
     "provider_url",

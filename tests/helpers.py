@@ -54,7 +54,7 @@ class ProductionStack:
 
     AUDIENCE, ISSUER = "billing", "https://identity.example"
 
-    def __init__(self, make_settings, db_url, tmp_path, clock=None):
+    def __init__(self, make_settings, db_url, tmp_path, clock=None, redis_url=None):
         from cryptography.hazmat.primitives import serialization
         from cryptography.hazmat.primitives.asymmetric import rsa
 
@@ -66,6 +66,7 @@ class ProductionStack:
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
         self.sandbox = Sandbox(SandboxStore(tmp_path / "prod-sandbox.db"))
         self.make_settings, self.db_url, self.clock = make_settings, db_url, clock
+        self.redis_url = redis_url
 
     def __enter__(self):
         from billingctl.bootstrap import Container
@@ -79,7 +80,7 @@ class ProductionStack:
         url = self.server.url
         self.container = Container(self.make_settings(
             env="production", database_url=self.db_url, session_jwt_algorithms="RS256",
-            session_jwt_audience=self.AUDIENCE, session_jwt_issuer=self.ISSUER,
+            session_jwt_audience=self.AUDIENCE, session_jwt_issuer=self.ISSUER, redis_url=self.redis_url,
             provider_url=f"{url}/provider", provider_api_key="k", orchestrator_url=f"{url}/orchestrator",
             orchestrator_api_key="k", **secrets), clock=self.clock)
         self.sandbox.webhook_secret = self.container.settings.secret("orchestrator_webhook_secret")

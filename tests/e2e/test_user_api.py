@@ -197,10 +197,10 @@ def test_orchestrator_down_undoes_the_provider_subscription(api):
 # ---- the NSFW authorization quota (production only) --------------------------------------------
 
 @pytest.fixture
-def prod_api(make_settings, db_url, tmp_path):
+def prod_api(make_settings, db_url, tmp_path, redis_url):
     from tests.helpers import ProductionStack
 
-    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock()) as stack:
+    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock(), redis_url=redis_url) as stack:
         prod = Api(stack.container)
         private = stack.private_key
         claims = {"aud": stack.AUDIENCE, "iss": stack.ISSUER}

@@ -172,7 +172,7 @@ def test_an_sfw_session_counts_nothing(world):
     assert attempt_rows(world) == []
 
 
-def test_two_workers_cannot_both_take_the_last_customer_slot(make_settings, db_url, tmp_path):
+def test_two_workers_cannot_both_take_the_last_customer_slot(make_settings, db_url, tmp_path, redis_url):
     """Defect 5: check and record were separate transactions guarded by a lock that is in-process
     without Redis: 5 attempts in a day in 3 of 3 trials. Now one transaction under the user's row lock."""
     import threading
@@ -183,7 +183,7 @@ def test_two_workers_cannot_both_take_the_last_customer_slot(make_settings, db_u
     from billingctl.adapters.db.tables import fraud_event, users
     from tests.helpers import ProductionStack
 
-    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock()) as stack:
+    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock(), redis_url=redis_url) as stack:
         first = stack.container
         now = first.clock.now()
         with first.uow() as uow:

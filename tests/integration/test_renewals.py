@@ -116,10 +116,10 @@ def test_a_lock_read_failure_aborts_without_charging_then_the_next_tick_charges(
     assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
 
 
-def test_the_mit_quota_blocks_in_production(make_settings, db_url, tmp_path, caplog):
+def test_the_mit_quota_blocks_in_production(make_settings, db_url, tmp_path, caplog, redis_url):
     from tests.helpers import ProductionStack
 
-    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock()) as stack:
+    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock(), redis_url=redis_url) as stack:
         world = World(stack.container)
         world.sandbox = stack.sandbox
         subscribed(world, plan=NSFW)

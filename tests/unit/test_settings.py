@@ -7,6 +7,7 @@ pytestmark = pytest.mark.unit
 
 PROD_SECRETS = {name: f"value-{name}" for name in REQUIRED_IN_PRODUCTION}
 PROD_PLAIN = {
+    "redis_url": "redis://127.0.0.1:6379/0",
     "session_jwt_audience": "billing",
     "session_jwt_issuer": "https://identity.example",
     "provider_url": "https://provider.example",
@@ -125,3 +126,12 @@ def test_production_requires_the_session_audience_and_issuer(missing):
     plain = {k: v for k, v in PROD_PLAIN.items() if k != missing}
     with pytest.raises(ConfigError, match=f"BILLING_{missing.upper()}"):
         load_settings(env="production", session_jwt_algorithms="RS256", **PROD_SECRETS, **plain)
+
+
+def test_production_requires_redis_with_one_clear_line():
+    """Issue "Hardening" 7: without Redis the budget, breakers and cache invalidation are per process."""
+    plain = {k: v for k, v in PROD_PLAIN.items() if k != "redis_url"}
+    with pytest.raises(ConfigError) as info:
+        load_settings(env="production", session_jwt_algorithms="RS256", **PROD_SECRETS, **plain)
+    assert info.value.message == "configuration error: missing required setting for BILLING_ENV=production: " \
+                                 "BILLING_REDIS_URL"
