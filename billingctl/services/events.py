@@ -196,7 +196,9 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
         log.warning("poll stopped: %s", exc.message)
     if new_cursor is not None and new_cursor != cursor and since is None:
         _write_cursor(container, new_cursor)
-    scan = scan_paid_invoices(container, since) if all_invoices and error is None else None
+    # Spec 4: every paid invoice with all_invoices, else only the recent ones since the given time (the
+    # scheduled poll gives none: its events cover it, and a list call every 15 s would spend the budget).
+    scan = scan_paid_invoices(container, since) if (all_invoices or since is not None) and error is None else None
     redriven = inbox.redrive(container)  # events of every source that a cut request left pending
     with container.uow() as uow:
         uow.execute(event_poller_state.insert().values(

@@ -383,3 +383,21 @@ def test_all_invoices_scan_recovers_unapplied_credits(world):
     # The invoices link transactions by id (no gateway id): the scan reads each transaction's reference.
     assert result["invoice_scan"]["recovered"] == 1 and result["invoice_scan"]["invoices_checked"] == 2
     assert world.purchases() == 2 and world.credits() == 4000
+
+
+def test_without_all_invoices_the_recent_invoices_since_the_given_time_are_considered(world):
+    """Issue "Hardening" 17 (spec 4, poll): with all_invoices false only recent invoices since the given
+    time are considered; before, none were."""
+    from datetime import timedelta
+
+    world.renewal_charged_unseen()
+    with world.sandbox.store.tx() as db:
+        db.execute("DELETE FROM objects WHERE kind='event' AND data LIKE '%payment_succeeded%'")
+    events.poll(world.c)
+    assert world.purchases() == 1
+    later = world.c.clock.now() + timedelta(hours=1)
+    assert events.poll(world.c, since=later)["invoice_scan"]["invoices_checked"] == 0  # nothing that recent
+    result = events.poll(world.c, since=world.c.clock.now() - timedelta(hours=1))
+    assert result["invoice_scan"]["recovered"] == 1
+    assert world.purchases() == 2 and world.credits() == 4000
+    assert "invoice_scan" not in events.poll(world.c)  # the scheduled poll (no time given) lists no invoices
