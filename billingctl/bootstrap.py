@@ -121,6 +121,15 @@ class Container:
         return result
 
     @cached_property
+    def user_limiter(self):
+        """Requests per signed-in user on the user API (the `limits` library; Redis when configured)."""
+        from billingctl.adapters.ratelimit import RateLimiter
+
+        s = self.settings
+        return RateLimiter(s.user_api_rate_limit, 60, "billing:user-api", redis_url=s.redis_url, max_wait=0,
+                           on_error=self._redis_error, shares={})
+
+    @cached_property
     def provider_limiter(self):
         from billingctl.adapters.ratelimit import RateLimiter, key_for
 

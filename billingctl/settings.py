@@ -100,6 +100,8 @@ class Settings(BaseSettings):
     provider_rate_limit: int = Field(default=60, gt=0)
     provider_rate_window_seconds: int = Field(default=60, gt=0)
     provider_rate_max_wait_seconds: float = Field(default=30.0, ge=0)
+    # Each signed-in user's requests to the user API, per minute (shared through Redis when configured).
+    user_api_rate_limit: int = Field(default=60, gt=0)
     http_timeout_seconds: float = Field(default=10.0, gt=0)
     http_max_attempts: int = Field(default=5, ge=1)
     http_backoff_max_seconds: float = Field(default=8.0, ge=0)

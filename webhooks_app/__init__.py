@@ -37,8 +37,38 @@ def create_public_app(settings: Settings | None = None, container: Container | N
     from webhooks_app.blueprints import public
 
     app = _base_app("billing-public", settings, container)
+    app.before_request(_public_budget)
+    app.teardown_request(_reset_budget)
     public.register(app)
     return app
+
+
+def _public_budget() -> None:
+    """Provider calls of a web request never wait for the limiter; webhooks record money, the user API
+    is interactive (its share is capped so it can never starve recording)."""
+    from flask import g, request
+
+    from billingctl.adapters.ratelimit import INTERACTIVE, MONEY, set_request_budget
+
+    g.budget_tokens = set_request_budget(MONEY if request.path.startswith("/webhooks/") else INTERACTIVE)
+
+
+def _internal_budget() -> None:
+    from flask import g, request
+
+    from billingctl.adapters.ratelimit import BATCH, MONEY, set_request_budget
+
+    g.budget_tokens = set_request_budget(MONEY if request.path == "/internal/billing/activate" else BATCH)
+
+
+def _reset_budget(exc=None) -> None:
+    from flask import g
+
+    from billingctl.adapters.ratelimit import reset_request_budget
+
+    tokens = g.pop("budget_tokens", None)
+    if tokens is not None:
+        reset_request_budget(tokens)
 
 
 def create_internal_app(settings: Settings | None = None, container: Container | None = None) -> Flask:
@@ -48,5 +78,7 @@ def create_internal_app(settings: Settings | None = None, container: Container |
     app = _base_app("billing-internal", settings, container)
     # One gate for every /internal/* path, matched or not, before any view runs.
     app.before_request(require_internal_token)
+    app.before_request(_internal_budget)
+    app.teardown_request(_reset_budget)
     internal.register(app)
     return app

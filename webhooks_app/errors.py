@@ -6,6 +6,7 @@ Anything unexpected becomes a generic 500 without internals; the details go to t
 from __future__ import annotations
 
 import logging
+import math
 
 from flask import Flask, jsonify
 from sqlalchemy import exc as sa_exc
@@ -20,6 +21,7 @@ DATABASE_RETRY_AFTER = 5  # seconds
 STATUS: tuple[tuple[type[Exception], int], ...] = (
     (e.PaymentNotRecorded, 409),
     (e.QuotaExhausted, 429),
+    (e.TooManyRequests, 429),
     (e.AccountFrozen, 403),
     (e.InvalidInput, 400),
     (e.AuthenticationFailed, 401),
@@ -27,6 +29,7 @@ STATUS: tuple[tuple[type[Exception], int], ...] = (
     (e.Refused, 409),
     (e.CircuitOpen, 503),
     (e.ProcessorLockUnavailable, 503),
+    (e.RateLimited, 429),  # spec 7: the provider's budget is spent; the client retries after Retry-After
     (e.ExternalError, 502),
     (e.LeaseHeld, 409),
     (e.BatchFailed, 500),
@@ -53,7 +56,11 @@ def register_error_handlers(app: Flask) -> None:
         status = status_for(exc)
         if status >= 500:
             log.error("request failed: %s", exc.message, extra={"error_code": exc.code})
-        return error_response(status, exc.code, exc.message)
+        response = error_response(status, exc.code, exc.message)
+        if status == 429:
+            after = exc.details.get("retry_after") or getattr(exc, "retry_after", None) or 1
+            response.headers["Retry-After"] = str(max(1, math.ceil(float(after))))
+        return response
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

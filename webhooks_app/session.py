@@ -63,6 +63,7 @@ def session_required(view):
             g.user_id = _verify(token, container.settings)
         except jwt.ExpiredSignatureError:
             return redirect(container.settings.sign_in_url, code=307)
+        container.user_limiter.admit(g.user_id)  # before any work: a flood costs one counter each
         _ensure_user(container, g.user_id)
         return view(*args, **kwargs)
 

@@ -82,8 +82,10 @@ def _retry_after(response: httpx.Response) -> float | None:
 
 def is_retryable(exc: BaseException) -> bool:
     if isinstance(exc, e.RateLimited):
-        if exc.details.get("client_side"):
-            return False  # our own budget is spent and the wait bound passed: do not spin
+        from billingctl.adapters.ratelimit import waiting_allowed
+
+        if exc.details.get("client_side") or not waiting_allowed():
+            return False  # our own budget is spent, or a web request must not wait out a Retry-After
         after = getattr(exc, "retry_after", None)
         return after is None or after <= MAX_RETRY_AFTER_SECONDS
     return bool(getattr(exc, "retryable", False))

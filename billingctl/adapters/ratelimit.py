@@ -1,13 +1,21 @@
 """Client-side rate limiter shared by every process using one API key: a moving window of at most
 N requests per window, in Redis when configured (the `limits` library), in-process otherwise.
-When the budget is spent the caller waits, within a bound; past the bound it gets RateLimited."""
+When the budget is spent the caller waits, within a bound; past the bound it gets RateLimited.
+
+The budget is shared by classes of calls (docs/decisions.md): `money` (recording payments and
+activating subscriptions) is bounded only by the whole budget; `interactive` (web requests) and
+`batch` (jobs, operator commands) are each capped at a share of it, so together they always leave a
+part for money. Inside a web request nothing waits for the limiter: the request gets RateLimited at
+once (a 429 with Retry-After) and the jobs finish what it could not."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 from limits import RateLimitItemPerSecond
 from limits.storage import MemoryStorage, storage_from_string
@@ -18,6 +26,40 @@ from billingctl.domain.errors import RateLimited
 log = logging.getLogger("billingctl.ratelimit")
 
 
+MONEY, INTERACTIVE, BATCH = "money", "interactive", "batch"
+SHARES = {INTERACTIVE: 0.3, BATCH: 0.5}  # of the whole budget; money has no cap of its own
+_CLASS: ContextVar[str] = ContextVar("budget_class", default=BATCH)
+_NO_WAIT: ContextVar[bool] = ContextVar("budget_no_wait", default=False)
+
+
+@contextmanager
+def budget(kind: str, no_wait: bool | None = None) -> Iterator[None]:
+    """Provider calls made inside are charged to `kind`; with no_wait, a spent budget raises at once."""
+    tokens = [_CLASS.set(kind)]
+    if no_wait is not None:
+        tokens.append(_NO_WAIT.set(no_wait))
+    try:
+        yield
+    finally:
+        for token in reversed(tokens):
+            token.var.reset(token)
+
+
+def waiting_allowed() -> bool:
+    return not _NO_WAIT.get()
+
+
+def set_request_budget(kind: str) -> tuple:
+    """For a web request, until `reset_request_budget` with what this returns (at teardown: a worker
+    thread serves the next request, or a test goes on, in the same context)."""
+    return _CLASS.set(kind), _NO_WAIT.set(True)
+
+
+def reset_request_budget(tokens: tuple) -> None:
+    for token in reversed(tokens):
+        token.var.reset(token)
+
+
 def key_for(api_key: str | None, dependency: str) -> str:
     """The budget belongs to the API key; the key itself is never stored."""
     digest = hashlib.sha256((api_key or "sandbox").encode()).hexdigest()[:16]
@@ -26,9 +68,12 @@ def key_for(api_key: str | None, dependency: str) -> str:
 
 class RateLimiter:
     def __init__(self, limit: int, window_seconds: int, key: str, redis_url: str | None = None,
-                 max_wait: float = 30.0, sleep: Callable[[float], None] = time.sleep, on_error=None):
+                 max_wait: float = 30.0, sleep: Callable[[float], None] = time.sleep, on_error=None,
+                 shares: dict[str, float] | None = None):
         self.on_error = on_error or (lambda component: None)
         self.item = RateLimitItemPerSecond(limit, window_seconds)
+        self.class_items = {kind: RateLimitItemPerSecond(max(1, int(limit * share)), window_seconds)
+                            for kind, share in (SHARES if shares is None else shares).items()}
         self.key = key
         self.max_wait = max_wait
         self.sleep = sleep
@@ -37,29 +82,51 @@ class RateLimiter:
         if redis_url:
             self._limiter = MovingWindowRateLimiter(storage_from_string(redis_url, socket_timeout=2))
 
-    def _hit(self) -> bool:
+    def _call(self, op: str, *args):
         try:
-            return self._limiter.hit(self.item, self.key)
+            return getattr(self._limiter, op)(*args)
         except Exception as exc:
             if self._limiter is self._memory:
                 raise
             log.warning("shared rate limiter unavailable, limiting in-process: %s", type(exc).__name__)
             self.on_error("limiter")
-            return self._memory.hit(self.item, self.key)
+            return getattr(self._memory, op)(*args)
 
-    def _reset_in(self) -> float:
-        try:
-            stats = self._limiter.get_window_stats(self.item, self.key)
-        except Exception:
-            stats = self._memory.get_window_stats(self.item, self.key)
+    def _hit(self, kind: str) -> tuple[bool, RateLimitItemPerSecond, str]:
+        """One slot of the class's share (when capped) and of the whole budget; the one refusing is named."""
+        capped = self.class_items.get(kind)
+        if capped is not None and not self._call("test", capped, f"{self.key}:{kind}"):
+            return False, capped, f"{self.key}:{kind}"
+        if not self._call("hit", self.item, self.key):
+            return False, self.item, self.key
+        if capped is not None:
+            self._call("hit", capped, f"{self.key}:{kind}")
+        return True, self.item, self.key
+
+    def _reset_in(self, item, key) -> float:
+        stats = self._call("get_window_stats", item, key)
         return max(0.01, stats.reset_time - time.time())
 
     def acquire(self, max_wait: float | None = None) -> None:
-        budget = self.max_wait if max_wait is None else max_wait
-        deadline = time.monotonic() + budget
-        while not self._hit():
-            wait = self._reset_in()
+        kind = _CLASS.get()
+        allowed = 0.0 if _NO_WAIT.get() else (self.max_wait if max_wait is None else max_wait)
+        deadline = time.monotonic() + allowed
+        while True:
+            ok, item, key = self._hit(kind)
+            if ok:
+                return
+            wait = self._reset_in(item, key)
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise RateLimited("Please try after some time", client_side=True)
+                raise RateLimited("Please try after some time", client_side=True, budget=kind,
+                                  retry_after=round(wait, 1))
             self.sleep(min(wait, remaining))
+
+
+    def admit(self, subject: str) -> None:
+        """One request of `subject` (a user); TooManyRequests with the seconds to wait when over the limit."""
+        from billingctl.domain.errors import TooManyRequests
+
+        key = f"{self.key}:{hashlib.sha256(subject.encode()).hexdigest()[:16]}"
+        if not self._call("hit", self.item, key):
+            raise TooManyRequests(retry_after=round(self._reset_in(self.item, key), 1))

@@ -92,6 +92,12 @@ class BatchFailed(BillingError):
 # ---- external systems (the clients raise these; callers decide what they mean) -----------------
 
 
+class TooManyRequests(Refused):
+    """too many requests; retry later"""
+
+    code = "too_many_requests"
+
+
 class RateLimited(ExternalError):
     """Please try after some time"""
 

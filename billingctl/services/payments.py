@@ -279,6 +279,13 @@ def complete_followups(container, subscription_id: str) -> dict:
     """Activate the subscription (which, for a pending checkout, starts it and names the invoice its
     payment belongs to), then record every unreported purchase on its invoice. Failures leave the work
     pending (listed by `health`, retried by the activations job)."""
+    from billingctl.adapters.ratelimit import MONEY, budget
+
+    with budget(MONEY):  # recording and activation take the budget's reserved share
+        return _complete_followups(container, subscription_id)
+
+
+def _complete_followups(container, subscription_id: str) -> dict:
     result = {"provider_recorded": True, "activation": None}
     try:
         result["activation"] = activate_subscription(container, subscription_id, _locked=True)["outcome"]

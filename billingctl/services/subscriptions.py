@@ -40,6 +40,13 @@ def get_for_user(container, user_id: str, subscription_id: str) -> dict:
 
     if not looks_like_id(subscription_id):
         raise e.NotFound("not found")  # cannot be anyone's subscription
+    with container.uow() as uow:
+        ours = uow.execute(select(subscription.c.id).where(subscription.c.id == subscription_id,
+                                                            subscription.c.customer_id == user_id)).first()
+    if ours is None:
+        # Only a subscription we made for this user (at checkout, recovery or sync) is read at the provider:
+        # a random or foreign id costs no provider call, so no one can spend the shared budget with them.
+        raise e.NotFound("not found")
     key = f"subscription:{user_id}:{_generation(container, user_id)}:{subscription_id}"
     cached = container.cache.get(key)
     breaker_open = container.breakers["subscription_provider"].state() == "open"

@@ -403,3 +403,57 @@ def test_production_session_policy(prod_api, claims, status):
     else:
         headers = prod_api.headers("u", **kw)
     assert prod_api.client.get("/api/billing/products", headers=headers).status_code == status
+
+
+# ---- issue "Hardening" 5: the provider budget is not the public's --------------------------------------
+
+def provider_gets(api, path_part):
+    return api.c.sandbox.store.count_requests("provider", "GET", path_part)
+
+
+def test_random_subscription_ids_cost_no_provider_call(api):
+    before = provider_gets(api, "/subscriptions/")
+    codes = {api.client.get(f"/api/subscriptions/sub_random{n}", headers=api.headers("u_flood")).status_code
+             for n in range(62)}
+    assert codes == {404, 429}  # not found, then the user's own request limit
+    assert provider_gets(api, "/subscriptions/") == before
+    co = api.checkout("u_owner").get_json()
+    assert api.client.get(f"/api/subscriptions/{co['subscription_id']}",
+                          headers=api.headers("u_owner")).status_code == 200
+
+
+def test_each_user_has_a_request_limit_answered_429_with_retry_after(make_settings, db_url):
+    c = Container(make_settings(database_url=db_url, user_api_rate_limit=5), clock=ManualClock())
+    api = Api(c)
+    codes = [api.client.get("/api/billing/products", headers=api.headers("u_greedy")).status_code for _ in range(7)]
+    assert codes == [200] * 5 + [429] * 2
+    refused = api.client.get("/api/billing/products", headers=api.headers("u_greedy"))
+    assert refused.get_json()["error"] == "too_many_requests" and int(refused.headers["Retry-After"]) >= 1
+    assert api.client.get("/api/billing/products", headers=api.headers("u_other")).status_code == 200
+    c.close()
+
+
+def test_a_spent_interactive_share_is_429_at_once_and_never_starves_recording(make_settings, db_url):
+    """The user API may spend only its share of the provider budget, without waiting inside the request;
+    the webhook's recording and activation still find budget."""
+    c = Container(make_settings(database_url=db_url, provider_rate_limit=10, provider_rate_max_wait_seconds=30),
+                  clock=ManualClock())
+    slept = []
+    c.provider_limiter.sleep = slept.append
+    api = Api(c)
+    co = api.checkout("u_buyer").get_json()  # interactive: customer + subscription (2 of its 3)
+    codes = [api.checkout(f"u_{n}").status_code for n in range(3)]
+    assert 429 in codes and slept == []  # refused at once, nobody waited
+    refused = api.checkout("u_late")
+    assert refused.status_code == 429 and refused.get_json()["error"] == "rate_limited"
+    assert int(refused.headers["Retry-After"]) >= 1
+    payment = c.sandbox.pay(co["order_id"])  # the webhook records and activates from the money share
+    assert api.count(users, id="u_buyer") == 1
+    from billingctl.adapters.db.tables import purchase, subscription
+
+    assert api.count(purchase, transaction_id=payment["id"]) == 1
+    with c.uow() as uow:
+        status = uow.execute(select(subscription.c.status).where(
+            subscription.c.id == co["subscription_id"])).scalar_one()
+    assert status == "active"
+    c.close()

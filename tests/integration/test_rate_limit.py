@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from billingctl.adapters.ratelimit import RateLimiter, key_for
+from billingctl.adapters.ratelimit import BATCH, INTERACTIVE, MONEY, RateLimiter, budget, key_for
 from billingctl.domain.errors import RateLimited
 
 pytestmark = pytest.mark.integration
@@ -22,8 +22,10 @@ WORKER = textwrap.dedent("""
     c = Container(settings)
     stamps = []
     c.provider.http.client.event_hooks["request"].append(lambda req: stamps.append(time.time()))
-    for _ in range(int(sys.argv[4])):
-        c.provider.get_item_price("credits-pro-USD-monthly")
+    from billingctl.adapters.ratelimit import MONEY, budget
+    with budget(MONEY):  # the whole budget (the class shares are tested below)
+        for _ in range(int(sys.argv[4])):
+            c.provider.get_item_price("credits-pro-USD-monthly")
     print(json.dumps(stamps))
 """)
 
@@ -44,16 +46,50 @@ def test_two_processes_never_exceed_the_shared_budget(redis_url, tmp_path):
 
 def test_a_caller_that_cannot_wait_gets_the_rate_limit_error():
     limiter = RateLimiter(2, 60, key_for("k", "subscription_provider"), max_wait=0)
-    limiter.acquire()
-    limiter.acquire()
-    with pytest.raises(RateLimited) as info:
+    with budget(MONEY):
         limiter.acquire()
+        limiter.acquire()
+        with pytest.raises(RateLimited) as info:
+            limiter.acquire()
     assert info.value.details["client_side"] is True
+
+
+def test_the_classes_share_the_budget_and_money_always_finds_its_part():
+    """Issue "Hardening" 5: interactive (30 %) and batch (50 %) are capped; money is bounded only by the
+    whole budget, so a user flood or a catch-up job can never take what recording needs."""
+    limiter = RateLimiter(10, 60, key_for("k-shares", "subscription_provider"), max_wait=0)
+    spent = {}
+    for kind in (INTERACTIVE, BATCH):
+        with budget(kind):
+            spent[kind] = 0
+            while True:
+                try:
+                    limiter.acquire()
+                except RateLimited as exc:
+                    assert exc.details["budget"] == kind and exc.details["retry_after"] > 0
+                    break
+                spent[kind] += 1
+    assert spent == {INTERACTIVE: 3, BATCH: 5}
+    with budget(MONEY):
+        limiter.acquire()
+        limiter.acquire()  # the two left of ten
+        with pytest.raises(RateLimited):
+            limiter.acquire()
+
+
+def test_inside_a_web_request_nothing_waits():
+    waited = []
+    limiter = RateLimiter(1, 60, key_for("k-web", "subscription_provider"), max_wait=30, sleep=waited.append)
+    with budget(MONEY, no_wait=True):
+        limiter.acquire()
+        with pytest.raises(RateLimited):
+            limiter.acquire()
+    assert waited == []
 
 
 def test_the_limiter_waits_within_its_bound():
     waited = []
-    limiter = RateLimiter(1, 1, key_for("k2", "subscription_provider"), max_wait=5, sleep=waited.append)
+    limiter = RateLimiter(1, 1, key_for("k2", "subscription_provider"), max_wait=5, sleep=waited.append, shares={})
     limiter.acquire()
     # The fake sleep does not pass time, so the limiter keeps waiting until the bound: it asked to wait.
     limiter.max_wait = 0.05
@@ -68,7 +104,7 @@ def test_the_key_is_hashed_never_stored():
 
 
 def test_redis_down_falls_back_to_the_in_process_budget():
-    limiter = RateLimiter(1, 60, key_for("k3", "p"), redis_url="redis://127.0.0.1:1/0", max_wait=0)
+    limiter = RateLimiter(1, 60, key_for("k3", "p"), redis_url="redis://127.0.0.1:1/0", max_wait=0, shares={})
     limiter.acquire()
     with pytest.raises(RateLimited):
         limiter.acquire()
