@@ -102,6 +102,8 @@ class Settings(BaseSettings):
     provider_rate_max_wait_seconds: float = Field(default=30.0, ge=0)
     # Each signed-in user's requests to the user API, per minute (shared through Redis when configured).
     user_api_rate_limit: int = Field(default=60, gt=0)
+    # The public host's absolute base URL, for robots.txt and sitemap.xml (never the request's Host).
+    public_base_url: str = "http://localhost:8080"
     http_timeout_seconds: float = Field(default=10.0, gt=0)
     http_max_attempts: int = Field(default=5, ge=1)
     http_backoff_max_seconds: float = Field(default=8.0, ge=0)

@@ -25,7 +25,7 @@ class IsoJSONProvider(DefaultJSONProvider):
 
 def _base_app(name: str, settings: Settings | None, container: Container | None) -> Flask:
     container = container or bootstrap(settings)
-    app = Flask(name)
+    app = Flask(name, static_folder=None)  # no /static route: the route table is exactly the documented one
     app.json = IsoJSONProvider(app)
     app.config.update(JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=1 << 20)
     app.extensions["billing"] = container

@@ -17,7 +17,7 @@ from billingctl.bootstrap import Container
 from billingctl.domain.clock import ManualClock
 from billingctl.services import media
 from tests.e2e.test_user_api import token
-from webhooks_app import create_public_app
+from webhooks_app import create_internal_app, create_public_app
 
 pytestmark = pytest.mark.e2e
 
@@ -224,6 +224,19 @@ def test_robots_and_sitemap_without_authentication(client):
     assert sitemap.status_code == 200 and sitemap.mimetype == "application/xml" and b"<urlset" in sitemap.data
 
 
+def test_robots_names_an_absolute_sitemap_and_the_sitemap_never_echoes_the_host(make_settings, db_url):
+    """Issue "Hardening" 13."""
+    from billingctl.bootstrap import Container
+
+    c = Container(make_settings(database_url=db_url, public_base_url="https://billing.example.com"))
+    client = create_public_app(container=c).test_client()
+    robots = client.get("/robots.txt", headers={"Host": "evil.example"}).get_data(as_text=True)
+    assert "Sitemap: https://billing.example.com/sitemap.xml" in robots.splitlines()
+    sitemap = client.get("/sitemap.xml", headers={"Host": "evil.example"}).get_data(as_text=True)
+    assert "evil.example" not in sitemap and "<loc>https://billing.example.com/</loc>" in sitemap
+    c.close()
+
+
 def session(c, user="user_a"):
     return {"Authorization": f"Bearer {token(user, c.settings.secret('session_jwt_key'))}"}
 
@@ -255,7 +268,7 @@ def test_auth_content_traversal_is_400(c, client, path, signed_in):
 
 def test_the_public_route_table_holds_nothing_else(c):
     app = create_public_app(container=c)
-    rules = sorted(r.rule for r in app.url_map.iter_rules() if r.endpoint != "static")
+    rules = sorted(r.rule for r in app.url_map.iter_rules())  # issue "Hardening" 11: no /static route either
     assert rules == sorted([
         "/api/billing/checkout", "/api/billing/products", "/api/checkout/status",
         "/api/subscriptions/<subscription_id>",
@@ -263,8 +276,11 @@ def test_the_public_route_table_holds_nothing_else(c):
         "/webhooks/identity", "/webhooks/identity-verification", "/webhooks/orchestrator/disputes",
         "/webhooks/orchestrator/payments", "/webhooks/subscription-provider", "/webhooks/workflow-completion"])
     client = app.test_client()
-    for path in ("/internal/character-admin/", "/internal/anything", "/metrics", "/debug/pprof/", "/healthz"):
+    for path in ("/internal/character-admin/", "/internal/anything", "/metrics", "/debug/pprof/", "/healthz",
+                 "/static/billing.db", "/static/pyproject.toml"):
         assert client.get(path).status_code == 404
+    internal = create_internal_app(container=c)
+    assert not [r.rule for r in internal.url_map.iter_rules() if r.rule.startswith("/static")]
 
 
 # ---- media signatures ---------------------------------------------------------------------------------------

@@ -22,17 +22,24 @@ def container():
     return current_app.extensions["billing"]
 
 
+def _base_url() -> str:
+    from xml.sax.saxutils import escape
+
+    return escape(container().settings.public_base_url.rstrip("/"))
+
+
 @bp.get("/robots.txt")
 def robots():
-    return Response("User-agent: *\nDisallow: /auth-content/\nSitemap: /sitemap.xml\n", mimetype="text/plain")
+    # The sitemap by an absolute URL (the robots.txt standard); from settings, never from the Host header.
+    return Response(f"User-agent: *\nDisallow: /auth-content/\nSitemap: {_base_url()}/sitemap.xml\n",
+                    mimetype="text/plain")
 
 
 @bp.get("/sitemap.xml")
 def sitemap():
-    root = request.url_root.rstrip("/")
     body = ('<?xml version="1.0" encoding="UTF-8"?>\n'
             '<urlset xmlns="http://www.sitemaps.org/schemas/sitemap/0.9">\n'
-            f"  <url><loc>{root}/</loc></url>\n"
+            f"  <url><loc>{_base_url()}/</loc></url>\n"
             "</urlset>\n")
     return Response(body, mimetype="application/xml")
 
