@@ -259,11 +259,31 @@ TRAVERSALS = ["/auth-content/../secret.txt", "/auth-content/%2e%2e/secret.txt", 
 
 
 @pytest.mark.parametrize("path", TRAVERSALS)
-@pytest.mark.parametrize("signed_in", [False, True])
-def test_auth_content_traversal_is_400(c, client, path, signed_in):
-    response = client.get(path, headers=session(c) if signed_in else {})
+def test_auth_content_traversal_is_400_for_a_session_and_a_bare_404_without(c, client, path):
+    response = client.get(path, headers=session(c))
     assert response.status_code == 400
     assert b"outside" not in response.data
+    anonymous = client.get(path)  # issue "Hardening" 12: without a session nothing but a bare 404
+    assert anonymous.status_code == 404 and anonymous.data == b""
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"])
+def test_every_anonymous_method_on_auth_content_is_a_bare_404(client, method):
+    response = client.open("/auth-content/guide.txt", method=method)
+    assert response.status_code == 404 and response.data == b"" and "Allow" not in response.headers
+
+
+def test_a_name_that_merely_contains_two_dots_is_a_file(c, client, tmp_path):
+    from pathlib import Path
+
+    (Path(c.settings.auth_content_dir) / "a..b.txt").write_text("two dots")
+    assert client.get("/auth-content/a..b.txt", headers=session(c)).data == b"two dots"
+
+
+def test_an_absolute_form_request_target_is_handled(c, client):
+    environ = {"RAW_URI": "http://billing.example.com/auth-content/guide.txt"}
+    assert client.get("/auth-content/guide.txt", headers=session(c), environ_base=environ).data == b"members only"
+    assert client.get("/auth-content/guide.txt", environ_base=environ).status_code == 404
 
 
 def test_the_public_route_table_holds_nothing_else(c):

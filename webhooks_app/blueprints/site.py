@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import os
-import re
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 from flask import Blueprint, Response, current_app, redirect, request, send_from_directory
 from werkzeug.exceptions import NotFound as WerkzeugNotFound
@@ -14,10 +13,6 @@ from billingctl.domain.errors import InvalidInput
 
 bp = Blueprint("site", __name__)
 AUTH_PREFIX = "/auth-content/"
-# Anything that could climb out of the directory, in any encoding: rejected before routing.
-_TRAVERSAL = re.compile(r"(\.\.|%2e|%2f|%5c|\\|%00|\x00|%25|//)", re.IGNORECASE)
-
-
 def container():
     return current_app.extensions["billing"]
 
@@ -44,27 +39,50 @@ def sitemap():
     return Response(body, mimetype="application/xml")
 
 
-def guard_auth_content():
-    """Runs before routing for every /auth-content path: traversal is 400 whether signed in or not."""
+def _target_path() -> str:
+    """The request target's path as sent (an absolute-form target `http://host/p` gives `/p`)."""
     raw = request.environ.get("RAW_URI") or request.environ.get("REQUEST_URI") or request.full_path
-    if not (request.path.startswith(AUTH_PREFIX) or unquote(raw).startswith(AUTH_PREFIX)
-            or raw.startswith(AUTH_PREFIX)):
+    raw = raw.split("?", 1)[0]
+    if "://" in raw.split("/", 1)[0] or raw.lower().startswith(("http://", "https://")):
+        raw = urlsplit(raw).path or "/"
+    return raw
+
+
+def _climbs(path: str) -> bool:
+    """A traversal in any encoding: a `.` or `..` segment, an empty segment, an absolute path, a
+    backslash or a NUL. A name that merely contains `..` (`a..b.txt`) is a file."""
+    for _ in range(3):  # %252e%252e -> %2e%2e -> ..
+        decoded = unquote(path)
+        if decoded == path:
+            break
+        path = decoded
+    if "\\" in path or "\x00" in path or path.startswith("/"):
+        return True
+    segments = path.split("/")
+    return any(seg in (".", "..") for seg in segments) or "" in segments[:-1]
+
+
+def guard_auth_content():
+    """Runs before routing for every /auth-content path, any method: without a session a bare 404
+    (nothing else is revealed); with one, a traversal is a 400 and only GET and HEAD are served."""
+    raw = _target_path()
+    if not (request.path.startswith(AUTH_PREFIX) or raw.startswith(AUTH_PREFIX)
+            or unquote(raw).startswith(AUTH_PREFIX)):
         return None
-    raw_path = raw.split("?", 1)[0]
-    rest = raw_path[len(AUTH_PREFIX):] if raw_path.startswith(AUTH_PREFIX) else raw_path
-    decoded = request.path[len(AUTH_PREFIX):]
-    if _TRAVERSAL.search(rest) or _TRAVERSAL.search(decoded) or decoded.startswith("/") or \
-            os.path.isabs(decoded) or "\x00" in decoded:
+    from webhooks_app.session import current_session_user
+
+    if current_session_user() is None:
+        return Response(b"", status=404)  # a bare 404: no redirect, no hint, for every method
+    rest = raw[len(AUTH_PREFIX):] if raw.startswith(AUTH_PREFIX) else unquote(raw)[len(AUTH_PREFIX):]
+    if _climbs(rest) or _climbs(request.path[len(AUTH_PREFIX):]):
         raise InvalidInput("invalid path")
+    if request.method not in ("GET", "HEAD"):
+        return Response(b"", status=404)
     return None
 
 
 @bp.get("/auth-content/<path:subpath>")
 def auth_content(subpath):
-    from webhooks_app.session import current_session_user
-
-    if current_session_user() is None:
-        return Response(b"", status=404)  # a bare 404: no redirect, no hint
     directory = os.path.realpath(container().settings.auth_content_dir)
     target = safe_join(directory, subpath)
     if target is None or not os.path.realpath(target).startswith(directory + os.sep):
