@@ -12,12 +12,17 @@ import hashlib
 import hmac
 import re
 from dataclasses import dataclass
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from billingctl.domain.errors import InvalidInput
 
 SIGNED_URL_CACHE_SECONDS = 72 * 3600  # the service's own cache; the edge TTL must be longer
-IMAGE_CACHE_CONTROL = "public, max-age=31536000, immutable"
+IMAGE_CACHE_CONTROL = "public, max-age=31536000, immutable"  # the transformed image itself (the edge's)
+
+
+def cache_control_until(expires_in: int) -> str:
+    """An answer that points at a signed URL is cached no longer than that URL stays valid."""
+    return f"public, max-age={max(0, int(expires_in))}"
 _SIGNED = re.compile(r"^(?P<path>.*?)(?P<sep>[?&])verify=(?P<ts>[^&?]*)$", re.DOTALL)
 
 
@@ -26,11 +31,27 @@ def signature(secret: str, path: str, ts: int) -> str:
     return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
 
 
+# Characters a client sends as they are; everything else is percent-encoded, which is what the edge
+# hashes (http.request.uri as received), so a space or a non-ASCII name signs what will be requested.
+_URI_SAFE = "/?&=:@!$'()*+,;%~-._"
+_BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+_CANONICAL_TS = re.compile(r"0|[1-9][0-9]{0,11}")  # ASCII digits, no leading zero
+
+
+def encode_path(path: str) -> str:
+    if "#" in path:
+        raise InvalidInput("a fragment (#) is never sent to the edge: it cannot be signed")
+    if _BAD_ESCAPE.search(path):
+        raise InvalidInput("the path has a malformed percent-escape")
+    return quote(path, safe=_URI_SAFE)
+
+
 def sign(secret: str, path: str, at: int) -> str:
     if not path or not path.startswith("/"):
         raise InvalidInput("the path must start with /")
     if "verify=" in path:
         raise InvalidInput("the path already carries a verify parameter")
+    path = encode_path(path)
     separator = "&" if "?" in path else "?"
     return f"{path}{separator}verify={int(at)}-{signature(secret, path, int(at))}"
 
@@ -48,7 +69,7 @@ def verify(secret: str, url: str, now: int, ttl: int) -> Verdict:
     if match is None:
         return Verdict(False, "missing verify parameter (it must be the last one)")
     ts_text, _, sig = match.group("ts").partition("-")
-    if not ts_text.isdigit() or not sig:
+    if not _CANONICAL_TS.fullmatch(ts_text) or not sig:
         return Verdict(False, "malformed verify parameter")
     ts = int(ts_text)
     expected = signature(secret, match.group("path"), ts)
@@ -74,10 +95,19 @@ def signed_url(container, path: str, duration=None) -> str:
     return url
 
 
+OPTIONS = re.compile(r"[a-z]{1,16}=[a-z0-9._-]{1,32}(,[a-z]{1,16}=[a-z0-9._-]{1,32}){0,9}")
+
+
+def check_options(options: str) -> str:
+    """Transformation options: `name=value` pairs joined by commas (width=200,fit=cover), nothing else."""
+    if not isinstance(options, str) or not OPTIONS.fullmatch(options):
+        raise InvalidInput("transformation options are malformed: name=value pairs joined by commas")
+    return options
+
+
 def transformation_url(container, origin: str, options: str) -> str:
     """An image transformation URL embedding the signed origin URL; external origins are refused."""
-    if not re.fullmatch(r"[a-z0-9=,._-]{1,100}", options or ""):
-        raise InvalidInput("transformation options are malformed")
+    check_options(options)
     check_origin(container, origin)
     host = urlsplit(origin).netloc
     path = urlsplit(origin).path if host else origin

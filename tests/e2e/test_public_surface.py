@@ -15,6 +15,7 @@ from sqlalchemy import select
 from billingctl.adapters.db.tables import alert_outbox, fraud_event, login_attempt, users
 from billingctl.bootstrap import Container
 from billingctl.domain.clock import ManualClock
+from billingctl.domain.errors import InvalidInput as InvalidInputError
 from billingctl.services import media
 from tests.e2e.test_user_api import token
 from webhooks_app import create_internal_app, create_public_app
@@ -364,9 +365,40 @@ def test_image_transformations(c, client):
     url = media.transformation_url(c, "https://media.example.com/img/a.png", "width=200")
     assert url.startswith("/media/transform/width=200/img/a.png?verify=")
     response = client.get(url)
-    assert response.status_code == 302 and response.headers["Cache-Control"] == media.IMAGE_CACHE_CONTROL
+    # Issue "Hardening" 10: the redirect to a signed URL is cached no longer than the signature lives.
+    assert response.status_code == 302
+    assert response.headers["Cache-Control"] == f"public, max-age={c.settings.media_edge_ttl_seconds}"
+    c.clock.advance(1000)
+    assert client.get(url).headers["Cache-Control"] == f"public, max-age={c.settings.media_edge_ttl_seconds - 1000}"
     forged = url[: url.rindex("-") + 1] + "AAAA"
     assert client.get(forged).status_code == 403
+
+
+@pytest.mark.parametrize("options", ["width=200%0d%0aSet-Cookie:%20a=b", "%3Cscript%3Ealert(1)%3C%2Fscript%3E",
+                                     "width=200;x", "WIDTH=200", "width=", "=200"])
+def test_transformation_options_outside_the_grammar_are_400(c, client, options):
+    url = media.transformation_url(c, "https://media.example.com/img/a.png", "width=200")
+    response = client.get(url.replace("width=200", options, 1))
+    assert response.status_code == 400 and "X-Transform-Options" not in response.headers
+
+
+def test_the_signature_covers_the_percent_encoded_path_the_edge_hashes():
+    """Issue "Hardening" 9: a space or a non-ASCII name made a URL the edge would always refuse."""
+    secret, ts, ttl = "s3cret", 1_700_000_000, 300000
+    url = media.sign(secret, "/media/my cat é.png", ts)
+    assert url.startswith("/media/my%20cat%20%C3%A9.png?verify=")
+    sent = url.split("?verify=")[0]
+    assert url.endswith(media.signature(secret, sent, ts))  # exactly what the edge hashes
+    assert media.verify(secret, url, ts + 1, ttl).valid
+    assert media.sign(secret, "/media/a%20b.png", ts).startswith("/media/a%20b.png?verify=")  # not re-encoded
+    for bad in ("/media/a.png#frag", "/media/a%zz.png"):
+        with pytest.raises(InvalidInputError):
+            media.sign(secret, bad, ts)
+    good = media.sign(secret, "/media/a.png", ts)
+    for twisted in (good.replace(f"verify={ts}", f"verify=0{ts}"),
+                    good.replace(f"verify={ts}", "verify=" + str(ts).translate(str.maketrans("0123456789",
+                                                                                         "٠١٢٣٤٥٦٧٨٩")))):
+        assert media.verify(secret, twisted, ts + 1, ttl).reason == "malformed verify parameter"
 
 
 def test_media_cli_sign_and_verify(tmp_path):

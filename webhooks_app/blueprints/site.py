@@ -96,17 +96,20 @@ def auth_content(subpath):
 @bp.get("/media/transform/<options>/<path:origin>")
 def media_transform(options, origin):
     """Edge stand-in: the embedded origin must be ours and validly signed; answers are cached a year."""
-    from billingctl.services.media import IMAGE_CACHE_CONTROL, check_origin, verify
+    from billingctl.services.media import cache_control_until, check_options, check_origin, encode_path, verify
 
     c = container()
-    signed = "/" + origin + (f"?{request.query_string.decode()}" if request.query_string else "")
+    check_options(options)  # before anything is echoed: a CRLF or <script> is a 400
+    query = request.query_string.decode("latin-1")
+    signed = encode_path("/" + origin) + (f"?{query}" if query else "")
     check_origin(c, signed.split("?", 1)[0])
-    verdict = verify(c.settings.secret("media_signing_secret") or "", signed, int(c.clock.now().timestamp()),
-                     c.settings.media_edge_ttl_seconds)
+    now, ttl = int(c.clock.now().timestamp()), c.settings.media_edge_ttl_seconds
+    verdict = verify(c.settings.secret("media_signing_secret") or "", signed, now, ttl)
     if not verdict.valid:
         return Response(b"", status=403)
+    issued = int(signed.rsplit("verify=", 1)[1].split("-", 1)[0])
     response = redirect(signed, code=302)
-    response.headers["Cache-Control"] = IMAGE_CACHE_CONTROL
+    response.headers["Cache-Control"] = cache_control_until(issued + ttl - now)
     response.headers["X-Transform-Options"] = options
     return response
 
