@@ -109,9 +109,10 @@ def transformation_url(container, origin: str, options: str) -> str:
     """An image transformation URL embedding the signed origin URL; external origins are refused."""
     check_options(options)
     check_origin(container, origin)
-    host = urlsplit(origin).netloc
-    path = urlsplit(origin).path if host else origin
-    return f"/media/transform/{options}{signed_url(container, path)}"
+    parts = urlsplit(origin)
+    if parts.netloc:  # an allowlisted media host keeps its host; its own edge checks the path's signature
+        return f"/media/transform/{options}/https://{parts.netloc}{signed_url(container, parts.path)}"
+    return f"/media/transform/{options}{signed_url(container, origin)}"
 
 
 def check_origin(container, origin: str) -> None:

@@ -363,7 +363,12 @@ def test_image_transformations(c, client):
     with pytest.raises(InvalidInput):
         media.transformation_url(c, "//evil.example.net/a.png", "width=200")
     url = media.transformation_url(c, "https://media.example.com/img/a.png", "width=200")
-    assert url.startswith("/media/transform/width=200/img/a.png?verify=")
+    # Issue "Hardening" 10: an allowlisted origin keeps its host.
+    assert url.startswith("/media/transform/width=200/https://media.example.com/img/a.png?verify=")
+    assert client.get(url).headers["Location"].startswith("https://media.example.com/img/a.png?verify=")
+    local = media.transformation_url(c, "/img/b.png", "width=100")
+    assert local.startswith("/media/transform/width=100/img/b.png?verify=")
+    assert client.get(local).headers["Location"].startswith("/img/b.png?verify=")
     response = client.get(url)
     # Issue "Hardening" 10: the redirect to a signed URL is cached no longer than the signature lives.
     assert response.status_code == 302
