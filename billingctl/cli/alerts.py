@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import typer
 
 from billingctl.cli.context import command, get_ctx
@@ -26,7 +28,8 @@ def send(message: str = typer.Argument(..., help="Alert text."),
 
 
 @command(app, "list")
-def list_(status: str = typer.Option(None, "--status", help="pending, sending or delivered."),
+def list_(status: Literal["pending", "sending", "delivered"] = typer.Option(None, "--status",
+                                     help="The delivery status."),
           limit: int = typer.Option(50, "--limit")):
     """Show the outbox, newest first."""
     from billingctl.services.alerts import list_outbox

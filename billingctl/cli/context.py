@@ -69,6 +69,12 @@ def command(app: typer.Typer, name: str | None = None, **kwargs):
             except typer.Exit:
                 raise
             except BillingError as exc:
+                partial = exc.details.get("result")
+                if cli.json and partial is not None:
+                    # A partial failure (exit 4 or 5) still gives a script the document of what was done.
+                    from billingctl.cli.output import dumps
+
+                    sys.stdout.write(dumps(partial) + "\n")
                 cli.output.error(exc.message)
                 raise typer.Exit(exit_code_for(exc)) from None
             except KeyboardInterrupt:

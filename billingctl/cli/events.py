@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 from datetime import datetime
+from typing import Literal
 
 import typer
 
@@ -14,6 +15,9 @@ subscriptions_app = typer.Typer(help="Subscriptions (the provider is the source 
                   no_args_is_help=True, rich_markup_mode=None)
 events_app = typer.Typer(help="The event inbox (every source).",
                   no_args_is_help=True, rich_markup_mode=None)
+
+Source = Literal["orchestrator", "provider", "workflow", "idv", "identity"]
+InboxState = Literal["pending", "processed", "parked"]
 
 
 def _parse_since(value: str | None) -> datetime | None:
@@ -144,8 +148,9 @@ def subscriptions_cancel(subscription_id: str, reason: str = typer.Option(..., "
 
 
 @command(events_app, "list")
-def events_list(source: str = typer.Option(None, "--source", help="orchestrator, provider, workflow, idv, identity"),
-                state: str = typer.Option(None, "--state", help="pending, processed or parked"),
+def events_list(source: Source = typer.Option(None, "--source", help="The event source."),
+                state: InboxState = typer.Option(None, "--state",
+                                          help="The inbox state."),
                 since: str = typer.Option(None, "--since", help="ISO 8601: received since."),
                 limit: int = typer.Option(50, "--limit")):
     """The inbox of every source, newest first."""

@@ -15,7 +15,41 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain help: Typer's Rich help renderer doubles the start-up time
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+# Global flags: accepted before or after the sub-command (moved to the front before parsing).
+GLOBAL_FLAGS = ("--json", "--dry-run")
+GLOBAL_OPTIONS = ("--log-level", "--output")
+
+
+def hoist_global_flags(argv: list[str]) -> list[str]:
+    """`billingctl health --json` works like `billingctl --json health`; a `--` ends the scan."""
+    front, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest.extend(argv[i:])
+            break
+        name = arg.split("=", 1)[0]
+        if arg in GLOBAL_FLAGS:
+            front.append(arg)
+        elif name in GLOBAL_OPTIONS and "=" in arg:
+            front.append(arg)
+        elif arg in GLOBAL_OPTIONS and i + 1 < len(argv):
+            front.extend(argv[i:i + 2])
+            i += 1
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"billingctl {__version__}")
+        raise typer.Exit(0)
 
 
 @app.callback()
@@ -23,13 +57,24 @@ def _root(
     ctx: typer.Context,
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; change nothing."),
-    log_level: str = typer.Option(None, "--log-level", envvar="BILLING_LOG_LEVEL",
-                                  help="Log level (default WARNING; INFO for `jobs run`)."),
+    log_level: str = typer.Option(None, "--log-level", envvar="BILLING_LOG_LEVEL", metavar="LEVEL",
+                                  help=f"Log level: {', '.join(LOG_LEVELS)} (default WARNING; INFO for "
+                                       "`jobs run`)."),
+    output: str = typer.Option(None, "--output", metavar="FORMAT",
+                               help="table (on a terminal), tsv (through a pipe) or json."),
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                 help="Print the version and exit."),
 ):
     from billingctl.adapters.logs import configure_logging
+    from billingctl.cli.output import OUTPUTS
 
+    if log_level is not None and log_level.upper() not in LOG_LEVELS:
+        raise typer.BadParameter(f"{log_level!r} is not one of {', '.join(LOG_LEVELS)}", param_hint="--log-level")
+    if output is not None and output not in OUTPUTS:
+        raise typer.BadParameter(f"{output!r} is not one of {', '.join(OUTPUTS)}", param_hint="--output")
     configure_logging((log_level or "WARNING").upper())
-    ctx.obj = set_ctx(CliContext(json=json_output, dry_run=dry_run, output=Output(json_output),
+    json_mode = json_output or output == "json"
+    ctx.obj = set_ctx(CliContext(json=json_mode, dry_run=dry_run, output=Output(json_mode, output),
                                  log_level_given=log_level is not None))
 
 
@@ -75,4 +120,6 @@ _register()
 
 
 def main() -> None:
-    app()
+    import sys
+
+    app(args=hoist_global_flags(sys.argv[1:]), prog_name="billingctl")

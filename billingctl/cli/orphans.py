@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import typer
 
 from billingctl.cli.context import command, get_ctx
 
 app = typer.Typer(help="Orphaned payments (settled for a cancelled subscription).",
                   no_args_is_help=True, rich_markup_mode=None)
+
+OrphanState = Literal["retrying", "recovered", "duplicate_refunded", "exhausted", "needs_review", "resolved"]
 
 
 @command(app, "run")
@@ -31,8 +35,8 @@ def run():
 
 
 @command(app, "list")
-def list_(state: str = typer.Option(None, "--state", help="retrying, recovered, duplicate_refunded, exhausted, "
-                                                          "needs_review, resolved")):
+def list_(state: OrphanState = typer.Option(None, "--state",
+        help="Where the payment stands.")):
     """Orphaned payments and where each stands."""
     from billingctl.services.orphans import list_orphans
 

@@ -22,50 +22,96 @@ def dumps(value) -> str:
     return json.dumps(value, default=_default, sort_keys=False)
 
 
+NONE = "—"
+OUTPUTS = ("table", "tsv", "json")
+
+
+def human(value) -> str:
+    """A value as a person reads it: ISO 8601 UTC times, `—` for none, lists joined, no Python repr."""
+    if value is None or value == "":
+        return NONE
+    if isinstance(value, datetime):
+        from datetime import UTC
+
+        moment = value if value.tzinfo else value.replace(tzinfo=UTC)
+        return moment.astimezone(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    if isinstance(value, date):
+        return value.isoformat()
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, list | tuple | set):
+        return ", ".join(human(v) for v in value) or NONE
+    if isinstance(value, dict):
+        return ", ".join(f"{k}={human(v)}" for k, v in value.items()) or NONE
+    if hasattr(value, "get_secret_value"):
+        return "**********"
+    return str(value)
+
+
+def _tsv_cell(value) -> str:
+    return human(value).replace("\t", " ").replace("\n", " ")
+
+
 class Output:
-    def __init__(self, json_mode: bool = False):
-        self.json_mode = json_mode
+    def __init__(self, json_mode: bool = False, output: str | None = None):
+        self.json_mode = json_mode or output == "json"
+        # table on a terminal, TSV through a pipe (cron, ssh, `> file`): never cut to a width
+        self.output = output or ("json" if json_mode else None)
+
+    def _format(self) -> str:
+        if self.json_mode:
+            return "json"
+        return self.output or ("table" if sys.stdout.isatty() else "tsv")
 
     def _console(self, stderr: bool = False):
         from rich.console import Console
 
         return Console(stderr=stderr, highlight=False, soft_wrap=True)
 
-    def result(self, data, human: str | None = None) -> None:
-        """One result: the JSON document, or a human line (or key: value lines)."""
-        if self.json_mode:
+    def result(self, data, human_line: str | None = None, **kw) -> None:
+        """One result: the JSON document, or a human line (or one `key: value` line per field). Stored
+        text is never read as markup, and nothing is printed as Python repr."""
+        human_line = kw.pop("human", human_line)
+        fmt = self._format()
+        if fmt == "json":
             sys.stdout.write(dumps(data) + "\n")
             return
-        if not sys.stdout.isatty():
-            # A pipe (cron, systemd, a script): plain text, no Rich import on the job's start-up path.
-            if human is not None:
-                sys.stdout.write(f"{human}\n")
-            elif isinstance(data, dict):
-                sys.stdout.write("".join(f"{k}: {v}\n" for k, v in data.items()))
-            else:
-                sys.stdout.write(f"{data}\n")
+        if human_line is not None:
+            sys.stdout.write(f"{human_line}\n")
             return
-        if human is not None:
-            self._console().print(human)
-        elif isinstance(data, dict):
+        if isinstance(data, dict):
+            if fmt == "tsv":
+                sys.stdout.write("".join(f"{k}\t{_tsv_cell(v)}\n" for k, v in data.items()))
+                return
+            from rich.text import Text
+
+            console = self._console()
             for key, value in data.items():
-                self._console().print(f"[bold]{key}[/bold]: {value}")
-        else:
-            self._console().print(str(data))
+                line = Text(f"{key}: ", style="bold")
+                line.append(human(value))  # plain text: `[/]` or `[red]` in stored data is shown as is
+                console.print(line)
+            return
+        sys.stdout.write(f"{human(data)}\n")
 
     def table(self, rows: list[dict], columns: list[str] | None = None, title: str | None = None,
               data=None) -> None:
-        if self.json_mode:
+        fmt = self._format()
+        if fmt == "json":
             sys.stdout.write(dumps(data if data is not None else rows) + "\n")
             return
-        from rich.table import Table
-
         columns = columns or (list(rows[0].keys()) if rows else [])
+        if fmt == "tsv":
+            sys.stdout.write("\t".join(columns) + "\n")
+            sys.stdout.write("".join("\t".join(_tsv_cell(row.get(c)) for c in columns) + "\n" for row in rows))
+            return
+        from rich.table import Table
+        from rich.text import Text
+
         table = Table(title=title)
         for column in columns:
-            table.add_column(column)
+            table.add_column(column, overflow="fold")  # wrapped, never cut with an ellipsis
         for row in rows:
-            table.add_row(*("" if row.get(c) is None else str(row.get(c)) for c in columns))
+            table.add_row(*(Text(human(row.get(c))) for c in columns))
         self._console().print(table)
 
     def error(self, message: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import typer
 
 from billingctl.cli.context import command, get_ctx
@@ -73,7 +75,8 @@ def lock_show(user_id: str):
 
 
 @command(lock_app, "clear")
-def lock_clear(user_id: str, lane: str = typer.Option(..., "--lane", help="sfw or nsfw"),
+def lock_clear(user_id: str, lane: Literal["sfw", "nsfw"] = typer.Option(..., "--lane",
+                                                     help="The lane."),
                reason: str = typer.Option(..., "--reason", help="Why (goes to the audit log)."),
                yes: bool = typer.Option(False, "--yes", help="Confirm.")):
     """Clear a wrong lock; refused when the user transacted successfully on the stored processor."""
@@ -88,7 +91,8 @@ def lock_clear(user_id: str, lane: str = typer.Option(..., "--lane", help="sfw o
 
 
 @command(lock_app, "repair")
-def lock_repair(user_id: str, lane: str = typer.Option(..., "--lane", help="sfw or nsfw")):
+def lock_repair(user_id: str, lane: Literal["sfw", "nsfw"] = typer.Option(..., "--lane",
+                                                      help="The lane.")):
     """Re-lock from the orchestrator's payment history (outcome locked, no_history or unavailable)."""
     from billingctl.cli.exitcodes import EXTERNAL
     from billingctl.services.processor_lock import repair

@@ -1,0 +1,81 @@
+"""The operator's CLI as on-call uses it (issue "The operator's CLI"): flags after the sub-command, a
+real pseudo-terminal and a pipe, stored text that looks like markup, choices, partial failures in JSON."""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+from billingctl.services.checkout import create_checkout
+from billingctl.services.users import freeze
+from tests.helpers import billingctl
+
+pytestmark = pytest.mark.e2e
+
+
+def in_a_terminal(args, env, columns=80):
+    """Run through `script`, which gives the command a real pseudo-terminal (80 columns)."""
+    command = " ".join(shlex.quote(a) for a in [sys.executable, "-m", "billingctl", *args])
+    result = subprocess.run(["script", "-qefc", f"stty cols {columns}; {command}", "/dev/null"],
+                            capture_output=True, text=True, timeout=120,
+                            env={"PATH": os.environ["PATH"], "TERM": "xterm", **env})
+    return result.returncode, result.stdout.replace("\r\n", "\n")
+
+
+def test_global_flags_work_after_the_sub_command(env):
+    before = billingctl(["--json", "health"], env)
+    after = billingctl(["health", "--json"], env)
+    assert after.returncode == before.returncode and json.loads(after.stdout)["checks"]
+    assert billingctl(["health", "--output", "json"], env).returncode == before.returncode
+    dry = billingctl(["users", "freeze", "nobody", "--reason", "r", "--dry-run"], env)
+    assert dry.returncode == 3 and "not found" in dry.stderr  # parsed, then refused like the real run
+
+
+def test_a_pipe_gets_untruncated_tsv_and_no_python_repr(container, env):
+    co = create_checkout(container, "user_with_a_rather_long_identifier_0123456789", "credits-pro-USD-monthly")
+    container.sandbox.pay(co["order_id"])
+    shown = billingctl(["users", "show", "user_with_a_rather_long_identifier_0123456789"], env)
+    assert shown.returncode == 0
+    assert "datetime.datetime(" not in shown.stdout and "None" not in shown.stdout and "['" not in shown.stdout
+    fields = dict(line.split("\t", 1) for line in shown.stdout.splitlines())
+    assert fields["frozen_at"] == "—" and fields["credits"] == "2000"
+    listed = billingctl(["renewals", "list", "--user", "user_with_a_rather_long_identifier_0123456789"], env)
+    assert listed.returncode == 0 and "…" not in listed.stdout
+    orphans = billingctl(["events", "list"], env)
+    header, *rows = orphans.stdout.splitlines()
+    assert header.split("\t")[0] == "id" and all("…" not in r for r in rows) and rows
+
+
+def test_stored_text_that_looks_like_markup_is_shown_as_is_in_a_terminal(container, env):
+    co = create_checkout(container, "user_markup", "credits-pro-USD-monthly")
+    container.sandbox.pay(co["order_id"])
+    freeze(container, "user_markup", "chargeback [/] then [red]fraud[/red]", "ops")
+    code, screen = in_a_terminal(["users", "show", "user_markup"], env)
+    assert code == 0, screen
+    assert "chargeback [/] then [red]fraud[/red]" in screen
+    assert "datetime.datetime(" not in screen and "recent_payments" in screen  # the whole record printed
+
+
+def test_a_typo_in_a_filter_exits_2_naming_the_valid_values(env):
+    for args, valid in ((["events", "list", "--state", "parkd"], "parked"),
+                        (["orphans", "list", "--state", "exhuasted"], "exhausted"),
+                        (["alerts", "list", "--status", "pendng"], "pending"),
+                        (["--log-level", "verbose", "health"], "WARNING")):
+        result = billingctl(args, env)
+        assert result.returncode == 2 and valid in result.stderr and "Traceback" not in result.stderr
+
+
+def test_short_help_and_version(env):
+    assert "Usage: billingctl" in billingctl(["-h"], env).stdout
+    assert billingctl(["--version"], env).stdout.startswith("billingctl ")
+
+
+def test_json_prints_the_document_also_on_a_partial_failure(container, env):
+    container.sandbox.store.add_fault("provider", "503", method="GET", path="/events", count=-1)
+    result = billingctl(["poll", "--json"], {**env, "BILLING_HTTP_MAX_ATTEMPTS": "1"})
+    assert result.returncode == 4
+    document = json.loads(result.stdout)
+    assert document["error"] and "events_seen" in document
