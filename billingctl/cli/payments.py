@@ -44,10 +44,7 @@ def register(app: typer.Typer) -> None:
             return
         if not subscription_id:
             raise InvalidInput("give a SUBSCRIPTION_ID or --pending")
-        if cli.dry_run:
-            cli.output.result({"dry_run": True, "subscription_id": subscription_id})
-            return
-        result = payments.activate_subscription(cli.container, subscription_id)
+        result = payments.activate_subscription(cli.container, subscription_id, dry_run=cli.dry_run)
         cli.output.result(result, human=f"{subscription_id}: {result['outcome']}")
 
 
@@ -165,11 +162,7 @@ def renewals_run():
     from billingctl.services.renewals import run_renewals
 
     cli = get_ctx()
-    if cli.dry_run:
-        invoices = [i["id"] for i in cli.container.provider.list_invoices(status="payment_due")]
-        cli.output.result({"dry_run": True, "payment_due": invoices})
-        return
-    result = run_renewals(cli.container)
+    result = run_renewals(cli.container, dry_run=cli.dry_run)
     cli.output.result(result)
     if result["errors"]:
         raise typer.Exit(PARTIAL)

@@ -340,12 +340,12 @@ def _invoice_status(container, invoice_id: str) -> str | None:
 STARTED = ("in_trial", "active", "non_renewing")
 
 
-def activate_subscription(container, subscription_id: str, _locked: bool = False) -> dict:
+def activate_subscription(container, subscription_id: str, _locked: bool = False, dry_run: bool = False) -> dict:
     """future -> active, only when a purchase exists: start the subscription at the provider (its start
     date moved to now; the provider invoices the first term), give the invoice to the purchase that
     paid it, then the local copy."""
     require_id(subscription_id, "subscription_id")
-    if not _locked:
+    if not _locked and not dry_run:
         with container.locks.hold(f"subscription:{subscription_id}"):
             return activate_subscription(container, subscription_id, _locked=True)
     with container.uow() as uow:
@@ -357,6 +357,9 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
             f"no purchase exists for subscription {subscription_id}: the payment was never recorded")
     if local is not None and local["status"] == "active" and bought.invoice_id:
         return {"subscription_id": subscription_id, "outcome": "already_active", "status": "active"}
+    if dry_run:  # every check of the real run passed; it would start the subscription at the provider now
+        return {"subscription_id": subscription_id, "outcome": "would_activate", "dry_run": True,
+                "status": local["status"] if local is not None else None}
     if local is not None and local["status"] == "cancelled" and not bought.invoice_id:
         return _orphan_cancelled_checkout(container, subscription_id)
     now = container.clock.now()

@@ -32,18 +32,23 @@ FINAL = ("succeeded", "exhausted")
 IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")
 
 
-def run_renewals(container) -> dict:
-    """The dunning tick: every invoice in payment_due that belongs to a renewal."""
+def run_renewals(container, dry_run: bool = False) -> dict:
+    """The dunning tick: every invoice in payment_due that belongs to a renewal. A dry run makes every
+    check of the real run and stops where it would charge (`would_charge`), listing each invoice."""
     outcomes: dict[str, int] = {}
-    failures = []
+    failures, plan = [], []
     for invoice in container.provider.list_invoices(status="payment_due"):
         try:
-            outcome = attempt_invoice(container, invoice)
+            outcome = attempt_invoice(container, invoice, dry_run=dry_run)
+            if dry_run:
+                plan.append({"invoice_id": invoice["id"], "outcome": outcome})
         except Exception as exc:  # one invoice never stops the others
             outcome = "error"
             failures.append({"invoice_id": invoice["id"], "error": getattr(exc, "message", str(exc))})
             log.exception("renewal attempt crashed", extra={"invoice_id": invoice["id"]})
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    if dry_run:
+        return {"dry_run": True, "outcomes": outcomes, "invoices": plan, "errors": failures}
     return {"outcomes": outcomes, "errors": failures}
 
 
@@ -60,7 +65,7 @@ def _record(container, invoice: dict, status: str, **values) -> None:
         uow.commit()
 
 
-def attempt_invoice(container, invoice: dict) -> str:
+def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
     now = container.clock.now()
     sub_id, user_id = invoice.get("subscription_id"), invoice.get("customer_id")
     with container.uow() as uow:
@@ -82,11 +87,13 @@ def attempt_invoice(container, invoice: dict) -> str:
     last = history[-1] if history else None
     if last is not None and last["status"] == "pending":
         # A charge is in flight for this invoice: never a second one; read how it ended.
-        return _resolve_in_flight(container, invoice, last, history)
+        return "in_flight" if dry_run else _resolve_in_flight(container, invoice, last, history)
     if last is not None and last["next_attempt_at"] is not None and last["next_attempt_at"] > now:
         return "not_due"
     if frozen is not None:
         return "skipped_frozen"
+    if dry_run:
+        return "would_charge"
     counted = sum(1 for h in history if h["status"] in COUNTED)
     attempt_no = counted + 1
     amount = int(invoice.get("amount_due") or invoice.get("total") or 0)

@@ -79,3 +79,22 @@ def test_json_prints_the_document_also_on_a_partial_failure(container, env):
     assert result.returncode == 4
     document = json.loads(result.stdout)
     assert document["error"] and "events_seen" in document
+
+
+def test_dry_runs_make_the_real_checks_and_exit_like_the_real_run(container, env):
+    """Issue "The operator's CLI" 6: `--dry-run activate sub_nope` exited 0 where the real command exits
+    3, and `--dry-run renewals run` listed invoices the real run then called not_a_renewal."""
+    for args in (["activate", "sub_nope"], ["activate", "bad id!"]):
+        real, dry = billingctl(args, env), billingctl([*args, "--dry-run"], env)
+        assert dry.returncode == real.returncode != 0, (args, dry.stderr, real.stderr)
+    co = create_checkout(container, "user_dry", "credits-pro-USD-monthly")  # a checkout's own invoice...
+    container.sandbox.pay(co["order_id"])
+    other = create_checkout(container, "user_due", "credits-pro-USD-monthly")
+    container.sandbox.pay(other["order_id"])
+    container.sandbox.change_term_end(other["subscription_id"], container.sandbox.now() - 1)
+    container.sandbox.renew_due()  # ...and one real renewal due
+    planned = json.loads(billingctl(["renewals", "run", "--dry-run", "--json"], env).stdout)
+    assert planned["dry_run"] is True and planned["outcomes"] == {"would_charge": 1}
+    assert billingctl(["activate", co["subscription_id"], "--dry-run", "--json"], env).returncode == 0
+    charged = json.loads(billingctl(["renewals", "run", "--json"], env).stdout)
+    assert charged["outcomes"] == {"succeeded": 1}  # exactly what the plan said
