@@ -26,12 +26,25 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(doc, default=str)
 
 
+class HumanFormatter(logging.Formatter):
+    """For a person at a terminal: `level: message (key=value …)`, no JSON, no escaped traceback."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        extras = " ".join(f"{k}={v}" for k, v in record.__dict__.items()
+                          if k not in _RESERVED and not k.startswith("_"))
+        line = f"{record.levelname.lower()}: {record.getMessage()}" + (f" ({extras})" if extras else "")
+        if record.exc_info and record.levelno >= logging.ERROR:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
 def configure_logging(level: str = "INFO") -> None:
     root = logging.getLogger()
     if any(getattr(h, "_billing", False) for h in root.handlers):
         return
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter())
+    # JSON lines for machines (journal, cron, pipes), readable lines for a person at a terminal.
+    handler.setFormatter(HumanFormatter() if sys.stderr.isatty() else JsonFormatter())
     handler._billing = True
     root.addHandler(handler)
     root.setLevel(level)

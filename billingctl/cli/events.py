@@ -158,7 +158,8 @@ def events_list(source: Source = typer.Option(None, "--source", help="The event 
 
     cli = get_ctx()
     rows = list_events(cli.container, source, state, _parse_since(since), limit)
-    cli.output.table(rows, ["id", "source", "event_id", "event_type", "status", "attempts", "deliveries", "seen_by",
+    cli.output.table(rows, ["id", "received_at", "source", "event_id", "event_type", "status", "attempts",
+                            "deliveries", "seen_by",
                             "last_error"], title="event inbox", data=rows)
 
 

@@ -113,6 +113,9 @@ def check_outbox(container) -> Check:
     counts = {sink: n for sink, n in backlog}
     chat = counts.get("chat", 0)
     detail = "empty" if not counts else ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+    if chat and not container.settings.alert_webhook_url and not container.settings.is_production:
+        # Not configured is not failing: a development setup has no chat URL (production requires one).
+        return Check("alert_outbox", True, detail + " (chat not configured here: alerts wait in the outbox)", counts)
     return Check("alert_outbox", chat == 0, detail + (" (undelivered chat alerts)" if chat else ""), counts)
 
 

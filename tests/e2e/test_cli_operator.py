@@ -98,3 +98,25 @@ def test_dry_runs_make_the_real_checks_and_exit_like_the_real_run(container, env
     assert billingctl(["activate", co["subscription_id"], "--dry-run", "--json"], env).returncode == 0
     charged = json.loads(billingctl(["renewals", "run", "--json"], env).stdout)
     assert charged["outcomes"] == {"succeeded": 1}  # exactly what the plan said
+
+
+def test_health_tells_not_configured_from_failing(container, env):
+    """Issue "The operator's CLI" 9: right after `make demo`, health said ATTENTION (exit 3) because the
+    development outbox has no chat URL."""
+    from billingctl.services.alerts import raise_alert
+
+    with container.uow() as uow:
+        raise_alert(uow, container.clock, "an alert nobody can deliver here", "dev:1")
+        uow.commit()
+    checks = {c["name"]: c for c in json.loads(billingctl(["health", "--json"], env).stdout)["checks"]}
+    assert checks["alert_outbox"]["ok"] is True and "not configured" in checks["alert_outbox"]["detail"]
+    header = billingctl(["events", "list"], env).stdout.splitlines()[0].split("\t")
+    assert header[:2] == ["id", "received_at"]
+
+
+def test_logs_are_readable_lines_on_a_terminal_and_json_lines_otherwise(env):
+    code, screen = in_a_terminal(["jobs", "run", "velocity-watch"], env)
+    assert code == 0 and "info: job finished" in screen and '{"ts"' not in screen
+    piped = billingctl(["jobs", "run", "velocity-watch"], env)
+    assert any(json.loads(line)["message"] == "job finished" for line in piped.stderr.splitlines()
+               if line.startswith("{"))

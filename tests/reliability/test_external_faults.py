@@ -52,7 +52,7 @@ def test_a_storm_of_faults_loses_nothing(make_settings, db_url):
         assert world.purchases(p["id"]) == 1
     assert sum(world.credits(f"storm_{i}") for i in range(6)) == 6 * 2000
     assert all(world.sandbox.subscription(co["subscription_id"])["status"] == "active" for co in orders)
-    assert 0.5 in sleeps  # Retry-After was honoured
+    assert any(w >= 0.5 for w in sleeps)  # Retry-After was honoured (plus the jitter on top of it)
     assert c.metrics.sample("billing_provider_rate_limit_errors_total") >= 1
     # The cursor never skipped: after one more poll every provider event is in the inbox, processed once.
     store.clear_faults()
