@@ -131,5 +131,10 @@ class SubscriptionProviderClient:
         return self._post("/customers", data, idempotency_key or f"customer:{seg(customer_id)}")["customer"]
 
     # -- transactions ---------------------------------------------------------------------------
+    def list_transactions(self, kind: str = "payment", after: datetime | int | None = None) -> Iterator[dict]:
+        """Transactions of one type (oldest first), page by page."""
+        return self.paginate("/transactions", {"type[is]": kind, "date[after]": _ts(after), "sort_by[asc]": "date"},
+                             wrapper="transaction")
+
     def get_transaction(self, transaction_id: str) -> dict:
         return self._get(f"/transactions/{seg(transaction_id)}")["transaction"]

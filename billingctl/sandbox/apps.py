@@ -231,6 +231,10 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
         return idempotent(lambda: sandbox.record_payment(invoice_id, int(amount) if amount else due, reference,
                                                          method))
 
+    @app.get(f"{prefix}/transactions")
+    def list_transactions():
+        return page("transaction", "transaction", equals("type", "type") + after("date"), sort_key("date"))
+
     @app.get(f"{prefix}/transactions/<txn_id>")
     def get_transaction(txn_id):
         txn = store.get("transaction", txn_id)

@@ -14,6 +14,8 @@ From the orchestrator's and the provider's books:
 - every SETTLED payment is recorded exactly once, or owned by orphan recovery or a person;
 - no two settled payments for one order (one checkout, one renewal invoice);
 - a refund at the orchestrator is reversed in the ledger (payments settled in the last REFUND_WINDOW);
+- one orchestrator payment is on at most one provider invoice, and every purchase we marked as recorded
+  is on one (the provider's payment transactions of the last REFUND_WINDOW, or since the given time);
 - every active local subscription is active at the provider."""
 
 from __future__ import annotations
@@ -148,6 +150,9 @@ def reconcile(container, since=None, progress=None) -> dict:
     with container.uow() as uow:
         active_ids = select(subscription.c.id).where(subscription.c.status == "active")
         active = uow.execute(select(func.count()).select_from(active_ids.subquery())).scalar_one()
+    # The provider's books cost budget per page: without a given time, the last REFUND_WINDOW is read.
+    _check_provider_transactions(container, since or now - REFUND_WINDOW, add)
+
     seen: set[str] = set()  # provider ids (as many as subscriptions, not ledger rows)
     for row in container.provider.list_subscriptions():
         remote = row["subscription"]
@@ -170,6 +175,31 @@ def reconcile(container, since=None, progress=None) -> dict:
     return {"checked": {"payments": checked_payments, "ledger_entries": ledger_entries, "users": user_count,
                         "active_subscriptions": active},
             "violations": violations, "counts": counts, "ok": not counts}
+
+
+def _check_provider_transactions(container, since, add) -> None:
+    """From the provider's books: one orchestrator payment (a transaction's reference number) applied to
+    two invoices, and a purchase we marked as recorded that no provider transaction carries."""
+    invoice_of: dict[str, str] = {}  # reference -> the first invoice it paid (payments in the window)
+    for txn in container.provider.list_transactions("payment", since):
+        reference = txn.get("reference_number") or txn.get("id_at_gateway")
+        if not reference:
+            continue
+        for link in txn.get("linked_invoices") or []:
+            first = invoice_of.setdefault(reference, link.get("invoice_id"))
+            if link.get("invoice_id") != first:
+                add("payment_on_two_invoices", {"payment_id": reference, "invoice_ids": [first, link.get("invoice_id")],
+                                                "detail": "one orchestrator payment applied to two provider invoices"})
+    # Recorded comfortably inside the window, so its transaction is in the list (dated when recorded).
+    query = select(purchase.c.transaction_id, purchase.c.invoice_id).where(
+        purchase.c.provider_recorded_at.is_not(None), purchase.c.invoice_id.is_not(None),
+        purchase.c.provider_recorded_at >= since + timedelta(minutes=5))
+    with container.uow() as uow:
+        for row in uow.execute(query.execution_options(yield_per=1000)):
+            if row.transaction_id not in invoice_of:
+                add("recorded_not_on_provider_invoice", {
+                    "payment_id": row.transaction_id, "invoice_id": row.invoice_id,
+                    "detail": "marked recorded, but no provider transaction carries it"})
 
 
 def _fully_refunded(container, payment_id: str) -> bool:

@@ -139,3 +139,32 @@ def test_a_second_charge_refunded_in_full_clears_the_order_check(world):
     world.sandbox.hold_webhooks()
     world.sandbox.refund(second["id"])  # the operator refunds the double charge
     assert "order_charged_twice" not in checks(world)
+
+
+def plant_payment_on_two_invoices(world):
+    """The orchestrator payment recorded on a second provider invoice (what defect 1 used to leave)."""
+    co, payment = paid(world)
+    other = world.checkout("user_b")
+    world.sandbox.pay(other["order_id"])
+    second = next(i for i in world.sandbox.store.all("invoice") if i["subscription_id"] == other["subscription_id"])
+    world.sandbox.store.put("invoice", second["id"], {**second, "status": "payment_due", "amount_due": 1})
+    world.sandbox.record_payment(second["id"], 1, payment["id"])
+
+
+def plant_marked_recorded_without_a_provider_transaction(world):
+    co, payment = paid(world)
+    with world.c.uow() as uow:
+        uow.execute(insert(purchase).values(invoice_id="inv_ghost", transaction_id="pay_ghost2", amount=1,
+                                            subscription_id=co["subscription_id"], user_id="user_a", credits=0,
+                                            created_at=world.c.clock.now(), provider_recorded_at=world.c.clock.now()))
+        uow.commit()
+
+
+@pytest.mark.parametrize(("plant", "check"), [
+    (plant_payment_on_two_invoices, "payment_on_two_invoices"),
+    (plant_marked_recorded_without_a_provider_transaction, "recorded_not_on_provider_invoice"),
+])
+def test_checks_from_the_providers_books(world, plant, check):
+    plant(world)
+    report = reconcile(world.c)
+    assert check in {v["check"] for v in report["violations"]} and report["ok"] is False
