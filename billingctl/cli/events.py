@@ -20,16 +20,26 @@ Source = Literal["orchestrator", "provider", "workflow", "idv", "identity"]
 InboxState = Literal["pending", "processed", "parked"]
 
 
+_RELATIVE = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
 def _parse_since(value: str | None) -> datetime | None:
+    """An ISO 8601 time, or a span back from now: `90s`, `15m`, `1h`, `2d`, `1w`."""
+    import re
+    from datetime import UTC, timedelta
+
     from billingctl.domain.errors import InvalidInput
     from billingctl.services.payments import parse_time
 
     if not value:
         return None
+    relative = re.fullmatch(r"([0-9]{1,6})([smhdw])", value.strip())
+    if relative:
+        return datetime.now(UTC) - timedelta(seconds=int(relative.group(1)) * _RELATIVE[relative.group(2)])
     try:
         return parse_time(value)
-    except ValueError:
-        raise InvalidInput(f"--since must be an ISO 8601 timestamp, not {value!r}") from None
+    except (ValueError, OverflowError, OSError):
+        raise InvalidInput(f"--since must be an ISO 8601 time or a span like 1h or 2d, not {value!r}") from None
 
 
 @contextmanager
@@ -54,7 +64,8 @@ def register(app: typer.Typer) -> None:
 
     @command(app, "poll")
     def poll_cmd(all_invoices: bool = typer.Option(False, "--all-invoices", help="Also scan paid invoices."),
-                 since: str = typer.Option(None, "--since", help="ISO 8601: read from here, not the cursor."),
+                 since: str = typer.Option(None, "--since", metavar="TIME",
+                                           help="ISO 8601 or a span (1h, 2d): read from here, not the cursor."),
                  watchdog: bool = typer.Option(False, "--watchdog", help="Only check the poller's freshness.")):
         """Process the provider's events after the cursor (the 15-second job)."""
         from billingctl.cli.exitcodes import PARTIAL, REFUSED
@@ -96,7 +107,8 @@ def register(app: typer.Typer) -> None:
             cli.output.result(result, human=f"{subscription_id}: in step with the provider")
 
     @command(app, "sync-all")
-    def sync_all_cmd(since: str = typer.Option(..., "--since", help="ISO 8601: subscriptions updated since.")):
+    def sync_all_cmd(since: str = typer.Option(..., "--since", metavar="TIME",
+                                               help="ISO 8601 or a span (1h, 2d): subscriptions updated since.")):
         """Sync every subscription changed since a time (resumable)."""
         from billingctl.cli.exitcodes import PARTIAL
         from billingctl.services.sync import sync_all
@@ -151,7 +163,7 @@ def subscriptions_cancel(subscription_id: str, reason: str = typer.Option(..., "
 def events_list(source: Source = typer.Option(None, "--source", help="The event source."),
                 state: InboxState = typer.Option(None, "--state",
                                           help="The inbox state."),
-                since: str = typer.Option(None, "--since", help="ISO 8601: received since."),
+                since: str = typer.Option(None, "--since", help="ISO 8601 or a span (1h, 2d): received since."),
                 limit: int = typer.Option(50, "--limit")):
     """The inbox of every source, newest first."""
     from billingctl.services.inbox import list_events

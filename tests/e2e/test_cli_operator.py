@@ -120,3 +120,9 @@ def test_logs_are_readable_lines_on_a_terminal_and_json_lines_otherwise(env):
     piped = billingctl(["jobs", "run", "velocity-watch"], env)
     assert any(json.loads(line)["message"] == "job finished" for line in piped.stderr.splitlines()
                if line.startswith("{"))
+
+
+def test_since_takes_a_relative_span(env):
+    assert billingctl(["events", "list", "--since", "2d"], env).returncode == 0
+    wrong = billingctl(["events", "list", "--since", "yesterday"], env)
+    assert wrong.returncode == 2 and "a span like 1h or 2d" in wrong.stderr
