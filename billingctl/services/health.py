@@ -56,6 +56,12 @@ def check_redis(container) -> Check:
 
 def check_breakers(container) -> list[Check]:
     checks = []
+    if not container.settings.redis_url:
+        # Each process has its own breaker without Redis: this fresh one cannot know the others' state.
+        for name in container.breakers:
+            checks.append(Check(f"breaker:{name}", True, "unknown: without Redis each process keeps its own "
+                                "breaker (ask the app: GET /internal/health/circuit-breaker)", {"state": "unknown"}))
+        return checks
     for name, snap in breaker_status(container).items():
         ok = snap["state"] == "closed"
         checks.append(Check(f"breaker:{name}", ok, f"{snap['state']} (error rate {snap['error_rate']:.0%})", snap,

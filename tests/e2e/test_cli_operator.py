@@ -126,3 +126,12 @@ def test_since_takes_a_relative_span(env):
     assert billingctl(["events", "list", "--since", "2d"], env).returncode == 0
     wrong = billingctl(["events", "list", "--since", "yesterday"], env)
     assert wrong.returncode == 2 and "a span like 1h or 2d" in wrong.stderr
+
+
+def test_health_says_a_breaker_it_cannot_see_is_unknown(env, redis_url):
+    """Issue "The operator's CLI" 9: a fresh process without Redis reported every breaker closed."""
+    checks = {c["name"]: c for c in json.loads(billingctl(["health", "--json"], env).stdout)["checks"]}
+    assert checks["breaker:subscription_provider"]["data"]["state"] == "unknown"
+    shared = {c["name"]: c for c in json.loads(billingctl(["health", "--json"], {
+        **env, "BILLING_REDIS_URL": redis_url}).stdout)["checks"]}
+    assert shared["breaker:subscription_provider"]["data"]["state"] == "closed"
