@@ -108,7 +108,7 @@ transaction = Table(
     Column("amount", BigInteger, nullable=False),
     Column("currency_code", String(3)),
     Column("status", String(32), nullable=False),
-    _ts("created_at", nullable=False),
+    _ts("created_at", nullable=False, index=True),  # the velocity watch reads the last minute
     Column("customer_id", String(64), index=True),
     Column("invoice_id", String(64)),
     Column("subscription_id", String(64)),
@@ -121,7 +121,7 @@ purchase = Table(
     "purchase",
     metadata,
     Column("id", Integer, primary_key=True, autoincrement=True),
-    Column("invoice_id", String(64)),
+    Column("invoice_id", String(64), index=True),  # "already paid" and reconcile
     # The orchestrator's payment id; the idempotency key of payment recording.
     Column("transaction_id", String(64), nullable=False, unique=True),
     Column("subscription_id", String(64), nullable=False, index=True),
@@ -201,7 +201,7 @@ credit_ledger = Table(
     Column("amount", BigInteger, nullable=False),
     Column("source_key", String(200), nullable=False, unique=True),
     Column("reason", String(32), nullable=False),
-    Column("payment_id", String(64)),
+    Column("payment_id", String(64), index=True),  # a refund's reversal sums the payment's rows
     _ts("created_at", nullable=False),
 )
 
