@@ -104,6 +104,12 @@ class Settings(BaseSettings):
     user_api_rate_limit: int = Field(default=60, gt=0)
     # The public host's absolute base URL, for robots.txt and sitemap.xml (never the request's Host).
     public_base_url: str = "http://localhost:8080"
+    # Retention (the daily `prune` job): poller runs, payloads of processed inbox events (their rows and keys
+    # stay), delivered outbox messages, audit rows.
+    retention_poller_runs_days: int = Field(default=7, ge=1)
+    retention_inbox_payload_days: int = Field(default=30, ge=1)
+    retention_outbox_days: int = Field(default=90, ge=1)
+    retention_audit_days: int = Field(default=400, ge=30)
     http_timeout_seconds: float = Field(default=10.0, gt=0)
     http_max_attempts: int = Field(default=5, ge=1)
     http_backoff_max_seconds: float = Field(default=8.0, ge=0)

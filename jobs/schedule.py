@@ -35,6 +35,8 @@ JOBS: tuple[Job, ...] = (
         "Deliver chat alerts, notifications and analytics from the outbox"),
     Job("reconcile", 86400, ("reconcile",), "billingctl.services.reconcile:reconcile", 7200,
         "Check the invariants: payments recorded once, ledger, credits, subscriptions"),
+    Job("prune", 86400, ("db", "prune"), "billingctl.services.retention:prune", 3600,
+        "Prune old poller runs, processed inbox payloads, delivered outbox rows, old audit rows"),
 )
 
 BY_NAME = {job.name: job for job in JOBS}

@@ -52,3 +52,13 @@ def current():
     finally:
         engine.dispose()
     cli.output.result({"current": cur, "head": head, "up_to_date": cur == head})
+
+
+@command(app, "prune")
+def prune_cmd():
+    """Prune what grows for ever: old poller runs, payloads of processed inbox events, delivered outbox
+    messages and old audit rows (BILLING_RETENTION_* settings). Example: billingctl --dry-run db prune"""
+    from billingctl.services.retention import prune
+
+    cli = get_ctx()
+    cli.output.result(prune(cli.container, dry_run=cli.dry_run))

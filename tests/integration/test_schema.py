@@ -148,3 +148,40 @@ def test_the_hot_lookups_use_their_indexes_at_scale(container):
         for name, sql in plans.items():
             plan = "\n".join(r[0] for r in conn.execute(text("EXPLAIN " + sql)))
             assert "Index" in plan and "Seq Scan" not in plan, (name, plan)
+
+
+def test_prune_removes_what_grows_for_ever_and_keeps_every_key(container):
+    """Issue "Performance" 7: event_poller_state grew by 4 rows a minute for ever, and so did payloads,
+    delivered outbox rows and the audit log."""
+    from datetime import timedelta
+
+    from sqlalchemy import func, insert, select
+
+    from billingctl.adapters.db.tables import alert_outbox, audit_log, event_inbox, event_poller_state
+    from billingctl.services.inbox import process_once
+    from billingctl.services.retention import prune
+
+    now = container.clock.now()
+    old, recent = now - timedelta(days=500), now - timedelta(hours=1)
+    with container.uow() as uow:
+        for when in (old, recent):
+            uow.execute(insert(event_poller_state).values(created_at=when))
+            uow.execute(insert(alert_outbox).values(sink="chat", dedupe_key=f"k:{when}", payload={"text": "x"},
+                                                    status="delivered", created_at=when, delivered_at=when))
+            uow.execute(insert(audit_log).values(actor="ops", action="a", target="t", details={}, created_at=when))
+            uow.execute(insert(event_inbox).values(source="orchestrator", event_id=f"ev:{when}", event_type="X",
+                                                   payload={"big": "x" * 100}, status="processed", received_at=when,
+                                                   processed_at=when, seen_by=[]))
+        uow.commit()
+    plan = prune(container, dry_run=True)
+    assert plan["would_prune"] == {"poller_runs": 1, "inbox_payloads": 1, "delivered_outbox": 1, "audit_log": 1}
+    assert prune(container)["pruned"] == plan["would_prune"]
+    assert prune(container)["pruned"] == {"poller_runs": 0, "inbox_payloads": 0, "delivered_outbox": 0,
+                                          "audit_log": 0}  # re-runnable
+    with container.uow() as uow:
+        for table in (event_poller_state, alert_outbox, audit_log):
+            assert uow.execute(select(func.count()).select_from(table)).scalar_one() == 1
+        kept = uow.execute(select(event_inbox.c.payload).where(event_inbox.c.event_id == f"ev:{old}")).scalar_one()
+    assert kept == {}  # the row and its key stay: the event is still a duplicate
+    again = process_once(container, "orchestrator", f"ev:{old}", "X", {"big": "x"}, lambda: {"outcome": "ran"})
+    assert again["outcome"] == "duplicate"
