@@ -167,7 +167,7 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
     cursor = _read_cursor(container)
     start = since or (cursor - OVERLAP if cursor else None)
     seen = processed = failed = 0
-    new_cursor, blocked, error = cursor, False, None
+    new_cursor, blocked, error, budget_spent = cursor, False, None, False
     try:
         offset = None
         while True:
@@ -191,6 +191,14 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
             offset = page.get("next_offset")
             if not offset:
                 break
+    except e.RateLimited as exc:
+        if not exc.details.get("client_side"):
+            error = exc.message
+        else:
+            # Our share of the provider budget is spent: stop here, keep what was done, resume next run.
+            budget_spent = True
+            log.info("poll paused: the batch share of the provider budget is spent; the next run resumes",
+                     extra={"events_processed": processed})
     except e.ExternalError as exc:
         error = exc.message
         log.warning("poll stopped: %s", exc.message)
@@ -198,7 +206,8 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
         _write_cursor(container, new_cursor)
     # Spec 4: every paid invoice with all_invoices, else only the recent ones since the given time (the
     # scheduled poll gives none: its events cover it, and a list call every 15 s would spend the budget).
-    scan = scan_paid_invoices(container, since) if (all_invoices or since is not None) and error is None else None
+    scan = scan_paid_invoices(container, since) if (all_invoices or since is not None) and error is None \
+        and not budget_spent else None
     redriven = inbox.redrive(container)  # events of every source that a cut request left pending
     with container.uow() as uow:
         uow.execute(event_poller_state.insert().values(
@@ -207,7 +216,7 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
         uow.commit()
     container.metrics.poller_last_run.set(container.clock.now().timestamp())
     result = {"events_seen": seen, "events_processed": processed, "events_failed": failed,
-              "cursor": new_cursor, "error": error, "inbox": redriven}
+              "cursor": new_cursor, "error": error, "inbox": redriven, "budget_spent": budget_spent}
     if scan is not None:
         result["invoice_scan"] = scan
     if error:

@@ -401,3 +401,31 @@ def test_without_all_invoices_the_recent_invoices_since_the_given_time_are_consi
     assert result["invoice_scan"]["recovered"] == 1
     assert world.purchases() == 2 and world.credits() == 4000
     assert "invoice_scan" not in events.poll(world.c)  # the scheduled poll (no time given) lists no invoices
+
+
+def test_a_catch_up_stops_when_its_budget_share_is_spent_and_the_next_run_resumes(make_settings, db_url):
+    """Issue "Performance" 1: a catch-up under the real limit never exits 4 for the budget; it takes its
+    share, stops, and the next run resumes where it stopped."""
+    from billingctl.bootstrap import Container
+    from billingctl.domain.clock import ManualClock
+
+    def build():
+        c = Container(make_settings(database_url=db_url, provider_rate_limit=4, provider_rate_max_wait_seconds=0),
+                      clock=ManualClock())
+        c.provider.http.sleep = lambda s: None
+        return c
+
+    first = build()
+    base = first.sandbox.now() - 10_000
+    for n in range(250):  # a backlog: two and a half pages of events nobody has polled
+        first.sandbox.emit("customer_changed", {"customer": {"id": f"cus_{n}"}}, occurred_at=base + n * 30)
+    result = events.poll(first)  # the batch share of 4 a minute is 2 pages
+    assert result["budget_spent"] is True and result["error"] is None and result["events_processed"] == 200
+    first.close()
+    second = build()  # the next run, with a fresh budget
+    resumed = events.poll(second)
+    assert resumed["budget_spent"] is False and resumed["events_processed"] >= 50
+    with second.uow() as uow:
+        assert uow.execute(select(func.count()).select_from(event_inbox).where(
+            event_inbox.c.event_type == "customer_changed")).scalar_one() == 250
+    second.close()
