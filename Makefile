@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PG_BIN := $(firstword $(wildcard /usr/lib/postgresql/*/bin))
 
-.PHONY: demo test venv servers lint bench clean
+.PHONY: demo test venv servers lint bench simulate clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +35,11 @@ test: venv servers lint
 
 demo: venv
 	$(BIN)/billingctl demo
+
+# The month-long simulation at a larger size than `make test` runs (more seeds, more days).
+simulate: venv servers
+	SIM_DAYS=$${SIM_DAYS:-60} SIM_SEEDS=$${SIM_SEEDS:-1,2,3,4,5,6,7,8} $(BIN)/pytest -p no:cacheprovider \
+		--basetemp=.pytest-tmp tests/simulation
 
 bench: venv servers
 	@command -v wrk >/dev/null && command -v hyperfine >/dev/null || \
