@@ -118,7 +118,6 @@ def plant_ledger_without_purchase(world):
     (plant_unreported, "recorded_not_on_provider_invoice"),
     (plant_paid_not_active, "paid_not_active"),
     (plant_credits_after_freeze, "credits_after_freeze"),
-    (plant_quota_over_limit, "quota_over_limit"),
     (plant_order_charged_twice, "order_charged_twice"),
     (plant_refund_not_reversed, "refund_not_reversed"),
     (plant_ledger_without_purchase, "ledger_without_purchase"),
@@ -168,3 +167,17 @@ def test_checks_from_the_providers_books(world, plant, check):
     plant(world)
     report = reconcile(world.c)
     assert check in {v["check"] for v in report["violations"]} and report["ok"] is False
+
+
+def test_a_quota_window_over_its_limit_is_a_violation_where_the_quota_is_enforced(make_settings, db_url, tmp_path,
+                                                                                redis_url):
+    from tests.helpers import ProductionStack
+
+    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock(), redis_url=redis_url) as stack:
+        world = World(stack.container)
+        world.sandbox = stack.sandbox
+        plant_quota_over_limit(world)
+        assert "quota_over_limit" in {v["check"] for v in reconcile(world.c)["violations"]}
+    dev = Container(make_settings(database_url=db_url), clock=ManualClock())
+    assert "quota_over_limit" not in {v["check"] for v in reconcile(dev)["violations"]}  # not enforced there
+    dev.close()
