@@ -195,6 +195,13 @@ class Model:
                 assert status == "paid", f"not paid at the provider: {row.invoice_id}"
         for user, created in late_credits:  # nothing credited after a freeze
             assert user not in frozen_at or created <= frozen_at[user], f"credited after the freeze: {user}"
+        with c.uow() as uow:  # an exhausted orphan pages exactly once
+            from billingctl.adapters.db.tables import alert_outbox
+
+            keys = set(uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "chat")).scalars())
+        for payment_id, status in owned.items():
+            if status == "exhausted":
+                assert f"orphan-exhausted:{payment_id}" in keys, f"exhausted orphan without its alert: {payment_id}"
         report = reconcile.reconcile(c)
         assert report["ok"], f"reconcile disagrees: {report['violations'][:5]}"
 
