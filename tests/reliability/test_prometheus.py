@@ -38,7 +38,7 @@ def wait_for(predicate, timeout=45.0, what="condition"):
 
 
 @pytest.fixture
-def stack(settings, container, tmp_path):
+def stack(settings, container, tmp_path, redis_url):
     prometheus = shutil.which("prometheus")
     if prometheus is None:
         pytest.skip("prometheus is not installed (make servers installs it)")
@@ -46,7 +46,7 @@ def stack(settings, container, tmp_path):
     metrics_dir = tmp_path / "metrics"
     metrics_dir.mkdir()
     env = {"BILLING_DATABASE_URL": settings.database_url, "BILLING_SANDBOX_DB": settings.sandbox_db,
-           "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir)}
+           "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir), "BILLING_REDIS_URL": redis_url}
     app_port, prom_port = free_port(), free_port()
     app_log = open(tmp_path / "gunicorn.log", "wb")  # noqa: SIM115 - a pipe nobody reads would block
     app = subprocess.Popen([gunicorn, "--bind", f"127.0.0.1:{app_port}", "--workers", "2", "--log-level", "warning",
@@ -68,7 +68,7 @@ scrape_configs:
     api = httpx.Client(base_url=f"http://127.0.0.1:{prom_port}", timeout=5)
     try:
         wait_for(lambda: _ok(api, "/-/ready"), what="prometheus ready")
-        yield api, env
+        yield api, env, redis_url
     finally:
         for process in (prom, app):
             process.terminate()
@@ -101,7 +101,7 @@ def firing(api) -> dict[str, list[dict]]:
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_a_real_prometheus_scrapes_and_the_alerts_fire_and_clear(stack, container):
-    api, env = stack
+    api, env, redis_url = stack
     # A healthy scrape with every spec metric, once a job has run in a process of its own.
     assert billingctl(["jobs", "run", "velocity-watch"], env).returncode == 0
     wait_for(lambda: [r for r in query(api, 'up{job="billing-internal"}') if r["value"][1] == "1"], what="up == 1")
@@ -153,6 +153,17 @@ def test_a_real_prometheus_scrapes_and_the_alerts_fire_and_clear(stack, containe
         uow.execute(insert(event_poller_state).values(created_at=container.clock.now()))
         uow.commit()
     wait_for(lambda: "EventPollerStale" not in firing(api), what="EventPollerStale cleared")
+
+    # A breaker opened by any process (its state shared through Redis) shows at once, and so does its
+    # closing: the gauge is read at scrape time, never a max over processes that exited.
+    import redis
+
+    shared = redis.Redis.from_url(redis_url)
+    breaker = 'billing_circuit_breaker_state{dependency="subscription_provider"}'
+    shared.set("billing:breaker:subscription_provider:opened_at", repr(time.time()))
+    wait_for(lambda: [r for r in query(api, breaker) if r["value"][1] == "2"], what="breaker open (2)")
+    shared.delete("billing:breaker:subscription_provider:opened_at")
+    wait_for(lambda: [r for r in query(api, breaker) if r["value"][1] == "0"], what="breaker closed (0)")
 
     assert "MetricsScrapeFailing" not in firing(api)
     assert "CircuitBreakerOpen" not in firing(api)  # a process that saw failures and exited latches nothing
