@@ -64,9 +64,33 @@ def render_crontab() -> str:
     return "\n".join(lines) + "\n"
 
 
+LOOP_AT_MOST_SECONDS = 60  # jobs this frequent run as long-lived loops: no start-up cost every 15 s
+
+
 def render_units(billingctl: str = BILLINGCTL) -> dict[str, str]:
     units = {}
     for job in JOBS:
+        if job.interval_seconds <= LOOP_AT_MOST_SECONDS:
+            units[f"billing-job-{job.name}.service"] = f"""# Generated from jobs/schedule.py; do not edit by hand.
+[Unit]
+Description=billing job {job.name} (a loop every {job.interval_seconds} s): {job.description}
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+# One run per interval under the job's lease (another host holding it just skips that run).
+ExecStart={billingctl} jobs run {job.name} --loop
+Restart=always
+RestartSec=5
+RuntimeDirectory=billing-metrics
+RuntimeDirectoryPreserve=yes
+{COMMON}
+
+[Install]
+WantedBy=multi-user.target
+"""
+            continue
         units[f"billing-job-{job.name}.service"] = f"""# Generated from jobs/schedule.py; do not edit by hand.
 [Unit]
 Description=billing job {job.name}: {job.description}
