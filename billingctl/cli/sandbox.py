@@ -49,10 +49,11 @@ def serve(port: int = typer.Option(8900, "--port"), host: str = typer.Option("12
 
 @command(app, "catalog")
 def catalog():
-    """The sandbox's item prices (id, type, lane, amount, currency, credits); addons, charges and plans
+    """The sandbox's item prices (item_price_id, type, lane, amount, currency, credits); addons, charges and plans
     of other products carry no lane or credits, as in a real catalog."""
     cli, sandbox = _sandbox()
-    rows = [{"id": p["id"], "item_type": p["item_type"], "lane": (p.get("metadata") or {}).get("lane"),
+    # Named as `products list` names them: one vocabulary for one thing.
+    rows = [{"item_price_id": p["id"], "item_type": p["item_type"], "lane": (p.get("metadata") or {}).get("lane"),
              "amount": p["price"], "currency": p["currency_code"], "credits": (p.get("metadata") or {}).get("credits")}
             for p in sandbox.store.all("item_price")]
     cli.output.table(rows, title="sandbox catalog")

@@ -38,6 +38,8 @@ def test_catalog_fault_and_clock_verbs(env):
     assert {row["lane"] for row in ours} == {"sfw", "nsfw"}
     assert all(row["credits"] > 0 and row["amount"] > 0 and row["item_type"] == "plan" for row in ours)
     assert {row["item_type"] for row in catalog if not row["lane"]} == {"addon", "charge", "plan"}
+    products = json.loads(billingctl(["--json", "products", "list"], env).stdout)
+    assert {p["item_price_id"] for p in products} <= {row["item_price_id"] for row in ours}  # one vocabulary
     bad = billingctl(["sandbox", "fault", "provider", "explode"], env)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1
     assert billingctl(["sandbox", "fault", "provider", "429", "--count", "1"], env).returncode == 0
