@@ -135,3 +135,10 @@ def test_health_says_a_breaker_it_cannot_see_is_unknown(env, redis_url):
     shared = {c["name"]: c for c in json.loads(billingctl(["health", "--json"], {
         **env, "BILLING_REDIS_URL": redis_url}).stdout)["checks"]}
     assert shared["breaker:subscription_provider"]["data"]["state"] == "closed"
+
+
+def test_health_watch_repeats_the_report(env):
+    result = billingctl(["health", "--watch", "1", "--count", "2", "--json"], env)
+    reports = [json.loads(line) for line in result.stdout.splitlines()]
+    assert len(reports) == 2 and all("checks" in r for r in reports)
+    assert result.returncode == billingctl(["health"], env).returncode
