@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from contextlib import contextmanager
 from datetime import datetime
 from typing import Literal
 
@@ -42,20 +40,10 @@ def _parse_since(value: str | None) -> datetime | None:
         raise InvalidInput(f"--since must be an ISO 8601 time or a span like 1h or 2d, not {value!r}") from None
 
 
-@contextmanager
-def _progress(label: str):
-    """A Rich progress bar on a terminal; nothing for --json or when stderr is not a terminal."""
-    cli = get_ctx()
-    if cli.json or not sys.stderr.isatty():
-        yield None
-        return
-    from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+def _progress(label: str, total: int | None = None):
+    from billingctl.cli.output import progress
 
-    with Progress(SpinnerColumn(), TextColumn(label), TextColumn("{task.completed} done"), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(label, total=None)
-        yield lambda n=1: bar.advance(task, n)
+    return progress(label, total)
 
 
 def register(app: typer.Typer) -> None:

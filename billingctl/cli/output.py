@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from contextlib import contextmanager
 from datetime import date, datetime
 from decimal import Decimal
 
@@ -123,3 +124,28 @@ class Output:
     def info(self, message: str) -> None:
         if not self.json_mode:
             sys.stderr.write(message + "\n")
+
+
+@contextmanager
+def progress(label: str, total: int | None = None):
+    """A Rich progress bar on a terminal (with its total when known); nothing for --json or a pipe.
+    Yields a callable that advances it (or None)."""
+    from billingctl.cli.context import get_ctx
+
+    if get_ctx().json or not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    columns = [SpinnerColumn(), TextColumn(label)]
+    columns += [BarColumn(), MofNCompleteColumn()] if total else [TextColumn("{task.completed} done")]
+    with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task(label, total=total)
+
+        def advance(n: int = 1, new_total: int | None = None) -> None:
+            if new_total is not None:
+                bar.update(task, total=new_total)
+            bar.advance(task, n)
+
+        yield advance

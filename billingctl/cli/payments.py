@@ -159,10 +159,12 @@ fraud_app = typer.Typer(help="Fraud watches.",
 def renewals_run():
     """The dunning tick: one attempt per due renewal invoice."""
     from billingctl.cli.exitcodes import PARTIAL
+    from billingctl.cli.output import progress
     from billingctl.services.renewals import run_renewals
 
     cli = get_ctx()
-    result = run_renewals(cli.container, dry_run=cli.dry_run)
+    with progress("renewal invoices") as advance:
+        result = run_renewals(cli.container, dry_run=cli.dry_run, progress=advance)
     cli.output.result(result)
     if result["errors"]:
         raise typer.Exit(PARTIAL)

@@ -9,7 +9,8 @@ from billingctl.cli.context import command, get_ctx
 
 def register(app: typer.Typer) -> None:
     @command(app, "reconcile")
-    def reconcile_cmd(since: str = typer.Option(None, "--since", help="ISO 8601: payments settled since.")):
+    def reconcile_cmd(since: str = typer.Option(None, "--since", metavar="TIME",
+                                                help="ISO 8601 or a span (1h, 2d): payments settled since.")):
         """Payments recorded once, ledger and credits consistent, subscriptions as at the provider."""
         from billingctl.cli.events import _parse_since, _progress
         from billingctl.cli.exitcodes import PARTIAL
@@ -24,6 +25,8 @@ def register(app: typer.Typer) -> None:
             cli.output.table(report["violations"], ["check", "payment_id", "user_id", "subscription_id", "detail"],
                              title="reconcile: violations")
         else:
-            cli.output.result(report, human=f"reconcile: clean ({report['checked']})")
+            from billingctl.cli.output import human
+
+            cli.output.result(report, human=f"reconcile: clean (checked {human(report['checked'])})")
         if report["violations"]:
             raise typer.Exit(PARTIAL)

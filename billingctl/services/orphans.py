@@ -42,13 +42,18 @@ HUMAN = ("exhausted", "needs_review")
 
 # ---- the settled-payments poller ------------------------------------------------------------------
 
-def run_orphans(container) -> dict:
+def run_orphans(container, progress=None) -> dict:
     now = container.clock.now()
     cursor = _read_cursor(container)
     counts: dict[str, int] = {}
     newest = cursor
     unsettled = []  # payments still to be looked at: too recent to judge, or their check failed
-    for payment in container.orchestrator.list_payments("SETTLED", from_date=cursor):
+    listed = list(container.orchestrator.list_payments("SETTLED", from_date=cursor))  # summaries: the total
+    if progress:
+        progress(0, new_total=len(listed))
+    for payment in listed:
+        if progress:
+            progress(1)
         settled_at = parse_time(payment.get("date")) or now
         if now - settled_at < TOO_RECENT:
             outcome = "too_recent"

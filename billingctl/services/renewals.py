@@ -32,12 +32,17 @@ FINAL = ("succeeded", "exhausted")
 IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")
 
 
-def run_renewals(container, dry_run: bool = False) -> dict:
+def run_renewals(container, dry_run: bool = False, progress=None) -> dict:
     """The dunning tick: every invoice in payment_due that belongs to a renewal. A dry run makes every
     check of the real run and stops where it would charge (`would_charge`), listing each invoice."""
     outcomes: dict[str, int] = {}
     failures, plan = [], []
-    for invoice in container.provider.list_invoices(status="payment_due"):
+    due = list(container.provider.list_invoices(status="payment_due"))
+    if progress:
+        progress(0, new_total=len(due))
+    for invoice in due:
+        if progress:
+            progress(1)
         try:
             outcome = attempt_invoice(container, invoice, dry_run=dry_run)
             if dry_run:

@@ -142,3 +142,10 @@ def test_health_watch_repeats_the_report(env):
     reports = [json.loads(line) for line in result.stdout.splitlines()]
     assert len(reports) == 2 and all("checks" in r for r in reports)
     assert result.returncode == billingctl(["health"], env).returncode
+
+
+@pytest.mark.parametrize("args", [["orphans", "run"], ["renewals", "run"], ["reconcile"]])
+def test_long_batches_show_progress_on_a_terminal_and_end_cleanly(env, args):
+    code, screen = in_a_terminal(args, env)
+    assert code == 0 and "Traceback" not in screen
+    assert ("outcomes" in screen or "checked" in screen) and "{'" not in screen  # no Python repr either
