@@ -61,3 +61,15 @@ class World:
 @pytest.fixture
 def world(container):
     return World(container)
+
+
+@pytest.fixture
+def one_try_world(make_settings, db_url):
+    """A world whose clients try each call once and never sleep: a fault is seen at once."""
+    from billingctl.bootstrap import Container
+    from billingctl.domain.clock import ManualClock
+
+    c = Container(make_settings(database_url=db_url, http_max_attempts=1), clock=ManualClock())
+    c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
+    yield World(c)
+    c.close()

@@ -11,18 +11,14 @@ from billingctl.domain import errors as e
 from billingctl.domain.clock import ManualClock
 from billingctl.services import orphans
 from billingctl.services.users import freeze, unfreeze
-from tests.integration.conftest import World
 
 pytestmark = pytest.mark.integration
 PRO, NSFW = "credits-pro-USD-monthly", "credits-pro-nsfw-USD-monthly"
 
 
 @pytest.fixture
-def world(make_settings, db_url):
-    c = Container(make_settings(database_url=db_url, http_max_attempts=1), clock=ManualClock())
-    c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
-    yield World(c)
-    c.close()
+def world(one_try_world):
+    return one_try_world
 
 
 def advance(world, seconds):

@@ -17,11 +17,8 @@ PRO = "credits-pro-USD-monthly"
 
 
 @pytest.fixture
-def world(make_settings, db_url):
-    c = Container(make_settings(database_url=db_url, http_max_attempts=1), clock=ManualClock())
-    c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
-    yield World(c)
-    c.close()
+def world(one_try_world):
+    return one_try_world
 
 
 def paid(world, user="user_a"):
