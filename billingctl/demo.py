@@ -72,7 +72,8 @@ def run_demo(container, say=print, rich: bool = False) -> dict:
     sandbox.add_instrument(bo, "PAYMENT_CARD")
     sandbox.change_term_end(co_bo["subscription_id"], sandbox.now() - 1)  # the term ends now
     renewals = run_renewals(container)
-    out.line(f"renewals: {renewals['outcomes']}; {bo} credits={show_user(container, bo)['credits']} "
+    outcomes = ", ".join(f"{k} {v}" for k, v in renewals["outcomes"].items())
+    out.line(f"renewals: {outcomes}; {bo} credits={show_user(container, bo)['credits']} "
              "(log marker nsfw_renewal_card_substitution)")
 
     out.step(f"{cy}'s first checkout is cancelled, then its old session is paid: an orphan")

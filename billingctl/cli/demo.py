@@ -17,6 +17,12 @@ def register(app: typer.Typer) -> None:
         from billingctl.demo import run_demo
 
         cli = get_ctx()
+        if not cli.log_level_given:
+            # The story shows the expected warnings (lost webhooks, orphans) in its own words: no log lines
+            # in the middle of it unless asked for with --log-level.
+            from billingctl.adapters.logs import set_level
+
+            set_level("ERROR")
         report = run_demo(cli.container, say=cli.output.info, rich=not cli.json and sys.stderr.isatty())
         if cli.json:
             cli.output.result(report)

@@ -27,6 +27,10 @@ def test_the_demo_runs_to_completion_on_a_fresh_directory(tmp_path):
         credits = sorted(u["credits"] for u in report["users"].values())
         assert credits == [2000, 2000, 6000]
     assert (tmp_path / "billing.db").exists() and (tmp_path / "billing-sandbox.db").exists()
+    story = subprocess.run([sys.executable, "-m", "billingctl", "demo"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    # Issue "The operator's CLI" 8: no JSON log lines inside the story, no Python repr in it.
+    assert story.returncode == 0 and '{"ts"' not in story.stderr and "{'" not in story.stderr + story.stdout
 
 
 def snapshot(engine) -> dict:
