@@ -12,7 +12,7 @@ app = typer.Typer(
     name="billingctl",
     help="Billing operations toolkit: every operation of the billing service, for people and jobs.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion: one command for bash, zsh or fish
     pretty_exceptions_enable=False,
     rich_markup_mode=None,  # plain help: Typer's Rich help renderer doubles the start-up time
     context_settings={"help_option_names": ["-h", "--help"]},
@@ -117,6 +117,80 @@ def _register() -> None:
 
 
 _register()
+
+# One example per command, shown at the end of its help (`billingctl COMMAND -h`).
+EXAMPLES = {
+    "version": "billingctl version --json",
+    "health": "billingctl health --watch 10",
+    "demo": "billingctl demo",
+    "activate": "billingctl activate sub_123 --dry-run",
+    "poll": "billingctl poll --since 2h --all-invoices",
+    "sync": "billingctl sync sub_123 --dry-run",
+    "sync-all": "billingctl sync-all --since 1d",
+    "invalidate": "billingctl invalidate user_123",
+    "reconcile": "billingctl reconcile --since 2d --output tsv",
+    "db upgrade": "billingctl db upgrade --dry-run",
+    "db current": "billingctl db current --json",
+    "db prune": "billingctl --dry-run db prune",
+    "alerts send": "billingctl alerts send 'checkout latency high' --dry-run",
+    "alerts list": "billingctl alerts list --status pending",
+    "alerts deliver": "billingctl alerts deliver",
+    "sandbox serve": "billingctl sandbox serve --port 8900",
+    "sandbox catalog": "billingctl sandbox catalog --output tsv",
+    "sandbox pay": "billingctl sandbox pay sub_123 --drop-webhook",
+    "sandbox refund": "billingctl sandbox refund pay_123",
+    "sandbox instrument": "billingctl sandbox instrument user_123 --type PAYPAL --default",
+    "sandbox fault": "billingctl sandbox fault provider 503 --count 3",
+    "sandbox webhooks": "billingctl sandbox webhooks hold",
+    "sandbox clear-faults": "billingctl sandbox clear-faults",
+    "sandbox clock": "billingctl sandbox clock 3600",
+    "sandbox async-charges": "billingctl sandbox async-charges PENDING",
+    "sandbox finish": "billingctl sandbox finish pay_123",
+    "sandbox dispute": "billingctl sandbox dispute pay_123",
+    "orphans run": "billingctl orphans run",
+    "orphans list": "billingctl orphans list --state needs_review",
+    "orphans show": "billingctl orphans show pay_123",
+    "orphans retry": "billingctl orphans retry pay_123",
+    "orphans resolve": "billingctl orphans resolve pay_123 --refund --reason 'customer asked' --yes",
+    "media sign": "billingctl media sign /media/a.png",
+    "media verify": "billingctl media verify '/media/a.png?verify=1700000000-abc'",
+    "jobs list": "billingctl jobs list",
+    "jobs run": "billingctl jobs run poll --loop",
+    "jobs render": "billingctl jobs render --out .",
+    "payments record": "billingctl payments record pay_123",
+    "lock show": "billingctl lock show user_123",
+    "lock clear": "billingctl lock clear user_123 --lane nsfw --reason 'wrong lock' --yes",
+    "lock repair": "billingctl lock repair user_123 --lane sfw",
+    "lock backfill-mid": "billingctl --dry-run lock backfill-mid",
+    "users show": "billingctl users show user_123",
+    "users freeze": "billingctl users freeze user_123 --reason chargeback --notify --yes",
+    "users unfreeze": "billingctl users unfreeze user_123 --reason 'chargeback won' --yes",
+    "renewals run": "billingctl renewals run --dry-run",
+    "renewals list": "billingctl renewals list --user user_123",
+    "fraud velocity": "billingctl fraud velocity",
+    "checkout cleanup": "billingctl checkout cleanup --dry-run",
+    "quota show": "billingctl quota show user_123",
+    "products list": "billingctl products list --json",
+    "subscriptions show": "billingctl subscriptions show sub_123 --customer user_123",
+    "subscriptions cancel": "billingctl subscriptions cancel sub_123 --reason 'customer asked' --yes",
+    "events list": "billingctl events list --state parked --since 1d",
+    "events show": "billingctl events show 42",
+    "events replay": "billingctl events replay 42 --reason 'fixed the bug' --yes",
+}
+
+
+def _add_examples(typer_app: typer.Typer, prefix: str = "") -> None:
+    for info in typer_app.registered_commands:
+        name = info.name or (info.callback.__name__ if info.callback else "")
+        example = EXAMPLES.get(f"{prefix}{name}")
+        if example:
+            doc = info.help or (info.callback.__doc__ or "").strip()
+            info.help = f"{doc}\n\nExample: {example}"
+    for group in typer_app.registered_groups:
+        _add_examples(group.typer_instance, f"{prefix}{group.name} ")
+
+
+_add_examples(app)
 
 
 def main() -> None:

@@ -149,3 +149,38 @@ def test_long_batches_show_progress_on_a_terminal_and_end_cleanly(env, args):
     code, screen = in_a_terminal(args, env)
     assert code == 0 and "Traceback" not in screen
     assert ("outcomes" in screen or "checked" in screen) and "{'" not in screen  # no Python repr either
+
+
+def test_every_command_has_an_example_that_parses():
+    """Issue "The operator's CLI" 9: help that teaches. Each example is parsed exactly as the command
+    line would be (the global flags hoisted), so a wrong example fails here."""
+    import shlex
+
+    import typer
+    from typer._click.exceptions import UsageError
+
+    from billingctl.cli.main import EXAMPLES, app, hoist_global_flags
+
+    root = typer.main.get_command(app)
+    leaves = []
+
+    def walk(command, path):
+        if hasattr(command, "commands"):
+            for name, sub in command.commands.items():
+                walk(sub, [*path, name])
+        else:
+            leaves.append(" ".join(path))
+
+    walk(root, [])
+    assert sorted(leaves) == sorted(EXAMPLES)
+    for key, example in EXAMPLES.items():
+        args = hoist_global_flags(shlex.split(example)[1:])
+        try:
+            ctx = root.make_context("billingctl", list(args))
+            command, rest = root, ctx._protected_args + ctx.args
+            while hasattr(command, "resolve_command") and rest:
+                name, command, rest = command.resolve_command(ctx, rest)
+                ctx = command.make_context(name, rest, parent=ctx)
+                rest = ctx._protected_args + ctx.args if hasattr(command, "resolve_command") else []
+        except UsageError as exc:
+            raise AssertionError(f"{key}: {example!r} does not parse: {exc}") from None
