@@ -102,6 +102,8 @@ class Settings(BaseSettings):
     provider_rate_max_wait_seconds: float = Field(default=30.0, ge=0)
     # Each signed-in user's requests to the user API, per minute (shared through Redis when configured).
     user_api_rate_limit: int = Field(default=60, gt=0)
+    # A renewals tick stops after this long (half the job's 30-minute lease); the next tick continues.
+    renewals_tick_max_seconds: float = Field(default=900, ge=0)
     # The public host's absolute base URL, for robots.txt and sitemap.xml (never the request's Host).
     public_base_url: str = "http://localhost:8080"
     # Retention (the daily `prune` job): poller runs, payloads of processed inbox events (their rows and keys

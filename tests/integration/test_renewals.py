@@ -321,3 +321,20 @@ def test_nsfw_substitution_prefers_the_card_vaulted_at_the_latest_nsfw_checkout(
     assert "nsfw_renewal_card_substitution" in [r.getMessage() for r in caplog.records]
     renewal = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
     assert [p["paymentMethod"]["paymentMethodToken"] for p in renewal] == [new_token]
+
+
+def test_a_long_backlog_spreads_over_ticks_without_overrunning_the_lease(make_settings, db_url):
+    """Issue "Performance" 1: a tick with many due invoices stops at its time budget; the rest stays
+    payment_due and the next tick takes it up. Nothing is charged twice."""
+    c = Container(make_settings(database_url=db_url, renewals_tick_max_seconds=0), clock=ManualClock())
+    c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
+    world = World(c)
+    subscribed(world, "user_1")
+    subscribed(world, "user_2")
+    month_passes(world)
+    first = run_renewals(c)["outcomes"]
+    assert first == {"succeeded": 1, "deferred": 1}
+    assert run_renewals(c)["outcomes"] == {"succeeded": 1}
+    assert run_renewals(c)["outcomes"] == {}
+    assert charges(world) == 2
+    c.close()
