@@ -223,6 +223,10 @@ def operations(sandbox):
         "get transaction": lambda: (
             lambda c: c.get_transaction("txn_nope"),
             lambda sdk: sdk.Transaction.retrieve("txn_nope")),
+        "list transactions": lambda: (
+            lambda c: next(iter(c.list_transactions("payment", now - 60)), None),
+            lambda sdk: sdk.Transaction.list({"type": {"is": "payment"}, "date": {"after": now - 60},
+                                              "sort_by": {"asc": "date"}, "limit": 100})),
         "get item price": lambda: (
             lambda c: c.get_item_price(PLAN),
             lambda sdk: sdk.ItemPrice.retrieve(PLAN)),
