@@ -33,6 +33,17 @@ Environment=PROMETHEUS_MULTIPROC_DIR={METRICS_DIR}
 {HARDENING}"""
 
 
+# Every service: the metrics directory it creates, then the user, environment and hardening.
+RUNTIME = f"""RuntimeDirectory=billing-metrics
+RuntimeDirectoryPreserve=yes
+{COMMON}"""
+LONG_RUNNING_TAIL = f"""{RUNTIME}
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+
 def cron_command(job: Job, env_file: str = ENV_FILE, billingctl: str = BILLINGCTL) -> str:
     """The env file is read by `sh` here and by systemd in the units: one format for both (values with
     spaces, quotes or JSON in single quotes). Output goes to syslog (the journal), which every host has;
@@ -83,13 +94,7 @@ Type=simple
 ExecStart={billingctl} jobs run {job.name} --loop
 Restart=always
 RestartSec=5
-RuntimeDirectory=billing-metrics
-RuntimeDirectoryPreserve=yes
-{COMMON}
-
-[Install]
-WantedBy=multi-user.target
-"""
+{LONG_RUNNING_TAIL}"""
             continue
         units[f"billing-job-{job.name}.service"] = f"""# Generated from jobs/schedule.py; do not edit by hand.
 [Unit]
@@ -103,9 +108,7 @@ ExecStart={billingctl} jobs run {job.name}
 # 75: another host holds the lease; that is not a failure.
 SuccessExitStatus=75
 TimeoutStartSec={job.lease_seconds}
-RuntimeDirectory=billing-metrics
-RuntimeDirectoryPreserve=yes
-{COMMON}
+{RUNTIME}
 """
         units[f"billing-job-{job.name}.timer"] = f"""# Generated from jobs/schedule.py; do not edit by hand.
 [Unit]
@@ -134,11 +137,5 @@ Type=simple
 ExecStart={gunicorn} --bind {bind}:{port} --workers 4 --timeout 30 'webhooks_app.wsgi:{app}()'
 Restart=on-failure
 RestartSec=2
-RuntimeDirectory=billing-metrics
-RuntimeDirectoryPreserve=yes
-{COMMON}
-
-[Install]
-WantedBy=multi-user.target
-"""
+{LONG_RUNNING_TAIL}"""
     return units

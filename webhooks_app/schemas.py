@@ -21,18 +21,16 @@ class _Open(BaseModel):
 
 def _time(value):
     """A unix time (number or digits) or an ISO 8601 string, as the orchestrator and provider send."""
-    if value is None or isinstance(value, bool):
-        if isinstance(value, bool):
-            raise ValueError("must be a time")
+    if value is None:
         return value
     from billingctl.services.payments import parse_time
 
-    if isinstance(value, int | float) or isinstance(value, str):
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
         try:
             parse_time(value)
+            return value
         except (ValueError, OverflowError, OSError):
-            raise ValueError("must be a unix time or an ISO 8601 time") from None
-        return value
+            pass
     raise ValueError("must be a unix time or an ISO 8601 time")
 
 

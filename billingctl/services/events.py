@@ -12,8 +12,9 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, select, update
 
+from billingctl.adapters.db.named_values import read_value, write_value
 from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import event_inbox, event_poller_state, invoice, poller_cursor, purchase
+from billingctl.adapters.db.tables import event_inbox, event_poller_state, invoice, purchase
 from billingctl.domain import errors as e
 from billingctl.services import alerts, inbox
 from billingctl.services.payments import apply_refund_report, parse_time, record_payment
@@ -148,18 +149,12 @@ def handle_event(container, event: dict, via: str = "poller") -> str:
 # ---- the poller ------------------------------------------------------------------------------------
 
 def _read_cursor(container) -> datetime | None:
-    with container.uow() as uow:
-        value = uow.execute(select(poller_cursor.c.value).where(poller_cursor.c.name == CURSOR)).scalar()
+    value = read_value(container, CURSOR)
     return datetime.fromtimestamp(int(value), UTC) if value else None
 
 
 def _write_cursor(container, when: datetime) -> None:
-    with container.uow() as uow:
-        insert_ignore(uow, poller_cursor, {"name": CURSOR, "value": str(int(when.timestamp())),
-                                           "updated_at": container.clock.now()}, ["name"])
-        uow.execute(update(poller_cursor).where(poller_cursor.c.name == CURSOR).values(
-            value=str(int(when.timestamp())), updated_at=container.clock.now()))
-        uow.commit()
+    write_value(container, CURSOR, str(int(when.timestamp())))
 
 
 def poll(container, all_invoices: bool = False, since: datetime | None = None, progress=None) -> dict:

@@ -13,11 +13,10 @@ from datetime import timedelta
 
 from sqlalchemy import func, select, update
 
-from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.named_values import read_value, write_value
 from billingctl.adapters.db.tables import (
     audit_log,
     orphan_recovery,
-    poller_cursor,
     purchase,
     subscription,
     transaction,
@@ -327,18 +326,12 @@ def _alert(container, text: str, key: str, **fields) -> None:
 
 
 def _read_cursor(container):
-    with container.uow() as uow:
-        value = uow.execute(select(poller_cursor.c.value).where(poller_cursor.c.name == CURSOR)).scalar()
+    value = read_value(container, CURSOR)
     return parse_time(value) if value else None
 
 
 def _write_cursor(container, when) -> None:
-    now = container.clock.now()
-    with container.uow() as uow:
-        insert_ignore(uow, poller_cursor, {"name": CURSOR, "value": when.isoformat(), "updated_at": now}, ["name"])
-        uow.execute(update(poller_cursor).where(poller_cursor.c.name == CURSOR).values(value=when.isoformat(),
-                                                                                       updated_at=now))
-        uow.commit()
+    write_value(container, CURSOR, when.isoformat())
 
 
 # ---- manual review (spec rule 7) -----------------------------------------------------------------------

@@ -230,22 +230,13 @@ STATE_KEY = "reconcile_violations"
 def _store_violations(container, count: int) -> None:
     """The last run's count, for the scrape (billing_reconcile_violations is live state, not a max over
     the processes that ever ran reconcile)."""
-    from sqlalchemy import update
+    from billingctl.adapters.db.named_values import write_value
 
-    from billingctl.adapters.db.sql import insert_ignore
-    from billingctl.adapters.db.tables import poller_cursor
-
-    now = container.clock.now()
-    with container.uow() as uow:
-        insert_ignore(uow, poller_cursor, {"name": STATE_KEY, "value": str(count), "updated_at": now}, ["name"])
-        uow.execute(update(poller_cursor).where(poller_cursor.c.name == STATE_KEY).values(value=str(count),
-                                                                                          updated_at=now))
-        uow.commit()
+    write_value(container, STATE_KEY, str(count))
 
 
 def last_violations(container) -> int | None:
-    from billingctl.adapters.db.tables import poller_cursor
+    from billingctl.adapters.db.named_values import read_value
 
-    with container.uow() as uow:
-        value = uow.execute(select(poller_cursor.c.value).where(poller_cursor.c.name == STATE_KEY)).scalar()
+    value = read_value(container, STATE_KEY)
     return int(value) if value is not None else None

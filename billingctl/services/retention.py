@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import Text, delete, func, select, update
 
 from billingctl.adapters.db.tables import alert_outbox, audit_log, event_inbox, event_poller_state
 
@@ -29,7 +29,7 @@ def prune(container, dry_run: bool = False) -> dict:
     with container.uow() as uow:
         for name, (table, old) in _targets(container).items():
             if name == "inbox_payloads":
-                old = old & (func.coalesce(func.length(func.cast(table.c.payload, _text())), 0) > 2)
+                old = old & (func.coalesce(func.length(func.cast(table.c.payload, Text())), 0) > 2)  # not yet {}
             counts[name] = uow.execute(select(func.count()).select_from(table).where(old)).scalar_one()
             if dry_run or not counts[name]:
                 continue
@@ -41,8 +41,3 @@ def prune(container, dry_run: bool = False) -> dict:
             uow.commit()
     return {"dry_run": dry_run, **({"would_prune": counts} if dry_run else {"pruned": counts})}
 
-
-def _text():
-    from sqlalchemy import Text
-
-    return Text()
