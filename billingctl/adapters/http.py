@@ -201,7 +201,9 @@ class ResilientClient:
             self.breaker.record(not counts, ticket)
         if self.on_error is not None:
             self.on_error(failure)
-        log.warning("%s call failed: %s", self.dependency, getattr(failure, "message", failure),
+        # INFO: the caller decides what the failure means and says so once (one warning per item of a
+        # batch, an error for a request); the job's log at INFO still shows each failed call.
+        log.info("%s call failed: %s", self.dependency, getattr(failure, "message", failure),
                     extra={"dependency": self.dependency, "error_code": getattr(failure, "code", "")})
 
     def close(self) -> None:

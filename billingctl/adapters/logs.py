@@ -38,6 +38,17 @@ class HumanFormatter(logging.Formatter):
         return line
 
 
+def item_failed(logger: logging.Logger, what: str, exc: BaseException, **ids) -> None:
+    """One line per failed item of a batch: an expected failure (a refusal, a rate limit, an outage) is
+    a concise warning; only an unexpected exception carries its traceback."""
+    from billingctl.domain.errors import BillingError
+
+    if isinstance(exc, BillingError):
+        logger.warning("%s failed: %s", what, exc.message, extra={**ids, "error_code": exc.code})
+    else:
+        logger.exception("%s crashed", what, extra=ids)
+
+
 def configure_logging(level: str = "INFO") -> None:
     root = logging.getLogger()
     if any(getattr(h, "_billing", False) for h in root.handlers):

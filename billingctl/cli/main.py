@@ -193,7 +193,47 @@ def _add_examples(typer_app: typer.Typer, prefix: str = "") -> None:
 _add_examples(app)
 
 
+def _choices(param) -> tuple[str, ...]:
+    import typing
+
+    annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+    if typing.get_origin(annotation) is typing.Literal:
+        return tuple(str(v) for v in typing.get_args(annotation))
+    return ()
+
+
+def uniform_metavars(command) -> None:
+    """One placeholder style in every help: the parameter's name in capitals (`USER_ID`, `SINCE`,
+    `LIMIT`); the values of a choice are listed once, in the option's help."""
+    for param in command.params:
+        if getattr(param, "is_flag", False) or param.name in ("help", "install_completion",
+                                                              "show_completion"):
+            continue
+        choices = _choices(param)
+        if param.metavar is None or choices:
+            param.metavar = (param.name or "").upper()
+        if param.param_type_name == "argument":  # `USER_ID`, not `{user_id}` and `user_id <str>`
+            shown = param.metavar if param.required else f"[{param.metavar}]"
+            param._usage_display_name = lambda shown=shown: shown
+            param.display_type_rich = lambda ctx: None
+        if choices and hasattr(param, "help"):
+            values = ", ".join(choices)
+            if values not in (param.help or ""):
+                param.help = f"{(param.help or '').rstrip('.')}. One of: {values}.".lstrip(". ")
+    for sub in getattr(command, "commands", {}).values():
+        uniform_metavars(sub)
+
+
+def build_command():
+    """The Click command `billingctl` runs (Typer's app with one placeholder style)."""
+    import typer.main
+
+    command = typer.main.get_command(app)
+    uniform_metavars(command)
+    return command
+
+
 def main() -> None:
     import sys
 
-    app(args=hoist_global_flags(sys.argv[1:]), prog_name="billingctl")
+    build_command()(args=hoist_global_flags(sys.argv[1:]), prog_name="billingctl")

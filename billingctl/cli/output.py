@@ -127,6 +127,33 @@ class Output:
 
 
 @contextmanager
+def _logs_above(console):
+    """While a bar is drawn, log lines are printed above it through its console, never onto its line."""
+    import logging
+
+    from rich.text import Text
+
+    handlers = [h for h in logging.getLogger().handlers if getattr(h, "_billing", False)]
+    saved = [h.emit for h in handlers]
+
+    def emitter(handler):
+        def emit(record):
+            try:
+                console.print(Text(handler.format(record)))
+            except Exception:  # a log line must never break the batch
+                handler.handleError(record)
+        return emit
+
+    for handler in handlers:
+        handler.emit = emitter(handler)
+    try:
+        yield
+    finally:
+        for handler, emit in zip(handlers, saved, strict=True):
+            handler.emit = emit
+
+
+@contextmanager
 def progress(label: str, total: int | None = None):
     """A Rich progress bar on a terminal (with its total when known); nothing for --json or a pipe.
     Yields a callable that advances it (or None)."""
@@ -138,9 +165,10 @@ def progress(label: str, total: int | None = None):
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    columns = [SpinnerColumn(), TextColumn(label)]
-    columns += [BarColumn(), MofNCompleteColumn()] if total else [TextColumn("{task.completed} done")]
-    with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+    # The total may be learnt after the batch starts (advance(new_total=…)): `3/?` until then.
+    columns = [SpinnerColumn(), TextColumn(label), BarColumn(), MofNCompleteColumn()]
+    with Progress(*columns, TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar, \
+            _logs_above(bar.console):
         task = bar.add_task(label, total=total)
 
         def advance(n: int = 1, new_total: int | None = None) -> None:

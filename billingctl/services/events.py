@@ -15,6 +15,7 @@ from sqlalchemy import func, select, update
 from billingctl.adapters.db.named_values import read_value, write_value
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import event_inbox, event_poller_state, invoice, purchase
+from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.services import alerts, inbox
 from billingctl.services.payments import apply_refund_report, parse_time, record_payment
@@ -133,7 +134,7 @@ def handle_event(container, event: dict, via: str = "poller") -> str:
         error = exc.message
     except Exception as exc:  # one bad event must not stop the others
         error = f"{type(exc).__name__}: {exc}"
-        log.exception("event processing crashed", extra={"event_id": event_id})
+        item_failed(log, "event processing", exc, event_id=event_id)
     with container.uow() as uow:
         status = inbox.finish(uow, container.clock, SOURCE, event_id, error, MAX_EVENT_ATTEMPTS)
         if status == "parked":

@@ -22,6 +22,7 @@ from billingctl.adapters.db.tables import (
     transaction,
     users,
 )
+from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS, orphan_retry_delay
 from billingctl.services import alerts, review
@@ -157,7 +158,7 @@ def attempt(container, payment_id: str, payment: dict | None = None, force: bool
     except e.BillingError as exc:
         return _failed(container, row, exc.message)
     except Exception as exc:
-        log.exception("orphan recovery crashed", extra={"payment_id": payment_id})
+        item_failed(log, "orphan recovery", exc, payment_id=payment_id)
         return _failed(container, row, f"{type(exc).__name__}: {exc}")
     return outcome
 

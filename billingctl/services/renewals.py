@@ -16,6 +16,7 @@ from datetime import timedelta
 from sqlalchemy import and_, select
 
 from billingctl.adapters.db.tables import checkout_session, dunning_attempt, purchase, subscription, users
+from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.domain.instruments import stored_instrument, usable_card
 from billingctl.domain.quota import MERCHANT
@@ -59,7 +60,7 @@ def run_renewals(container, dry_run: bool = False, progress=None) -> dict:
         except Exception as exc:  # one invoice never stops the others
             outcome = "error"
             failures.append({"invoice_id": invoice["id"], "error": getattr(exc, "message", str(exc))})
-            log.exception("renewal attempt crashed", extra={"invoice_id": invoice["id"]})
+            item_failed(log, "renewal attempt", exc, invoice_id=invoice["id"])
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     if dry_run:
         return {"dry_run": True, "outcomes": outcomes, "invoices": plan, "errors": failures}

@@ -184,3 +184,63 @@ def test_every_command_has_an_example_that_parses():
                 rest = ctx._protected_args + ctx.args if hasattr(command, "resolve_command") else []
         except UsageError as exc:
             raise AssertionError(f"{key}: {example!r} does not parse: {exc}") from None
+
+
+def test_help_has_one_placeholder_style(capsys):
+    """Issue "The operator's CLI" 9: help showed three metavar styles (`{user_id}`, `<str>`, `<a|b>`).
+    Every placeholder is now the parameter's name in capitals, and a choice lists its values once."""
+    import re
+
+    from billingctl.cli.main import build_command
+
+    root = build_command()
+    leaves = []
+
+    def walk(command, path):
+        for name, sub in getattr(command, "commands", {}).items():
+            walk(sub, [*path, name])
+        if not hasattr(command, "commands"):
+            leaves.append(path)
+
+    walk(root, [])
+
+    def help_of(path):
+        capsys.readouterr()
+        root.main([*path, "-h"], prog_name="billingctl", standalone_mode=False)  # what `billingctl` runs
+        return capsys.readouterr().out
+
+    assert len(leaves) > 40
+    for path in leaves:
+        text = help_of(path)
+        assert "{" not in text and "<" not in text, (path, text)
+        usage = text.splitlines()[0]
+        placeholders = re.findall(r"\[?([A-Za-z_]+)\]?", usage.split(" ".join(path), 1)[1])
+        assert all(p.isupper() for p in placeholders if p != "OPTIONS"), (path, usage)
+        for line in text.splitlines():
+            option = re.match(r"\s+(--[a-z-]+)(?:, -\w)? ([^\s]+)\s", line)
+            if option and not option.group(2).startswith("-"):
+                assert re.fullmatch(r"[A-Z_]+", option.group(2)), (path, line)
+    state = help_of(["orphans", "list"])
+    assert "--state STATE" in state and "needs_review" in state
+
+
+def test_a_rate_limited_batch_says_one_warning_per_item_above_the_bar(container, env):
+    """Issue "The operator's CLI" 7: rate-limit waits came out at ERROR as "crashed" with tracebacks, and
+    log lines were printed onto the progress bar's line. Each item now gives one concise warning."""
+    import re
+
+    for user in ("user_rl_1", "user_rl_2"):
+        co = create_checkout(container, user, "credits-pro-USD-monthly")
+        container.sandbox.pay(co["order_id"])
+        container.sandbox.change_term_end(co["subscription_id"], container.sandbox.now() - 1)
+    container.sandbox.renew_due()
+    container.sandbox.store.add_fault("orchestrator", "429", method="POST", path="/payments", count=-1,
+                                      retry_after=0)
+    code, screen = in_a_terminal(["renewals", "run"], env)
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", screen)
+    lines = [part.strip() for line in text.split("\n") for part in line.split("\r") if part.strip()]
+    warnings = [line for line in lines if "warning:" in line]
+    assert "Traceback" not in text and "crashed" not in text and '{"' not in text, text
+    assert len([w for w in warnings if "invoice" in w or "renewal" in w]) == 2, text  # one per invoice
+    assert all(w.startswith("warning: renewal") for w in warnings), warnings  # never onto the bar's line
+    assert "call failed" not in text  # the client's own failure line stays at INFO (the job's log)
