@@ -41,10 +41,12 @@ class Container:
             ensure_current(engine)
         return engine
 
-    def uow(self) -> UnitOfWork:
+    def uow(self, autocommit: bool = False) -> UnitOfWork:
+        """One transaction; or, with autocommit, statements that each stand alone (one round trip each:
+        for reads, and for work that is a single statement)."""
         from billingctl.adapters.db.uow import UnitOfWork
 
-        return UnitOfWork(self.engine)
+        return UnitOfWork(self.engine, autocommit=autocommit)
 
     @cached_property
     def metrics(self) -> Metrics:

@@ -128,3 +128,85 @@ def sandbox_served(env: dict):
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+class RoundTrips:
+    """Round trips on the wire: every Query or Sync message libpq sends to PostgreSQL (each waits for the
+    server's answer), from libpq's own protocol trace of every pooled connection; every request a Redis
+    connection of this process sends (a pipeline or a script is one); and, for the record, the commands
+    Redis executed (its INFO commandstats: a script's inner commands count there, the counting left out)."""
+
+    def __init__(self, engine, redis_url: str | None = None):
+        import tempfile
+
+        from sqlalchemy import event
+
+        self.engine, self.redis_url = engine, redis_url
+        self.file = tempfile.NamedTemporaryFile("w+", prefix="pqtrace-", suffix=".log")
+        self.redis_sent = 0
+        if redis_url:
+            self._count_redis_requests()
+        if engine.dialect.name == "postgresql":
+            event.listen(engine, "connect", self._trace)
+            engine.pool.dispose()  # every connection from now on is traced
+        else:  # SQLite runs in process: each statement handed to the library counts
+            event.listen(engine, "before_cursor_execute", self._statement)
+            self.file.write("")
+
+    def _count_redis_requests(self) -> None:
+        from redis.connection import AbstractConnection
+
+        counter, send = self, AbstractConnection.send_packed_command
+
+        def counted(connection, command, check_health=True):
+            counter.redis_sent += 1
+            return send(connection, command, check_health)
+
+        AbstractConnection.send_packed_command = counted
+        self._restore = lambda: setattr(AbstractConnection, "send_packed_command", send)
+
+    def close(self) -> None:
+        if hasattr(self, "_restore"):
+            self._restore()
+
+    def _statement(self, conn, cursor, statement, *args) -> None:
+        self.file.write("F\t0\tQuery\t" + " ".join(statement.split()) + "\n")
+
+    def _trace(self, dbapi_connection, record) -> None:
+        from psycopg import pq
+
+        dbapi_connection.pgconn.trace(self.file.fileno())
+        dbapi_connection.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+
+    def _redis_commands(self) -> dict:
+        import redis
+
+        if getattr(self, "_redis", None) is None:  # one connection, opened before any measurement
+            self._redis = redis.Redis.from_url(self.redis_url)
+            self._redis.ping()
+        stats = self._redis.info("commandstats")
+        return {k.removeprefix("cmdstat_"): v["calls"] for k, v in stats.items()
+                if k not in ("cmdstat_info", "cmdstat_config|resetstat", "cmdstat_config")}
+
+    def _pg_lines(self) -> list[str]:
+        self.file.flush()
+        with open(self.file.name) as f:
+            return [line for line in f if line.startswith("F\t")]
+
+    @contextmanager
+    def measure(self):
+        """Yields a dict filled on exit with `pg` (round trips), `redis` (commands) and `statements`."""
+        result: dict = {}
+        pg_before = len(self._pg_lines())
+        redis_before = self._redis_commands() if self.redis_url else {}
+        sent_before = self.redis_sent
+        yield result
+        result["redis"] = self.redis_sent - sent_before
+        lines = self._pg_lines()[pg_before:]
+        result["pg"] = sum(1 for line in lines if line.split("\t")[2].split()[0] in ("Query", "Sync"))
+        result["statements"] = [line.split("\t", 3)[3].strip()[:90] for line in lines
+                                if line.split("\t")[2].split()[0] in ("Query", "Parse")]
+        after = self._redis_commands() if self.redis_url else {}
+        result["redis_commands"] = {k: n - redis_before.get(k, 0) for k, n in after.items()
+                                    if n != redis_before.get(k, 0)}
+        result["redis_commands_executed"] = sum(result["redis_commands"].values())

@@ -30,7 +30,9 @@ def _pg_bin(name: str) -> str:
 
 
 class PostgresServer:
-    def __init__(self):
+    def __init__(self, durable: bool = False):
+        """A throwaway server; fast and unsafe (fsync off) unless `durable` (a benchmark's fsync=on run)."""
+        self.durable = durable
         self.root = Path(tempfile.mkdtemp(prefix="billing-pg-"))
         self.port = free_port()
         self.data = self.root / "data"
@@ -51,10 +53,8 @@ class PostgresServer:
 
     def launch(self) -> None:
         """Start the server on its existing data directory."""
-        options = (
-            f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off "
-            "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
-        )
+        unsafe = "" if self.durable else "-c fsync=off -c synchronous_commit=off -c full_page_writes=off "
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 {unsafe}-c max_connections=200"
         self._run([_pg_bin("pg_ctl"), "-D", str(self.data), "-o", options, "-l",
                    str(self.root / "log"), "-w", "-t", "60", "start"])
 

@@ -33,10 +33,10 @@ class MemoryBreakerStore:
         self._probe_until = 0.0
         self._lock = threading.Lock()
 
-    def add(self, now: float, ok: bool, window: float) -> tuple[int, int]:
+    def add(self, now: float, ok: bool, window: float) -> tuple[float | None, int, int]:
         with self._lock:
             self._calls.append((now, ok))
-            return self._counts(now, window)
+            return (self._opened_at, *self._counts(now, window))
 
     def counts(self, now: float, window: float) -> tuple[int, int]:
         with self._lock:
@@ -74,22 +74,29 @@ class RedisBreakerStore:
         self.r = redis
         self.prefix = f"billing:breaker:{dependency}"
 
-    def add(self, now: float, ok: bool, window: float) -> tuple[int, int]:
+    def add(self, now: float, ok: bool, window: float) -> tuple[float | None, int, int]:
+        """Record one call and read the state back: (opened_at, calls, failures), one round trip."""
         member = f"{now:.6f}:{uuid.uuid4().hex[:8]}"
         pipe = self.r.pipeline()
+        pipe.get(f"{self.prefix}:opened_at")
         pipe.zadd(f"{self.prefix}:calls", {member: now})
         if not ok:
             pipe.zadd(f"{self.prefix}:failures", {member: now})
         pipe.expire(f"{self.prefix}:calls", int(window) + 60)
         pipe.expire(f"{self.prefix}:failures", int(window) + 60)
-        pipe.execute()
-        return self.counts(now, window)
+        self._count_into(pipe, now, window)
+        answers = pipe.execute()
+        opened = answers[0]
+        return (float(opened) if opened is not None else None), int(answers[-3]), int(answers[-1])
 
-    def counts(self, now: float, window: float) -> tuple[int, int]:
-        pipe = self.r.pipeline()
+    def _count_into(self, pipe, now: float, window: float) -> None:
         for key in ("calls", "failures"):
             pipe.zremrangebyscore(f"{self.prefix}:{key}", "-inf", now - window)
             pipe.zcard(f"{self.prefix}:{key}")
+
+    def counts(self, now: float, window: float) -> tuple[int, int]:
+        pipe = self.r.pipeline()
+        self._count_into(pipe, now, window)
         _, total, _, failures = pipe.execute()
         return int(total), int(failures)
 
@@ -160,11 +167,7 @@ class CircuitBreaker:
 
     def record(self, ok: bool, ticket: Ticket | None = None) -> None:
         now = self._now()
-        if self._call("opened_at") is not None:
-            if ticket is None or not ticket.probe:
-                # A call that started before the breaker opened (or beside the probe) decides nothing: only
-                # the probe may close it, and only after the cool-down.
-                return
+        if ticket is not None and ticket.probe:
             # The probe's answer decides: close on success, re-open for another cool-down on failure.
             if ok:
                 self._call("close")
@@ -173,12 +176,19 @@ class CircuitBreaker:
                 self._call("open", now)
             self._publish(self.state())
             return
-        total, failures = self._call("add", now, ok, self.config.window)
+        # One round trip: the call is added to the window and the state read back with the counts.
+        opened, total, failures = self._call("add", now, ok, self.config.window)
+        if opened is not None:
+            # A call that started before the breaker opened (or beside the probe) decides nothing: only the
+            # probe may close it, and only after the cool-down (closing clears the window it was added to).
+            return
         if total >= self.config.min_calls and failures / total > self.config.threshold:
             self._call("open", now)
             log.error("circuit breaker opened", extra={"dependency": self.dependency,
                                                       "error_rate": round(failures / total, 3)})
-        self._publish(self.state())
+            self._publish("open")
+            return
+        self._publish("closed")
 
     def snapshot(self) -> dict:
         total, failures = self._call("counts", self._now(), self.config.window)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select
 
 from billingctl.adapters.db.named_values import read_value, write_value
-from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.sql import upsert
 from billingctl.adapters.db.tables import event_inbox, event_poller_state, invoice, purchase
 from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
@@ -101,13 +101,11 @@ def _refund(container, kind: str, content: dict) -> dict:
 
 def _upsert_invoice(container, remote: dict) -> None:
     now = container.clock.now()
-    with container.uow() as uow:
-        insert_ignore(uow, invoice, {"id": remote["id"], "created_at": now}, ["id"])
-        uow.execute(update(invoice).where(invoice.c.id == remote["id"]).values(
-            subscription_id=remote.get("subscription_id"), customer_id=remote.get("customer_id"),
-            total_amount=remote.get("total"), currency_code=remote.get("currency_code"), status=remote.get("status"),
-            paid_at=parse_time(remote.get("paid_at"))))
-        uow.commit()
+    with container.uow(autocommit=True) as uow:
+        upsert(uow, invoice, {"id": remote["id"], "created_at": now, "subscription_id": remote.get("subscription_id"),
+                              "customer_id": remote.get("customer_id"), "total_amount": remote.get("total"),
+                              "currency_code": remote.get("currency_code"), "status": remote.get("status"),
+                              "paid_at": parse_time(remote.get("paid_at"))}, ["id"])
 
 
 def _analytics(container, event: dict, payload: dict) -> None:
@@ -121,10 +119,7 @@ def _analytics(container, event: dict, payload: dict) -> None:
 def handle_event(container, event: dict, via: str = "poller") -> str:
     """Store and process one provider event; returns its inbox status afterwards."""
     event_id, kind = str(event["id"]), str(event.get("event_type") or "unknown")
-    with container.uow() as uow:
-        status = inbox.accept(uow, container.clock, SOURCE, event_id, kind, event,
-                              parse_time(event.get("occurred_at")), via=via)
-        uow.commit()
+    status = inbox.receive(container, SOURCE, event_id, kind, event, parse_time(event.get("occurred_at")), via=via)
     if status != "pending":
         return status
     error = None
@@ -135,13 +130,9 @@ def handle_event(container, event: dict, via: str = "poller") -> str:
     except Exception as exc:  # one bad event must not stop the others
         error = f"{type(exc).__name__}: {exc}"
         item_failed(log, "event processing", exc, event_id=event_id)
-    with container.uow() as uow:
-        status = inbox.finish(uow, container.clock, SOURCE, event_id, error, MAX_EVENT_ATTEMPTS)
-        if status == "parked":
-            alerts.raise_alert(uow, container.clock, f"Provider event {event_id} ({kind}) parked after "
-                               f"{MAX_EVENT_ATTEMPTS} failed attempts - manual review required",
-                               f"parked:{SOURCE}:{event_id}", error=error)
-        uow.commit()
+    status = inbox.record_attempt(container, SOURCE, event_id, error, f"Provider event {event_id} ({kind}) parked "
+                                  f"after {MAX_EVENT_ATTEMPTS} failed attempts - manual review required",
+                                  MAX_EVENT_ATTEMPTS)
     if error:
         log.warning("event processing failed: %s", error, extra={"event_id": event_id, "status": status})
     return status

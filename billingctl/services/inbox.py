@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, literal, select, update
 
-from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.sql import insert_or_count
 from billingctl.adapters.db.tables import event_inbox
 
 # A pending event nobody finished (its request was cut by a database outage or a kill, or its handler
@@ -17,38 +17,44 @@ REDRIVE_AFTER = timedelta(minutes=2)
 REDRIVE_BATCH = 50
 
 
+def finished_duplicate(container, source: str, event_id: str, via: str) -> str | None:
+    """The duplicate fast path, one read before any lock or transaction: the event's status when it is
+    finished and this path has delivered it before (nothing is left to do or count), else None."""
+    with container.uow(autocommit=True) as reader:
+        row = reader.execute(select(event_inbox.c.status, event_inbox.c.seen_by).where(
+            event_inbox.c.source == source, event_inbox.c.event_id == event_id)).first()
+    if row is not None and row.status != "pending" and via in (row.seen_by or []):
+        return row.status
+    return None
+
+
 def accept(uow, clock, source: str, event_id: str, event_type: str, payload: dict, occurred_at=None,
            via: str = "webhook") -> str:
-    """Store the event (or count one more delivery of it); returns its status: 'pending' for new or
-    unfinished work, 'processed', 'parked'. A repeat of a finished event by a path already recorded is
-    read-only: the duplicate fast path takes no row lock (so `deliveries` counts deliveries until the
-    event is finished, plus the first one from each path)."""
-    seen_row = uow.execute(select(event_inbox.c.status, event_inbox.c.seen_by).where(
-        event_inbox.c.source == source, event_inbox.c.event_id == event_id)).first()
-    if seen_row is not None and seen_row.status != "pending" and via in (seen_row.seen_by or []):
-        return seen_row.status
-    insert_ignore(uow, event_inbox, {"source": source, "event_id": event_id, "event_type": event_type,
-                                     "payload": payload, "occurred_at": occurred_at, "status": "pending",
-                                     "received_at": clock.now(), "seen_by": []}, ["source", "event_id"])
-    row = uow.execute(select(event_inbox.c.id, event_inbox.c.status, event_inbox.c.seen_by).where(
-        event_inbox.c.source == source, event_inbox.c.event_id == event_id)).one()
+    """Store the event, or count one more delivery of it, in one statement; returns its status:
+    'pending' for new or unfinished work, 'processed', 'parked'. (A repeat of a finished event by a path
+    already recorded never gets here: `finished_duplicate` answers it with one read, so `deliveries`
+    counts deliveries until the event is finished, plus the first one from each path.)"""
+    row = insert_or_count(uow, event_inbox, {
+        "source": source, "event_id": event_id, "event_type": event_type, "payload": payload,
+        "occurred_at": occurred_at, "status": "pending", "received_at": clock.now(), "seen_by": [via],
+        "deliveries": 1}, ["source", "event_id"], "deliveries", ["id", "status", "seen_by"])
     seen = list(row.seen_by or [])
-    values = {"deliveries": event_inbox.c.deliveries + 1}
-    if via not in seen:
-        values["seen_by"] = [*seen, via]
-    uow.execute(update(event_inbox).where(event_inbox.c.id == row.id).values(**values))
+    if via not in seen:  # the first delivery by this path
+        uow.execute(update(event_inbox).where(event_inbox.c.id == row.id).values(seen_by=[*seen, via]))
     return row.status
 
 
 def finish(uow, clock, source: str, event_id: str, error: str | None = None, max_attempts: int = 10) -> str:
     """Mark one processing attempt: processed, or still pending, or parked after max_attempts."""
-    row = uow.execute(select(event_inbox.c.attempts).where(
-        event_inbox.c.source == source, event_inbox.c.event_id == event_id)).one()
-    attempts = row.attempts + 1
-    status = "processed" if error is None else ("parked" if attempts >= max_attempts else "pending")
-    uow.execute(update(event_inbox).where(event_inbox.c.source == source, event_inbox.c.event_id == event_id).values(
-        status=status, attempts=attempts, last_error=error, processed_at=clock.now() if error is None else None))
-    return status
+    from sqlalchemy import case
+
+    attempts = event_inbox.c.attempts + 1
+    status = literal("processed") if error is None else case(
+        (attempts >= max_attempts, literal("parked")), else_=literal("pending"))
+    return uow.execute(update(event_inbox).where(
+        event_inbox.c.source == source, event_inbox.c.event_id == event_id).values(
+        status=status, attempts=attempts, last_error=error, processed_at=clock.now() if error is None else None)
+        .returning(event_inbox.c.status)).scalar_one()
 
 
 def list_events(container, source: str | None = None, state: str | None = None, since=None,
@@ -108,10 +114,7 @@ def process_once(container, source: str, event_id: str, event_type: str, payload
 
     from billingctl.domain.errors import BillingError
 
-    with container.uow() as uow:
-        status = accept(uow, container.clock, source, event_id, event_type, payload, via=via)
-        uow.commit()
-    if status != "pending":
+    if receive(container, source, event_id, event_type, payload, via=via) != "pending":
         return {"event_id": event_id, "outcome": "duplicate"}
     error, result = None, {}
     try:
@@ -175,12 +178,33 @@ def redrive(container) -> dict:
 
 
 def _finish_and_alert(container, source: str, event_id: str, event_type: str, error: str | None) -> None:
+    record_attempt(container, source, event_id, error, f"Inbox event {source}:{event_id} ({event_type}) parked "
+                   "after repeated failures - manual review required")
+
+
+def receive(container, source: str, event_id: str, event_type: str, payload: dict, occurred_at=None,
+            via: str = "webhook") -> str:
+    """Every event source's way in: the duplicate fast path (one read), else the inbox row (one
+    statement, standing alone). Returns the status; only 'pending' has work to do."""
+    seen = finished_duplicate(container, source, event_id, via)
+    if seen is not None:
+        return seen
+    with container.uow(autocommit=True) as uow:
+        return accept(uow, container.clock, source, event_id, event_type, payload, occurred_at, via=via)
+
+
+def record_attempt(container, source: str, event_id: str, error: str | None, parked_text: str,
+                   max_attempts: int = 10) -> str:
+    """Count one processing attempt. A success is one statement; a failure that parks the event raises
+    its chat alert in the same transaction, so a parked event is never silent."""
     from billingctl.services import alerts
 
+    if error is None:
+        with container.uow(autocommit=True) as uow:
+            return finish(uow, container.clock, source, event_id, None, max_attempts)
     with container.uow() as uow:
-        status = finish(uow, container.clock, source, event_id, error)
+        status = finish(uow, container.clock, source, event_id, error, max_attempts)
         if status == "parked":
-            alerts.raise_alert(uow, container.clock, f"Inbox event {source}:{event_id} ({event_type}) parked after "
-                               "repeated failures - manual review required", f"parked:{source}:{event_id}",
-                               error=(error or "")[:200])
+            alerts.raise_alert(uow, container.clock, parked_text, f"parked:{source}:{event_id}", error=error[:200])
         uow.commit()
+    return status

@@ -15,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import func, or_, select, update
 
-from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.sql import insert_ignore, upsert
 from billingctl.adapters.db.tables import (
     checkout_session,
     credit_ledger,
@@ -84,8 +84,8 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
     # the subscription; a renewal charge's order id is the renewal invoice.
     invoice_id = None if order_id == subscription_id else order_id
     if order_id:
-        with container.uow() as uow:
-            row = uow.execute(select(checkout_session).where(by_order_id(order_id))).first()
+        with container.uow(autocommit=True) as reader:
+            row = reader.execute(select(checkout_session).where(by_order_id(order_id))).first()
         if row is not None:
             invoice_id = row.invoice_id if row.invoice_id != row.subscription_id else None
             subscription_id = subscription_id or row.subscription_id
@@ -96,7 +96,7 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
     if not subscription_id:
         raise e.InvalidInput(f"payment {payment['id']} names no subscription or invoice")
     if not item_price_id:
-        with container.uow() as uow:
+        with container.uow(autocommit=True) as uow:
             item_price_id = uow.execute(select(subscription.c.item_price_id).where(
                 subscription.c.id == subscription_id)).scalar()
     if not item_price_id:
@@ -116,6 +116,9 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
 
 def record_payment(container, payment: dict, path: str, followups: bool = True) -> dict:
     """Record a settled payment exactly once, then record it at the provider and activate."""
+    done = _finished_duplicate(container, payment) if followups else None
+    if done is not None:
+        return done
     facts = facts_from_payment(container, payment)
     with container.locks.hold(f"subscription:{facts.subscription_id}"):
         result = _record_locally(container, facts, path, payment)
@@ -136,28 +139,45 @@ def record_payment(container, payment: dict, path: str, followups: bool = True) 
     return result
 
 
+def _finished_duplicate(container, payment: dict) -> dict | None:
+    """The duplicate fast path, one read before any lock, provider call or transaction: a payment whose
+    purchase exists, is recorded on its provider invoice and whose subscription is active with no
+    activation pending has nothing left to do. Anything less takes the full path, which finishes the follow-ups."""
+    if not isinstance(payment, dict) or not payment.get("id") or payment.get("status") != "SETTLED":
+        return None  # the full path refuses it with the right message
+    with container.uow(autocommit=True) as reader:
+        row = reader.execute(
+            select(purchase.c.subscription_id, purchase.c.user_id)
+            .join(subscription, subscription.c.id == purchase.c.subscription_id)
+            .where(purchase.c.transaction_id == str(payment["id"]), purchase.c.invoice_id.is_not(None),
+                   purchase.c.provider_recorded_at.is_not(None), subscription.c.activation_pending_since.is_(None),
+                   subscription.c.status == "active")).first()
+    if row is None:
+        return None
+    return {"payment_id": payment["id"], "outcome": "duplicate", "subscription_id": row.subscription_id,
+            "user_id": row.user_id, "credits_applied": 0, "provider_recorded": True, "activation": "already_active"}
+
+
 def _is_checkout_payment(payment: dict) -> bool:
     return (payment.get("paymentMethod") or {}).get("paymentType") == "FIRST_PAYMENT"
 
 
-def _cancelled_without_purchase(uow, facts: PaymentFacts) -> bool:
-    status = uow.execute(select(subscription.c.status).where(subscription.c.id == facts.subscription_id)).scalar()
-    if status != "cancelled":
-        return False
-    return uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == facts.payment_id)).first() is None
-
-
-def _frozen_without_purchase(uow, facts: PaymentFacts) -> bool:
-    if uow.execute(select(users.c.frozen_at).where(users.c.id == facts.user_id)).scalar() is None:
-        return False
-    return uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == facts.payment_id)).first() is None
+def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool]:
+    """(the subscription is cancelled, the user is frozen), each only while this payment has no purchase
+    yet: one read."""
+    status = select(subscription.c.status).where(subscription.c.id == facts.subscription_id).scalar_subquery()
+    frozen = select(users.c.frozen_at).where(users.c.id == facts.user_id).scalar_subquery()
+    bought = select(purchase.c.id).where(purchase.c.transaction_id == facts.payment_id).exists()
+    row = uow.execute(select(status.label("status"), frozen.label("frozen_at"), bought.label("bought"))).one()
+    return (row.status == "cancelled" and not row.bought, row.frozen_at is not None and not row.bought)
 
 
 def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) -> dict:
     now = container.clock.now()
     with container.uow() as uow:
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
-        if path != "orphan_recovery" and _cancelled_without_purchase(uow, facts):
+        cancelled, frozen = _unrecorded_gates(uow, facts) if path != "orphan_recovery" else (False, False)
+        if cancelled:
             uow.commit()
             # A checkout-retry orphan: settled for a cancelled subscription. The settled-payments poller
             # recovers it (re-subscribe or refund); recording it here would credit a dead plan.
@@ -165,7 +185,7 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
                         extra={"payment_id": facts.payment_id, "subscription_id": facts.subscription_id})
             return {"payment_id": facts.payment_id, "outcome": "orphaned", "subscription_id": facts.subscription_id,
                     "user_id": facts.user_id, "credits_applied": 0}
-        if path != "orphan_recovery" and _frozen_without_purchase(uow, facts):
+        if frozen:
             # Spec section 4: a freeze disables further payments. A person decides (refund, or unfreeze
             # and retry); nothing is credited or activated meanwhile.
             review.hold_frozen(uow, container.clock, payment_id=facts.payment_id, user_id=facts.user_id,
@@ -195,10 +215,10 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
         credited = apply_credits(uow, facts.user_id, facts.credits, f"payment:{facts.payment_id}", "payment",
                                  facts.payment_id, now)
         if facts.invoice_id:
-            insert_ignore(uow, invoice, {"id": facts.invoice_id, "created_at": now}, ["id"])
-            uow.execute(update(invoice).where(invoice.c.id == facts.invoice_id).values(
-                subscription_id=facts.subscription_id, customer_id=facts.user_id, total_amount=facts.amount,
-                currency_code=facts.currency_code, status="paid", paid_at=facts.settled_at or now))
+            upsert(uow, invoice, {"id": facts.invoice_id, "created_at": now, "subscription_id": facts.subscription_id,
+                                  "customer_id": facts.user_id, "total_amount": facts.amount,
+                                  "currency_code": facts.currency_code, "status": "paid",
+                                  "paid_at": facts.settled_at or now}, ["id"])
         insert_ignore(uow, subscription, {"id": facts.subscription_id, "status": "future", "customer_id": facts.user_id,
                                           "created_at": now, "coupon_ids": [], "item_price_id": facts.item_price_id,
                                           "lane": facts.lane}, ["id"])
@@ -294,7 +314,7 @@ def _complete_followups(container, subscription_id: str) -> dict:
     except e.BillingError as exc:
         result["activation"] = "pending"
         result["activation_error"] = exc.message
-    with container.uow() as uow:
+    with container.uow(autocommit=True) as uow:
         pending = uow.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
                                                      purchase.c.provider_recorded_at.is_(None))).mappings().all()
     for row in pending:
@@ -323,10 +343,9 @@ def report_to_provider(container, row) -> bool:
         log.warning("recording at the provider failed; will retry: %s", exc.message,
                     extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
         return False
-    with container.uow() as uow:
+    with container.uow(autocommit=True) as uow:
         uow.execute(update(purchase).where(purchase.c.id == row["id"]).values(
             provider_recorded_at=container.clock.now()))
-        uow.commit()
     return True
 
 
@@ -348,8 +367,10 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
     if not _locked and not dry_run:
         with container.locks.hold(f"subscription:{subscription_id}"):
             return activate_subscription(container, subscription_id, _locked=True)
-    with container.uow() as uow:
-        bought = uow.execute(select(purchase.c.id, purchase.c.item_price_id, purchase.c.invoice_id).where(
+    with container.uow(autocommit=True) as uow:
+        bought = uow.execute(select(purchase.c.id, purchase.c.item_price_id, purchase.c.invoice_id,
+                                    purchase.c.transaction_id, purchase.c.user_id, purchase.c.amount,
+                                    purchase.c.currency_code, purchase.c.settled_at).where(
             purchase.c.subscription_id == subscription_id).order_by(purchase.c.id)).first()
         local = uow.execute(select(subscription).where(subscription.c.id == subscription_id)).mappings().first()
     if bought is None:
@@ -383,7 +404,7 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
         raise
     with container.uow() as uow:
         if not bought.invoice_id and first_invoice:
-            _assign_invoice(uow, bought.id, subscription_id, first_invoice, now)
+            _assign_invoice(uow, bought, subscription_id, first_invoice, now)
         uow.execute(update(subscription).where(subscription.c.id == subscription_id).values(
             status=remote["status"], current_term_end=parse_time(remote.get("current_term_end")),
             start_date=parse_time(remote.get("start_date")), activation_pending_since=None, activation_error=None,
@@ -449,20 +470,19 @@ def _first_term_invoice(container, subscription_id: str) -> dict | None:
     return invoices[0] if invoices else None
 
 
-def _assign_invoice(uow, purchase_id: int, subscription_id: str, remote: dict, now) -> None:
+def _assign_invoice(uow, bought, subscription_id: str, remote: dict, now) -> None:
     """The checkout's payment pays the invoice of the first term: the purchase, the checkout and the
     local invoice row learn its id."""
-    uow.execute(update(purchase).where(purchase.c.id == purchase_id).values(invoice_id=remote["id"]))
-    uow.execute(update(transaction).where(transaction.c.transaction_id == select(purchase.c.transaction_id).where(
-        purchase.c.id == purchase_id).scalar_subquery()).values(invoice_id=remote["id"]))
+    uow.execute(update(purchase).where(purchase.c.id == bought.id).values(invoice_id=remote["id"]))
+    uow.execute(update(transaction).where(transaction.c.transaction_id == bought.transaction_id)
+                .values(invoice_id=remote["id"]))
     uow.execute(update(checkout_session).where(checkout_session.c.subscription_id == subscription_id,
                                                checkout_session.c.invoice_id.is_(None))
                 .values(invoice_id=remote["id"]))
-    bought = uow.execute(select(purchase).where(purchase.c.id == purchase_id)).mappings().one()
-    insert_ignore(uow, invoice, {"id": remote["id"], "created_at": now}, ["id"])
-    uow.execute(update(invoice).where(invoice.c.id == remote["id"]).values(
-        subscription_id=subscription_id, customer_id=bought["user_id"], total_amount=bought["amount"],
-        currency_code=bought["currency_code"], status="paid", paid_at=bought["settled_at"] or now))
+    upsert(uow, invoice, {"id": remote["id"], "created_at": now, "subscription_id": subscription_id,
+                          "customer_id": bought.user_id, "total_amount": bought.amount,
+                          "currency_code": bought.currency_code, "status": "paid",
+                          "paid_at": bought.settled_at or now}, ["id"])
 
 
 def pending_activations(container) -> list[dict]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import lru_cache
 
 from sqlalchemy import and_, or_, select, update
 
@@ -64,8 +65,7 @@ def lock_after_settle(uow, container, *, user_id: str, payment_lane: str, proces
                   extra={"user_id": user_id, "processor": processor, "lane": payment_lane})
         return LockResult(payment_lane, "unknown_processor", "other", None)
     try:
-        with uow.conn.begin_nested():
-            return _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id)
+        return _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id)
     except Exception as exc:
         _count(metrics, lane, processor, "assign_error")
         log.error("processor lock write failed: %s", type(exc).__name__,
@@ -76,11 +76,11 @@ def lock_after_settle(uow, container, *, user_id: str, payment_lane: str, proces
 def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -> LockResult:
     metrics = container.metrics
     column = processor_column(lane)
-    current = read_lock(uow, user_id)
-    if current is None:
-        ensure_row(uow, user_id, container.clock.now())
-        current = read_lock(uow, user_id) or {}
+    current = read_lock(uow, user_id) or {}  # one read: a locked user (every renewal) needs nothing else
     if lane != payment_lane:
+        if not current:  # every paying user has a lock row, unlocked here
+            with uow.conn.begin_nested():
+                ensure_row(uow, user_id, container.clock.now())
         # Rule 9: the settled processor belongs to the other lane's table. It is never written into
         # this lane's lock (tokens are processor-homed), and on a locked user it is only worth a debug line.
         locked = current.get(processor_column(payment_lane))
@@ -101,9 +101,11 @@ def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -
         values = {column: processor}
         if lane == "nsfw":
             values["nsfw_processor_mid"] = merchant_id
-        won = uow.execute(update(user_credits).where(
-            _live(user_id), or_(user_credits.c[column].is_(None), user_credits.c[column] == "")
-        ).values(**values)).rowcount == 1
+        # One conditional statement, in a savepoint (a failed write never undoes the recording): create
+        # the user's row locked, or lock the row only while this lane is still unlocked.
+        with uow.conn.begin_nested():
+            won = uow.execute(_lock_statement(uow.dialect, lane), {
+                "user_id": user_id, "created_at": container.clock.now(), **values}).first() is not None
         if won:
             _count(metrics, lane, processor, "locked")
             log.info("processor locked", extra={"user_id": user_id, "lane": lane, "processor": processor})
@@ -116,6 +118,24 @@ def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -
     _count(metrics, lane, processor, "already_locked")
     _drift(metrics, user_id, lane, stored, processor)
     return LockResult(lane, "already_locked", processor, stored)
+
+
+@lru_cache(maxsize=4)
+def _lock_statement(dialect: str, lane: str):
+    from sqlalchemy import text
+
+    if dialect == "postgresql":
+        from sqlalchemy.dialects.postgresql import insert
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+    column = processor_column(lane)
+    columns = [column, "nsfw_processor_mid"] if lane == "nsfw" else [column]
+    statement = insert(user_credits)
+    unlocked = or_(user_credits.c[column].is_(None), user_credits.c[column] == "")
+    return statement.on_conflict_do_update(
+        index_elements=["user_id"], index_where=text("deleted_at IS NULL"),
+        set_={name: statement.excluded[name] for name in columns}, where=unlocked,
+    ).returning(user_credits.c.id)
 
 
 def _drift(metrics, user_id: str, lane: str, locked: str | None, settled: str) -> None:

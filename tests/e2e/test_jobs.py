@@ -268,3 +268,23 @@ def test_job_processes_fold_their_metric_files_so_the_directory_stays_small(env,
     runs = {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(scrape)
             for s in f.samples if s.name == "billing_job_runs_total"}
     assert runs[(("job", "velocity-watch"), ("outcome", "ok"))] == 4  # nothing lost in the folding
+
+
+def test_a_run_that_finds_the_lease_held_stops_before_the_jobs_heavy_imports(container, env):
+    """Issue "Performance at production shape" item 4: the lease is checked before the heavy imports, so
+    an overlapping timer run costs little. Python's own import log shows what the exit-75 run loaded."""
+    from datetime import UTC, datetime
+
+    runner.acquire(container, BY_NAME["poll"], "elsewhere:1:x")
+    with container.uow() as uow:
+        uow.execute(update(job_lease).where(job_lease.c.name == "poll").values(
+            holder="elsewhere:1:x", expires_at=datetime(2099, 1, 1, tzinfo=UTC)))
+        uow.commit()
+    result = subprocess.run([sys.executable, "-X", "importtime", "-m", "billingctl", "jobs", "run", "poll"],
+                            capture_output=True, text=True, timeout=120, env={"PATH": os.environ["PATH"], **env})
+    assert result.returncode == 75, result.stderr[-500:]
+    imported = {line.rsplit("|", 1)[1].strip() for line in result.stderr.splitlines()
+                if line.startswith("import time:") and "|" in line}
+    assert "sqlalchemy" in imported  # the lease is a database row
+    heavy = {"httpx", "limits", "tenacity", "redis", "flask", "billingctl.services.events", "rich"}
+    assert not heavy & imported, sorted(heavy & imported)

@@ -85,3 +85,52 @@ def test_postgres_going_away_mid_job(make_settings, tmp_path):
         c.close()
     finally:
         server.stop()
+
+
+def test_a_restarted_postgres_costs_no_request(make_settings):
+    """Issue "Performance at production shape" item 3: the pool no longer pings before every
+    transaction. A connection the restart killed fails on its first statement, which the unit of work
+    retries once on a fresh connection: the web worker that outlived the restart answers every request."""
+    import json as _json
+
+    from billingctl.sandbox.model import sign_body
+    from webhooks_app import create_public_app
+
+    server = PostgresServer()
+    server.start()
+    try:
+        url = create_database(f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/postgres", "billing_restart")
+        from billingctl.adapters.db.engine import make_engine
+        from billingctl.adapters.db.migrate import upgrade
+
+        engine = make_engine(url)
+        upgrade(engine)
+        engine.dispose()
+        c = Container(make_settings(database_url=url))
+        client = create_public_app(container=c).test_client()
+
+        def post(payment):
+            body = _json.dumps({"eventType": "PAYMENT.STATUS", "signedAt": str(int(time.time())), "payment": payment})
+            return client.post("/webhooks/orchestrator/payments", data=body, content_type="application/json",
+                               headers={"X-Signature-Primary": sign_body(
+                                   c.settings.secret("orchestrator_webhook_secret"), body.encode())})
+
+        first = c.sandbox.pay(create_checkout(c, "user_pg", "credits-basic-USD-monthly")["order_id"],
+                              drop_webhook=True)
+        assert post(first).status_code == 200
+        second = c.sandbox.pay(create_checkout(c, "user_pg", "credits-pro-USD-monthly")["order_id"],
+                               drop_webhook=True)
+        from tests.servers import _pg_bin
+
+        # A clean restart (this throwaway server runs with synchronous_commit=off, so an immediate stop
+        # could lose the last commits): every pooled connection is dead afterwards.
+        server._run([_pg_bin("pg_ctl"), "-D", str(server.data), "-m", "fast", "-w", "stop"])
+        server.launch()
+        assert post(first).get_json()["outcome"] == "duplicate"  # a read, on a fresh connection
+        answer = post(second)
+        assert answer.status_code == 200 and answer.get_json()["outcome"] == "recorded", answer.get_json()
+        world = World(c)
+        assert world.purchases() == 2 and world.credits("user_pg") == 1000 + 2000
+        c.close()
+    finally:
+        server.stop()

@@ -15,7 +15,8 @@ def make_engine(url: str) -> Engine:
         raise ConfigError("configuration error: BILLING_DATABASE_URL is not a valid URL") from None
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed)
-    return create_engine(parsed, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    # No pre-ping (a round trip per transaction): a dropped connection is retried by the unit of work.
+    return create_engine(parsed, pool_size=10, max_overflow=20)
 
 
 def _sqlite_engine(url) -> Engine:
@@ -35,6 +36,8 @@ def _sqlite_engine(url) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn):
+        if conn.get_execution_options().get("isolation_level") == "AUTOCOMMIT":
+            return  # UnitOfWork(autocommit=True): each statement alone; a read takes no write lock
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine

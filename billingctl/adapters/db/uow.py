@@ -1,26 +1,43 @@
-"""Unit of work: one database transaction that rolls back unless committed."""
+"""Unit of work: one database transaction that rolls back unless committed.
+
+The pool does not ping a connection before lending it (that is one more round trip per transaction).
+A connection the server dropped (a restart, an idle timeout) fails on its first statement instead: the
+pool is invalidated and that first statement is retried once on a fresh connection, which is safe
+because nothing of the transaction has happened yet. A drop later in a transaction is an error the
+caller sees (the transaction is gone; the web tier answers 503, a job retries on its next run)."""
 
 from __future__ import annotations
 
 from sqlalchemy import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 
 
 class UnitOfWork:
-    """`with uow: ...; uow.commit()` — leaving the block without commit() discards everything."""
+    """`with uow: ...; uow.commit()` — leaving the block without commit() discards everything.
+    `autocommit=True` runs each statement alone (no BEGIN, no COMMIT; on SQLite no write lock for a
+    read): a single read, or a single write, is one round trip."""
 
-    def __init__(self, engine: Engine):
+    def __init__(self, engine: Engine, autocommit: bool = False):
         self._engine = engine
+        self.autocommit = autocommit
         self.conn: Connection | None = None
         self.committed = False
+        self._fresh = True
+
+    def _connect(self) -> None:
+        self.conn = self._engine.connect()
+        if self.autocommit:
+            self.conn = self.conn.execution_options(isolation_level="AUTOCOMMIT")
+        self._tx = self.conn.begin()
 
     def __enter__(self) -> UnitOfWork:
-        self.conn = self._engine.connect()
-        self._tx = self.conn.begin()
+        self._connect()
         self.committed = False
+        self._fresh = True
         return self
 
     def commit(self) -> None:
-        self._tx.commit()
+        self._tx.commit()  # with autocommit: nothing left to send
         self.committed = True
 
     def rollback(self) -> None:
@@ -36,6 +53,22 @@ class UnitOfWork:
 
     # Thin helpers so services read naturally.
     def execute(self, statement, params=None):
+        try:
+            result = self._execute(statement, params)
+        except DBAPIError as exc:
+            if not (self._fresh and exc.connection_invalidated):
+                raise
+            # The pooled connection was dead before this transaction began: start it again once.
+            try:
+                self.conn.close()
+            except DBAPIError:
+                pass
+            self._connect()
+            result = self._execute(statement, params)
+        self._fresh = self.autocommit  # autocommit: every statement stands alone
+        return result
+
+    def _execute(self, statement, params):
         return self.conn.execute(statement, params) if params is not None else self.conn.execute(statement)
 
     @property
