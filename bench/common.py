@@ -15,17 +15,18 @@ from billingctl.settings import load_settings
 
 
 @contextlib.contextmanager
-def postgres():
-    """A migrated database on a throwaway server (or BILLING_TEST_DATABASE_URL's server)."""
+def postgres(durable: bool = False):
+    """A migrated database on a throwaway server (or BILLING_TEST_DATABASE_URL's server); `durable`: a
+    server of its own with fsync on (production's setting), for the figure that must say so."""
     from tests.conftest import create_database
     from tests.servers import PostgresServer
 
-    given = os.environ.get("BILLING_TEST_DATABASE_URL")
+    given = None if durable else os.environ.get("BILLING_TEST_DATABASE_URL")
     server = None
     if given:
         server_url = given
     else:
-        server = PostgresServer()
+        server = PostgresServer(durable=durable)
         server_url = server.start()
     try:
         url = create_database(server_url, "billing_bench")
@@ -41,8 +42,9 @@ def postgres():
 def container(database_url: str, workdir: Path, **overrides) -> Container:
     for key in [k for k in os.environ if k.startswith("BILLING_") and not k.startswith("BILLING_TEST_")]:
         del os.environ[key]
-    settings = load_settings(database_url=database_url, sandbox_db=str(workdir / "sandbox.db"),
-                             provider_rate_limit=1_000_000, **overrides)
+    # The provider limit is lifted unless a benchmark asks for the real one (a shape it then says).
+    overrides = {"provider_rate_limit": 1_000_000, **overrides}
+    settings = load_settings(database_url=database_url, sandbox_db=str(workdir / "sandbox.db"), **overrides)
     return Container(settings)
 
 
@@ -77,6 +79,27 @@ def seed_payments(c: Container, n: int, prefix: str = "bench") -> list[dict]:
                          "processor": {"name": "SFW_STRIPE", "processorMerchantId": "acct_1"},
                          "metadata": {"user_id": user, "subscription_id": sub,
                                       "item_price_id": "credits-basic-USD-monthly", "lane": "sfw"}})
+    # The provider holds each customer before its subscriptions (it refuses a subscription for a customer
+    # it does not know), as a checkout creates them.
+    customers = {s["customer_id"] for s in subs}
+    c.sandbox.store.put_many("customer", [{"id": cid, "auto_collection": "on", "deleted": False, "created_at": now,
+                                           "updated_at": now, "object": "customer", "card_status": "no_card",
+                                           "preferred_currency_code": "USD"} for cid in sorted(customers)])
     c.sandbox.store.put_many("subscription", subs)
     c.sandbox.store.put_many("payment", payments)
     return payments
+
+
+def standalone(run) -> None:
+    """`python -m bench.NAME`: one benchmark alone, on a throwaway PostgreSQL and Redis; prints its JSON."""
+    import json
+
+    from tests.servers import RedisServer
+
+    redis_server = RedisServer()
+    redis_url = redis_server.start()
+    try:
+        with postgres() as url:
+            print(json.dumps(run(url, redis_url), indent=1, default=str))
+    finally:
+        redis_server.stop()

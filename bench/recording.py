@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 
 import psycopg
 
-from bench.common import container, percentile, seed_payments, workdir
+from bench.common import container, median, percentile, seed_payments, workdir
 from billingctl.services.payments import record_payment
 from tests.conftest import _truncate_postgres
 
@@ -118,31 +118,56 @@ def run_baseline(url: str, items, workers: int) -> dict:
             conn.close()
 
 
-def run(url: str, payments_n: int = 2000, curve_n: int = 400) -> dict:
-    result = {"payments": payments_n, "deliveries_each": 3}
+def run(url: str, redis_url: str | None = None, payments_n: int = 2000, curve_n: int = 400, rounds: int = 3,
+        durable_url: str | None = None) -> dict:
+    """Interleaved rounds (ours, the baseline, ours, …) with Redis on for ours, medians reported; the
+    full path once; the worker curve; one round on a durable (fsync=on) server when given."""
+    result = {"payments": payments_n, "deliveries_each": 3, "rounds": rounds,
+              "shape": "PostgreSQL (fsync off) + Redis" if redis_url else "PostgreSQL (fsync off), no Redis"}
 
-    def fresh(n):
-        _truncate_postgres(url)
-        wd = workdir()
-        c = container(url, wd)
+    def fresh(n, database=url):
+        _truncate_postgres(database)
+        c = container(database, workdir(), redis_url=redis_url)
         c.engine.pool.dispose()
         return c, deliveries(seed_payments(c, n))
 
-    c, items = fresh(payments_n)
-    result["ours_local_8"] = run_ours(c, items, 8, followups=False)
-    _truncate_postgres(url)
-    result["baseline_8"] = run_baseline(url, items, 8)
-    c, items = fresh(payments_n)
-    result["ours_full_8"] = run_ours(c, items, 8, followups=True)
+    ours, base = [], []
+    for _ in range(rounds):
+        c, items = fresh(payments_n)
+        ours.append(run_ours(c, items, 8, followups=False))
+        c.close()
+        _truncate_postgres(url)
+        base.append(run_baseline(url, items, 8))
+    result["ours_local_8"] = _median_of(ours)
+    result["baseline_8"] = _median_of(base)
     result["ratio_local_vs_baseline"] = round(result["ours_local_8"]["payments_per_s"]
                                               / result["baseline_8"]["payments_per_s"], 2)
+    result["ratio_each_round"] = [round(o["payments_per_s"] / b["payments_per_s"], 2) for o, b in zip(ours, base,
+                                                                                                      strict=True)]
+    result["goal_ratio"] = 0.5
+    c, items = fresh(payments_n)
+    result["ours_full_8"] = run_ours(c, items, 8, followups=True)
+    c.close()
     curve = {}
     for workers in (1, 2, 4, 8):
         c, items = fresh(curve_n)
-        ours = run_ours(c, items, workers, followups=False)
+        o = run_ours(c, items, workers, followups=False)
+        c.close()
         _truncate_postgres(url)
-        base = run_baseline(url, items, workers)
-        curve[workers] = {"ours_payments_per_s": ours["payments_per_s"], "baseline_payments_per_s":
-                          base["payments_per_s"], "ratio": round(ours["payments_per_s"] / base["payments_per_s"], 2)}
+        b = run_baseline(url, items, workers)
+        curve[workers] = {"ours_payments_per_s": o["payments_per_s"], "baseline_payments_per_s": b["payments_per_s"],
+                          "ratio": round(o["payments_per_s"] / b["payments_per_s"], 2)}
     result["curve"] = curve
+    if durable_url:
+        c, items = fresh(payments_n, durable_url)
+        o = run_ours(c, items, 8, followups=False)
+        c.close()
+        _truncate_postgres(durable_url)
+        b = run_baseline(durable_url, items, 8)
+        result["durable_fsync_on"] = {"ours_local_8": o, "baseline_8": b,
+                                      "ratio": round(o["payments_per_s"] / b["payments_per_s"], 2)}
     return result
+
+
+def _median_of(runs: list[dict]) -> dict:
+    return {key: median([r[key] for r in runs]) for key in runs[0]}
