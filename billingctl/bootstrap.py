@@ -9,7 +9,7 @@ import logging
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from billingctl.domain.clock import SystemClock
+from billingctl.domain.clock import OffsetClock, SystemClock
 from billingctl.settings import Settings, load_settings
 
 if TYPE_CHECKING:
@@ -26,7 +26,8 @@ class Container:
 
     def __init__(self, settings: Settings, clock=None, metrics: Metrics | None = None):
         self.settings = settings
-        self.clock = clock or SystemClock()
+        self.clock = clock or (OffsetClock(lambda: self.sandbox.store.offset()) if settings.clock == "sandbox"
+                               else SystemClock())
         self._metrics = metrics
         self._migrated = False
 

@@ -135,6 +135,10 @@ class Settings(BaseSettings):
 
     # Test-only: named crash points (comma separated); never set in production.
     fault_points: str = ""
+    # Whose time the service reads: the system's, or the sandbox's controllable clock (`billingctl sandbox
+    # clock`), so that every process of a simulation (jobs, the web app) lives on the same simulated day.
+    # Never in production.
+    clock: Literal["system", "sandbox"] = "system"
 
     @field_validator("session_jwt_algorithms", mode="before")
     @classmethod
@@ -210,6 +214,8 @@ class Settings(BaseSettings):
                                  "(only asymmetric algorithms: a shared key would let its holders mint sessions)")
             if self.fault_points:
                 raise ValueError("BILLING_FAULT_POINTS must not be set in production")
+            if self.clock != "system":
+                raise ValueError("BILLING_CLOCK must be system in production")
         else:
             for name in REQUIRED_IN_PRODUCTION:
                 if not _present(getattr(self, name)):

@@ -96,3 +96,7 @@ class RedisServer:
         if self.proc:
             self.proc.terminate()
             self.proc.wait(10)
+
+    def restart(self) -> str:
+        """Start again on the same port (after stop(): an outage that ends)."""
+        return self.start()

@@ -25,3 +25,14 @@ class ManualClock:
 
     def set(self, when: datetime) -> None:
         self._now = when
+
+
+class OffsetClock:
+    """The system's time moved by an offset read on every call (the sandbox's controllable clock, shared by
+    every process that reads the same sandbox)."""
+
+    def __init__(self, offset_seconds):
+        self._offset = offset_seconds
+
+    def now(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=self._offset())

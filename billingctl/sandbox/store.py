@@ -66,7 +66,11 @@ class SandboxStore:
 
     # -- clock: real time plus an offset that tests and `sandbox clock` move -------------------
     def now(self) -> float:
-        return time.time() + float(self.meta("clock_offset") or 0)
+        return time.time() + self.offset()
+
+    def offset(self) -> float:
+        """Seconds the sandbox's clock runs ahead of the system's."""
+        return float(self.meta("clock_offset") or 0)
 
     def advance_clock(self, seconds: float) -> float:
         with self.tx():

@@ -40,6 +40,7 @@ class Model:
     open_checkouts: list[dict] = field(default_factory=list)
     users: list[str] = field(default_factory=lambda: [f"sim_{n}" for n in range(6)])
     frozen: set[str] = field(default_factory=set)
+    tick: int = TICK
 
     @property
     def sandbox(self):
@@ -150,10 +151,10 @@ class Model:
         actions = [self.checkout, self.checkout, self.pay, self.pay, self.abandon, self.pay_late, self.refund,
                    self.cancel_at_provider, self.declines, self.outage, self.freeze]
         weights = [6, 6, 6, 6, 2, 2, 2, 1, 1, 1, 0.3]
-        for _ in range(86400 // TICK):
+        for _ in range(86400 // self.tick):
             for action in self.rng.choices(actions, weights, k=self.rng.randint(0, 3)):
                 action()
-            self.advance(TICK)
+            self.advance(self.tick)
             self.jobs()
 
     # ---- the books ------------------------------------------------------------------------------------

@@ -135,3 +135,12 @@ def test_production_requires_redis_with_one_clear_line():
         load_settings(env="production", session_jwt_algorithms="RS256", **PROD_SECRETS, **plain)
     assert info.value.message == "configuration error: missing required setting for BILLING_ENV=production: " \
                                  "BILLING_REDIS_URL"
+
+
+def test_the_sandbox_clock_is_for_simulations_only():
+    """Issue "A month of traffic": jobs in their own processes share the sandbox's clock; production
+    never reads any clock but the system's."""
+    assert load_settings(clock="sandbox").clock == "sandbox"
+    with pytest.raises(ConfigError, match="BILLING_CLOCK"):
+        load_settings(env="production", clock="sandbox", session_jwt_algorithms="RS256", **PROD_SECRETS,
+                      **PROD_PLAIN)
