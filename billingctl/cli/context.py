@@ -7,6 +7,7 @@ import functools
 import os
 import sys
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import typer
 
@@ -94,3 +95,25 @@ def command(app: typer.Typer, name: str | None = None, **kwargs):
         return app.command(name, **kwargs)(wrapper)
 
     return decorate
+
+
+_RELATIVE = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_since(value: str | None) -> datetime | None:
+    """An ISO 8601 time, or a span back from now: `90s`, `15m`, `1h`, `2d`, `1w`."""
+    import re
+    from datetime import UTC, timedelta
+
+    from billingctl.domain.errors import InvalidInput
+    from billingctl.services.payments import parse_time
+
+    if not value:
+        return None
+    relative = re.fullmatch(r"([0-9]{1,6})([smhdw])", value.strip())
+    if relative:
+        return datetime.now(UTC) - timedelta(seconds=int(relative.group(1)) * _RELATIVE[relative.group(2)])
+    try:
+        return parse_time(value)
+    except (ValueError, OverflowError, OSError):
+        raise InvalidInput(f"--since must be an ISO 8601 time or a span like 1h or 2d, not {value!r}") from None

@@ -93,27 +93,31 @@ def _register() -> None:
         db,
         demo,
         events,
+        fraud,
         health,
         jobs,
+        lock,
         media,
         orphans,
         payments,
+        products,
+        quota,
         reconcile,
+        renewals,
         sandbox,
+        subscriptions,
+        users,
     )
 
-    app.add_typer(db.app, name="db")
-    app.add_typer(alerts.app, name="alerts")
-    app.add_typer(sandbox.app, name="sandbox")
-    app.add_typer(orphans.app, name="orphans")
-    app.add_typer(media.app, name="media")
-    app.add_typer(jobs.app, name="jobs")
+    # One module per noun (`billingctl/cli/<noun>.py`), in the order `billingctl -h` lists them.
     health.register(app)
     demo.register(app)
-    payments.register(app)
-    checkout.register(app)
-    events.register(app)
+    subscriptions.register_root_commands(app)
+    events.register_root_commands(app)
     reconcile.register(app)
+    for noun in (db, alerts, sandbox, orphans, media, jobs, payments, lock, users, renewals, fraud, checkout,
+                 quota, products, subscriptions, events):
+        app.add_typer(noun.app, name=noun.__name__.rsplit(".", 1)[1])
 
 
 _register()
@@ -221,6 +225,10 @@ def uniform_metavars(command) -> None:
             if values not in (param.help or ""):
                 param.help = f"{(param.help or '').rstrip('.')}. One of: {values}.".lstrip(". ")
     for sub in getattr(command, "commands", {}).values():
+        if not sub.short_help and sub.help:
+            # The whole first sentence in the command list, wrapped, never cut with "...".
+            first = " ".join(sub.help.strip().split("\n\n", 1)[0].split())
+            sub.short_help = first.split(". ", 1)[0].rstrip(".")
         uniform_metavars(sub)
 
 

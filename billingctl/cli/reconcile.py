@@ -12,13 +12,14 @@ def register(app: typer.Typer) -> None:
     def reconcile_cmd(since: str = typer.Option(None, "--since", metavar="TIME",
                                                 help="ISO 8601 or a span (1h, 2d): payments settled since.")):
         """Payments recorded once, ledger and credits consistent, subscriptions as at the provider."""
-        from billingctl.cli.events import _parse_since, _progress
+        from billingctl.cli.context import parse_since
         from billingctl.cli.exitcodes import PARTIAL
+        from billingctl.cli.output import progress
         from billingctl.services.reconcile import reconcile
 
         cli = get_ctx()
-        with _progress("reconciling") as progress:
-            report = reconcile(cli.container, _parse_since(since), progress=progress)
+        with progress("reconciling") as advance:
+            report = reconcile(cli.container, parse_since(since), progress=advance)
         if cli.json:
             cli.output.result(report)
         elif report["violations"]:

@@ -222,6 +222,10 @@ def test_help_has_one_placeholder_style(capsys):
                 assert re.fullmatch(r"[A-Z_]+", option.group(2)), (path, line)
     state = help_of(["orphans", "list"])
     assert "--state STATE" in state and "needs_review" in state
+    groups = [[]] + [[name] for name, sub in root.commands.items() if hasattr(sub, "commands")]
+    for group in groups:  # the command lists show each first sentence whole, never cut with "..."
+        listing = help_of(group).split("Commands:", 1)[1]
+        assert "..." not in listing, (group, listing)
 
 
 def test_a_rate_limited_batch_says_one_warning_per_item_above_the_bar(container, env):

@@ -1,0 +1,38 @@
+"""`billingctl renewals run|list`: renewals and dunning."""
+
+from __future__ import annotations
+
+import typer
+
+from billingctl.cli.context import command, get_ctx
+
+app = typer.Typer(help="Renewals and dunning.",
+                  no_args_is_help=True, rich_markup_mode=None)
+
+
+
+@command(app, "run")
+def renewals_run():
+    """The dunning tick: one attempt per due renewal invoice."""
+    from billingctl.cli.exitcodes import PARTIAL
+    from billingctl.cli.output import progress
+    from billingctl.services.renewals import run_renewals
+
+    cli = get_ctx()
+    with progress("renewal invoices") as advance:
+        result = run_renewals(cli.container, dry_run=cli.dry_run, progress=advance)
+    cli.output.result(result)
+    if result["errors"]:
+        raise typer.Exit(PARTIAL)
+
+
+@command(app, "list")
+def renewals_list(user: str = typer.Option(None, "--user"), invoice: str = typer.Option(None, "--invoice"),
+                  limit: int = typer.Option(100, "--limit")):
+    """Attempts, statuses, decline codes and the next attempt."""
+    from billingctl.services.renewals import list_attempts
+
+    cli = get_ctx()
+    rows = list_attempts(cli.container, user, invoice, limit)
+    cli.output.table(rows, ["invoice_id", "user_id", "attempt_no", "status", "decline_code", "processor",
+                            "created_at", "next_attempt_at"], title="dunning attempts", data=rows)
