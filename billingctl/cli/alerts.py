@@ -6,10 +6,9 @@ from typing import Literal
 
 import typer
 
-from billingctl.cli.context import command, get_ctx
+from billingctl.cli.context import command, get_ctx, noun
 
-app = typer.Typer(help="Chat alerts, user notifications and analytics events (the outbox).",
-                  no_args_is_help=True, rich_markup_mode=None)
+app = noun("Chat alerts, user notifications and analytics events (the outbox).")
 
 
 @command(app, "send")

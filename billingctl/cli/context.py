@@ -58,6 +58,11 @@ def _is_database_outage(exc: BaseException) -> bool:
         "OperationalError", "InterfaceError", "DisconnectionError")
 
 
+def noun(help_text: str) -> typer.Typer:
+    """The Typer app of one noun (`billingctl users …`): its help, and its help again when run bare."""
+    return typer.Typer(help=help_text, no_args_is_help=True, rich_markup_mode=None)
+
+
 def command(app: typer.Typer, name: str | None = None, **kwargs):
     """Register a command whose errors become one stderr line and the table's exit code."""
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from billingctl.cli.context import command, get_ctx
+from billingctl.cli.context import command, get_ctx, noun
 
-app = typer.Typer(help="Database schema.",
-                  no_args_is_help=True, rich_markup_mode=None)
+app = noun("Database schema.")
 
 
 @command(app, "upgrade")

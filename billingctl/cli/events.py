@@ -6,14 +6,13 @@ from typing import Literal
 
 import typer
 
-from billingctl.cli.context import command, get_ctx, parse_since
+from billingctl.cli.context import command, get_ctx, noun, parse_since
 from billingctl.cli.output import progress
 
 Source = Literal["orchestrator", "provider", "workflow", "idv", "identity"]
 InboxState = Literal["pending", "processed", "parked"]
 
-app = typer.Typer(help="The event inbox (every source).",
-                  no_args_is_help=True, rich_markup_mode=None)
+app = noun("The event inbox (every source).")
 
 
 def register_root_commands(root: typer.Typer) -> None:

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import typer
+from billingctl.cli.context import command, get_ctx, noun
 
-from billingctl.cli.context import command, get_ctx
-
-app = typer.Typer(help="Fraud watches.",
-                  no_args_is_help=True, rich_markup_mode=None)
-
+app = noun("Fraud watches.")
 
 
 @command(app, "velocity")

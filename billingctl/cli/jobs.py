@@ -8,10 +8,9 @@ from pathlib import Path
 
 import typer
 
-from billingctl.cli.context import command, get_ctx
+from billingctl.cli.context import command, get_ctx, noun
 
-app = typer.Typer(help="Scheduled jobs (cron and systemd run `jobs run NAME`).",
-                  no_args_is_help=True, rich_markup_mode=None)
+app = noun("Scheduled jobs (cron and systemd run `jobs run NAME`).")
 
 
 @command(app, "list")

@@ -6,11 +6,9 @@ from typing import Literal
 
 import typer
 
-from billingctl.cli.context import command, get_ctx
+from billingctl.cli.context import command, get_ctx, noun
 
-app = typer.Typer(help="The per-lane processor lock.",
-                  no_args_is_help=True, rich_markup_mode=None)
-
+app = noun("The per-lane processor lock.")
 
 
 @command(app, "show")

@@ -6,10 +6,9 @@ import time
 
 import typer
 
-from billingctl.cli.context import command, get_ctx
+from billingctl.cli.context import command, get_ctx, noun
 
-app = typer.Typer(help="Signed media URLs.",
-                  no_args_is_help=True, rich_markup_mode=None)
+app = noun("Signed media URLs.")
 
 
 def _secret() -> str:

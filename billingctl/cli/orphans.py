@@ -6,10 +6,9 @@ from typing import Literal
 
 import typer
 
-from billingctl.cli.context import command, get_ctx
+from billingctl.cli.context import command, get_ctx, noun
 
-app = typer.Typer(help="Orphaned payments (settled for a cancelled subscription).",
-                  no_args_is_help=True, rich_markup_mode=None)
+app = noun("Orphaned payments (settled for a cancelled subscription).")
 
 OrphanState = Literal["retrying", "recovered", "duplicate_refunded", "exhausted", "needs_review", "resolved"]
 

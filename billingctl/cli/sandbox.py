@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from billingctl.cli.context import command, get_ctx
+from billingctl.cli.context import command, get_ctx, noun
 
-app = typer.Typer(help="The local sandbox of the subscription provider and the payment orchestrator.",
-                  rich_markup_mode=None,
-                  no_args_is_help=True)
+app = noun("The local sandbox of the subscription provider and the payment orchestrator.")
 
 FAULT_KINDS = ("429", "500", "503", "401", "timeout", "reset", "malformed", "slow", "error_after_effect")
 

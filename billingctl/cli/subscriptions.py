@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import typer
 
-from billingctl.cli.context import command, get_ctx, parse_since
+from billingctl.cli.context import command, get_ctx, noun, parse_since
 from billingctl.cli.output import progress
 
-app = typer.Typer(help="Subscriptions (the provider is the source of truth).",
-                  no_args_is_help=True, rich_markup_mode=None)
+app = noun("Subscriptions (the provider is the source of truth).")
 
 
 def register_root_commands(root: typer.Typer) -> None:
