@@ -29,7 +29,6 @@ class Container:
         self.clock = clock or (OffsetClock(lambda: self.sandbox.store.offset()) if settings.clock == "sandbox"
                                else SystemClock())
         self._metrics = metrics
-        self._migrated = False
 
     @cached_property
     def engine(self) -> Engine:

@@ -148,8 +148,3 @@ class ProcessorLockUnavailable(BillingError):
 
     code = "lock_unavailable"
 
-
-class SessionExpired(AuthenticationFailed):
-    """The session has expired; sign in again."""
-
-    code = "session_expired"

@@ -41,13 +41,6 @@ TERM_CHANGE_STATUSES = ("in_trial", "active", "non_renewing")
 PAYABLE_INVOICE_STATUSES = ("payment_due", "not_paid", "posted")
 # Orchestrator payment statuses that are not final: the charge is in flight.
 IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")
-PROCESSORS = {
-    "SFW_STRIPE": "sfw",
-    "SFW_ADYEN": "sfw",
-    "NSFW_NMI": "nsfw",  # the legacy NMI-type processor
-    "NSFW_SEGPAY": "nsfw",
-    "NSFW_CCBILL": "nsfw",
-}
 # Lane workflows route a first payment: SFW to the regular processors, NSFW to the high-risk ones.
 WORKFLOW_DEFAULT = {"sfw": "SFW_STRIPE", "nsfw": "NSFW_SEGPAY"}
 TERM_SECONDS = 30 * 86400

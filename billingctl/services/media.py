@@ -17,7 +17,6 @@ from urllib.parse import quote, urlsplit
 from billingctl.domain.errors import InvalidInput
 
 SIGNED_URL_CACHE_SECONDS = 72 * 3600  # the service's own cache; the edge TTL must be longer
-IMAGE_CACHE_CONTROL = "public, max-age=31536000, immutable"  # the transformed image itself (the edge's)
 
 
 def cache_control_until(expires_in: int) -> str:

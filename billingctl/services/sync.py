@@ -15,7 +15,6 @@ from billingctl.domain.plans import require_id
 
 log = logging.getLogger("billingctl.sync")
 
-FIELDS = ("status", "start_date", "current_term_end", "customer_id", "coupon_ids", "item_price_id")
 LIVE = ("active", "future", "in_trial", "non_renewing", "paused")
 
 

@@ -317,16 +317,3 @@ audit_log = Table(
     Column("details", JSON, nullable=False, default=dict),
     _ts("created_at", nullable=False),
 )
-
-SPEC_TABLES = (
-    "purchase",
-    "subscription",
-    "invoice",
-    "transaction",
-    "users",
-    "user_credits",
-    "fraud_event",
-    "dunning_attempt",
-    "event_poller_state",
-    "login_attempt",
-)

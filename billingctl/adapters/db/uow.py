@@ -21,7 +21,6 @@ class UnitOfWork:
         self._engine = engine
         self.autocommit = autocommit
         self.conn: Connection | None = None
-        self.committed = False
         self._fresh = True
 
     def _connect(self) -> None:
@@ -32,13 +31,11 @@ class UnitOfWork:
 
     def __enter__(self) -> UnitOfWork:
         self._connect()
-        self.committed = False
         self._fresh = True
         return self
 
     def commit(self) -> None:
         self._tx.commit()  # with autocommit: nothing left to send
-        self.committed = True
 
     def rollback(self) -> None:
         if self._tx.is_active:
