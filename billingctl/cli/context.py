@@ -110,8 +110,8 @@ def parse_since(value: str | None) -> datetime | None:
     import re
     from datetime import UTC, timedelta
 
+    from billingctl.domain.clock import parse_time
     from billingctl.domain.errors import InvalidInput
-    from billingctl.services.payments import parse_time
 
     if not value:
         return None

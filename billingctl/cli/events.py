@@ -7,7 +7,6 @@ from typing import Literal
 import typer
 
 from billingctl.cli.context import command, get_ctx, noun, parse_since
-from billingctl.cli.output import progress
 
 Source = Literal["orchestrator", "provider", "workflow", "idv", "identity"]
 InboxState = Literal["pending", "processed", "parked"]
@@ -50,7 +49,7 @@ def events_replay(inbox_id: int = typer.Argument(..., metavar="ID"), reason: str
                   yes: bool = typer.Option(False, "--yes")):
     """Reprocess one stored event through its normal path (a no-op where it already took effect)."""
     from billingctl.domain.errors import Refused
-    from billingctl.services.inbox import replay
+    from billingctl.services.webhook_events import replay
 
     cli = get_ctx()
     if not yes and not cli.dry_run:
@@ -78,7 +77,7 @@ def poll_cmd(all_invoices: bool = typer.Option(False, "--all-invoices", help="Al
         if fresh["stale"]:
             raise typer.Exit(REFUSED)
         return
-    with progress("polling events") as advance:
+    with cli.output.progress("polling events") as advance:
         result = events.poll(cli.container, all_invoices=all_invoices, since=parse_since(since),
                              progress=advance)
     cli.output.result(result)

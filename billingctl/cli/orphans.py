@@ -27,9 +27,8 @@ def run():
         seen = [p["id"] for p in cli.container.orchestrator.list_payments("SETTLED", from_date=cursor)]
         cli.output.result({"dry_run": True, "cursor": cursor, "settled_payments_to_check": seen})
         return
-    from billingctl.cli.output import progress
 
-    with progress("checking settled payments") as advance:
+    with cli.output.progress("checking settled payments") as advance:
         result = run_orphans(cli.container, progress=advance)
     cli.output.result(result)
     if result["outcomes"].get("error"):

@@ -121,6 +121,10 @@ class Output:
     def warn(self, message: str) -> None:
         sys.stderr.write(f"warning: {message}\n")
 
+    def progress(self, label: str, total: int | None = None):
+        """The progress bar of a long batch (see `progress`); none for --json."""
+        return progress(label, total, enabled=not self.json_mode)
+
     def info(self, message: str) -> None:
         if not self.json_mode:
             sys.stderr.write(message + "\n")
@@ -154,12 +158,10 @@ def _logs_above(console):
 
 
 @contextmanager
-def progress(label: str, total: int | None = None):
-    """A Rich progress bar on a terminal (with its total when known); nothing for --json or a pipe.
-    Yields a callable that advances it (or None)."""
-    from billingctl.cli.context import get_ctx
-
-    if get_ctx().json or not sys.stderr.isatty():
+def progress(label: str, total: int | None = None, enabled: bool = True):
+    """A Rich progress bar on a terminal (with its total when known); nothing when disabled (--json) or
+    through a pipe. Yields a callable that advances it (or None)."""
+    if not enabled or not sys.stderr.isatty():
         yield None
         return
     from rich.console import Console

@@ -14,11 +14,10 @@ def register(app: typer.Typer) -> None:
         """Payments recorded once, ledger and credits consistent, subscriptions as at the provider."""
         from billingctl.cli.context import parse_since
         from billingctl.cli.exitcodes import PARTIAL
-        from billingctl.cli.output import progress
         from billingctl.services.reconcile import reconcile
 
         cli = get_ctx()
-        with progress("reconciling") as advance:
+        with cli.output.progress("reconciling") as advance:
             report = reconcile(cli.container, parse_since(since), progress=advance)
         if cli.json:
             cli.output.result(report)

@@ -13,11 +13,10 @@ app = noun("Renewals and dunning.")
 def renewals_run():
     """The dunning tick: one attempt per due renewal invoice."""
     from billingctl.cli.exitcodes import PARTIAL
-    from billingctl.cli.output import progress
     from billingctl.services.renewals import run_renewals
 
     cli = get_ctx()
-    with progress("renewal invoices") as advance:
+    with cli.output.progress("renewal invoices") as advance:
         result = run_renewals(cli.container, dry_run=cli.dry_run, progress=advance)
     cli.output.result(result)
     if result["errors"]:

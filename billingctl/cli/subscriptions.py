@@ -5,7 +5,6 @@ from __future__ import annotations
 import typer
 
 from billingctl.cli.context import command, get_ctx, noun, parse_since
-from billingctl.cli.output import progress
 
 app = noun("Subscriptions (the provider is the source of truth).")
 
@@ -92,7 +91,7 @@ def sync_all_cmd(since: str = typer.Option(..., "--since", metavar="TIME",
 
         cli.output.result(sync_all_plan(cli.container, parse_since(since)))
         return
-    with progress("syncing subscriptions") as advance:
+    with cli.output.progress("syncing subscriptions") as advance:
         result = sync_all(cli.container, parse_since(since), progress=advance)
     cli.output.result(result)
     if result["failed"]:

@@ -36,3 +36,14 @@ class OffsetClock:
 
     def now(self) -> datetime:
         return datetime.now(UTC) + timedelta(seconds=self._offset())
+
+
+def parse_time(value) -> datetime | None:
+    """A time as the outside systems send it: unix seconds (number or digits) or ISO 8601; UTC when no
+    offset is given; None for nothing."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, int | float) or (isinstance(value, str) and value.replace(".", "", 1).isdigit()):
+        return datetime.fromtimestamp(float(value), UTC)
+    parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

@@ -17,10 +17,10 @@ from sqlalchemy import and_, or_, select, update
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import checkout_session, purchase, subscription, users
 from billingctl.domain import errors as e
+from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import looks_like_id
 from billingctl.domain.quota import CUSTOMER
 from billingctl.services import catalog, fraud_quota
-from billingctl.services.payments import parse_time
 from billingctl.services.processor_lock import read_lock
 from billingctl.services.sync import cancel_at_provider
 

@@ -1,8 +1,8 @@
-"""The event poller and event processing (spec sections 1, 4 and 6 "Polling").
+"""The event poller (spec sections 1, 4 and 6 "Polling").
 
 Events from the provider arrive by the poller and by the provider's webhook; both go into the one
-inbox (unique on source and event id) and through `process_event`, so each is processed exactly
-once whichever path saw it first. The cursor never passes an event that failed; an event that keeps
+inbox (unique on source and event id) and through `provider_events.process_event`, so each is processed
+exactly once whichever path saw it first. The cursor never passes an event that failed; an event that keeps
 failing is parked with a chat alert, so it neither blocks the poller nor disappears."""
 
 from __future__ import annotations
@@ -13,132 +13,30 @@ from datetime import UTC, datetime, timedelta
 from sqlalchemy import func, select
 
 from billingctl.adapters.db.named_values import read_value, write_value
-from billingctl.adapters.db.sql import upsert
-from billingctl.adapters.db.tables import event_inbox, event_poller_state, invoice, purchase
-from billingctl.adapters.logs import item_failed
+from billingctl.adapters.db.tables import event_inbox, event_poller_state, purchase
 from billingctl.domain import errors as e
-from billingctl.services import alerts, inbox
-from billingctl.services.payments import apply_refund_report, parse_time, record_payment
-from billingctl.services.sync import apply_remote_subscription
+from billingctl.domain.clock import parse_time
+from billingctl.services import alerts, webhook_events
+from billingctl.services.payments import record_payment
+
+# Re-exported: the poller's callers and tests name these through this module.
+from billingctl.services.provider_events import (  # noqa: F401
+    MAX_EVENT_ATTEMPTS,
+    SOURCE,
+    handle_event,
+    orchestrator_payment,
+    process_event,
+)
 
 log = logging.getLogger("billingctl.events")
 
-SOURCE = "provider"
 CURSOR = "provider_events"
 # Events with equal or late timestamps are re-read this far behind the cursor; the inbox skips what
 # was already processed. Four poll intervals: wide enough for late events, narrow enough that an idle
 # poll stays one request (fewer than 100 events in the window).
 OVERLAP = timedelta(seconds=60)
-MAX_EVENT_ATTEMPTS = 5
 STALE_AFTER = timedelta(minutes=5)
 
-
-# ---- processing one event -------------------------------------------------------------------------
-
-def process_event(container, event: dict) -> dict:
-    kind = event.get("event_type")
-    content = event.get("content") or {}
-    if kind == "payment_succeeded":
-        return _payment_succeeded(container, content)
-    if kind in ("payment_refunded", "credit_note_created"):
-        return _refund(container, kind, content)
-    if kind and kind.startswith("subscription_") and content.get("subscription"):
-        outcome = apply_remote_subscription(container, content["subscription"], source="event")
-        _analytics(container, event, {"event": kind, "subscription_id": content["subscription"]["id"],
-                                      "status": content["subscription"].get("status")})
-        return {"outcome": outcome}
-    if kind == "invoice_generated" and content.get("invoice"):
-        _upsert_invoice(container, content["invoice"])
-        return {"outcome": "invoice_stored"}
-    return {"outcome": "ignored"}
-
-
-def _payment_succeeded(container, content: dict) -> dict:
-    txn = content.get("transaction") or {}
-    payment_id = txn.get("reference_number") or txn.get("id_at_gateway")
-    if not payment_id:
-        return {"outcome": "no_reference"}
-    with container.uow() as uow:
-        if uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == payment_id)).first():
-            return {"outcome": "already_recorded", "payment_id": payment_id}
-    # The orchestrator webhook was missed: record it now, from the orchestrator's own payment.
-    payment = _orchestrator_payment(container, payment_id, content)
-    result = record_payment(container, payment, "event_poller")
-    return {"outcome": result["outcome"], "payment_id": payment_id, "credits_applied": result["credits_applied"]}
-
-
-def _orchestrator_payment(container, payment_id: str, content: dict) -> dict:
-    try:
-        return container.orchestrator.get_payment(payment_id)
-    except e.ExternalNotFound:
-        # Recorded at the provider without our orchestrator: build the payment from the event.
-        txn, inv = content.get("transaction") or {}, content.get("invoice") or {}
-        items = inv.get("line_items") or [{}]
-        return {"id": payment_id, "status": "SETTLED", "orderId": inv.get("id"), "customerId": txn.get("customer_id"),
-                "amount": txn.get("amount"), "currencyCode": txn.get("currency_code"), "date": txn.get("date"),
-                "metadata": {"subscription_id": inv.get("subscription_id") or txn.get("subscription_id"),
-                             "item_price_id": items[0].get("entity_id")}}
-
-
-def _refund(container, kind: str, content: dict) -> dict:
-    txn, note = content.get("transaction") or {}, content.get("credit_note") or {}
-    if kind == "credit_note_created" and note.get("type") != "refundable":
-        return {"outcome": "ignored"}
-    payment_id = None
-    invoice_id = note.get("reference_invoice_id")
-    with container.uow() as uow:
-        if invoice_id:
-            payment_id = uow.execute(select(purchase.c.transaction_id).where(
-                purchase.c.invoice_id == invoice_id).order_by(purchase.c.id)).scalar()
-    payment_id = payment_id or txn.get("reference_number")
-    if not payment_id:
-        return {"outcome": "unknown_payment"}
-    # The orchestrator's cumulative refunded amount makes every report of one refund agree.
-    payment = container.orchestrator.get_payment(payment_id)
-    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
-    return apply_refund_report(container, payment_id, refunded, "event_poller")
-
-
-def _upsert_invoice(container, remote: dict) -> None:
-    now = container.clock.now()
-    with container.uow(autocommit=True) as uow:
-        upsert(uow, invoice, {"id": remote["id"], "created_at": now, "subscription_id": remote.get("subscription_id"),
-                              "customer_id": remote.get("customer_id"), "total_amount": remote.get("total"),
-                              "currency_code": remote.get("currency_code"), "status": remote.get("status"),
-                              "paid_at": parse_time(remote.get("paid_at"))}, ["id"])
-
-
-def _analytics(container, event: dict, payload: dict) -> None:
-    with container.uow() as uow:
-        alerts.enqueue(uow, container.clock, "analytics", payload, f"analytics:{SOURCE}:{event['id']}")
-        uow.commit()
-
-
-# ---- the inbox path shared by the poller and the webhook ---------------------------------------
-
-def handle_event(container, event: dict, via: str = "poller") -> str:
-    """Store and process one provider event; returns its inbox status afterwards."""
-    event_id, kind = str(event["id"]), str(event.get("event_type") or "unknown")
-    status = inbox.receive(container, SOURCE, event_id, kind, event, parse_time(event.get("occurred_at")), via=via)
-    if status != "pending":
-        return status
-    error = None
-    try:
-        process_event(container, event)
-    except e.BillingError as exc:
-        error = exc.message
-    except Exception as exc:  # one bad event must not stop the others
-        error = f"{type(exc).__name__}: {exc}"
-        item_failed(log, "event processing", exc, event_id=event_id)
-    status = inbox.record_attempt(container, SOURCE, event_id, error, f"Provider event {event_id} ({kind}) parked "
-                                  f"after {MAX_EVENT_ATTEMPTS} failed attempts - manual review required",
-                                  MAX_EVENT_ATTEMPTS)
-    if error:
-        log.warning("event processing failed: %s", error, extra={"event_id": event_id, "status": status})
-    return status
-
-
-# ---- the poller ------------------------------------------------------------------------------------
 
 def _read_cursor(container) -> datetime | None:
     value = read_value(container, CURSOR)
@@ -195,7 +93,7 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
     # scheduled poll gives none: its events cover it, and a list call every 15 s would spend the budget).
     scan = scan_paid_invoices(container, since) if (all_invoices or since is not None) and error is None \
         and not budget_spent else None
-    redriven = inbox.redrive(container)  # events of every source that a cut request left pending
+    redriven = webhook_events.redrive(container)  # events of every source that a cut request left pending
     with container.uow() as uow:
         uow.execute(event_poller_state.insert().values(
             created_at=container.clock.now(), events_seen=seen, events_processed=processed, events_failed=failed,
@@ -230,7 +128,7 @@ def scan_paid_invoices(container, since: datetime | None) -> dict:
                 reference = txn.get("reference_number") or txn.get("id_at_gateway")
                 if not reference or txn.get("type", "payment") != "payment":
                     continue
-                payment = _orchestrator_payment(container, reference, {"invoice": remote, "transaction": txn})
+                payment = orchestrator_payment(container, reference, {"invoice": remote, "transaction": txn})
                 if record_payment(container, payment, "invoice_scan")["outcome"] == "recorded":
                     recovered += 1
             except e.BillingError as exc:

@@ -82,28 +82,21 @@ def get_event(container, inbox_id: int) -> dict:
     return dict(row)
 
 
-def replay(container, inbox_id: int, reason: str, actor: str, dry_run: bool = False) -> dict:
-    """Reprocess one stored event through its normal path; a no-op where it already took effect
-    (every handler is idempotent), audited."""
+def reopen(container, inbox_id: int, actor: str, reason: str, details: dict) -> None:
+    """Make a stored event pending again for a replay, audited in the same transaction."""
     from billingctl.adapters.db.tables import audit_log
-    from billingctl.domain.errors import InvalidInput
-    from billingctl.services.webhook_events import dispatch
 
-    if not reason or not reason.strip():
-        raise InvalidInput("a reason is required")
-    row = get_event(container, inbox_id)
-    plan = {"id": inbox_id, "source": row["source"], "event_id": row["event_id"], "event_type": row["event_type"],
-            "status_before": row["status"]}
-    if dry_run:
-        return {**plan, "dry_run": True}
     with container.uow() as uow:
         uow.execute(update(event_inbox).where(event_inbox.c.id == inbox_id).values(status="pending", attempts=0))
-        uow.execute(audit_log.insert().values(actor=actor, action="events.replay", target=f"{row['source']}:"
-                                              f"{row['event_id']}", reason=reason, details=plan,
-                                              created_at=container.clock.now()))
+        uow.execute(audit_log.insert().values(actor=actor, action="events.replay",
+                                              target=f"{details['source']}:{details['event_id']}", reason=reason,
+                                              details=details, created_at=container.clock.now()))
         uow.commit()
-    result = dispatch(container, row["source"], row["event_type"], row["payload"], via="replay")
-    return {**plan, "result": result, "status_after": get_event(container, inbox_id)["status"]}
+
+
+def payload_of(container, inbox_id: int) -> dict:
+    with container.uow(autocommit=True) as uow:
+        return uow.execute(select(event_inbox.c.payload).where(event_inbox.c.id == inbox_id)).scalar_one()
 
 
 def process_once(container, source: str, event_id: str, event_type: str, payload: dict, handler,
@@ -151,30 +144,6 @@ def count_stale_pending(container) -> int:
         return uow.execute(select(func.count()).select_from(event_inbox).where(
             event_inbox.c.status == "pending",
             event_inbox.c.received_at <= container.clock.now() - REDRIVE_AFTER)).scalar_one()
-
-
-def redrive(container) -> dict:
-    """Process stale pending events through their normal path (every handler is idempotent)."""
-    from billingctl.services.webhook_events import dispatch
-
-    done = still_pending = 0
-    for row in stale_pending(container)[:REDRIVE_BATCH]:
-        with container.uow() as uow:
-            payload = uow.execute(select(event_inbox.c.payload).where(event_inbox.c.id == row["id"])).scalar_one()
-        try:
-            dispatch(container, row["source"], row["event_type"], payload, event_id=row["event_id"], via="redrive")
-        except Exception as exc:  # one event never stops the others; it stays pending
-            import logging
-
-            logging.getLogger("billingctl.inbox").warning(
-                "re-driven event failed: %s", getattr(exc, "message", None) or type(exc).__name__,
-                extra={"source": row["source"], "event_id": row["event_id"]})
-        status = get_event(container, row["id"])["status"]
-        if status == "pending":
-            still_pending += 1
-        else:
-            done += 1
-    return {"redriven": done, "still_pending": still_pending}
 
 
 def _finish_and_alert(container, source: str, event_id: str, event_type: str, error: str | None) -> None:

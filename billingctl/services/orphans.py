@@ -25,8 +25,9 @@ from billingctl.adapters.db.tables import (
 from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS, orphan_retry_delay
+from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, review
-from billingctl.services.payments import parse_time, record_payment, reverse_refund
+from billingctl.services.payments import record_payment, reverse_refund
 
 log = logging.getLogger("billingctl.orphans")
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select, update
 
@@ -28,6 +28,7 @@ from billingctl.adapters.db.tables import (
 )
 from billingctl.adapters.faults import crash_point
 from billingctl.domain import errors as e
+from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
 from billingctl.services import alerts, catalog, fraud_quota, review
 from billingctl.services.processor_lock import lock_after_settle
@@ -53,15 +54,6 @@ class PaymentFacts:
     processor: str | None
     merchant_id: str | None
     settled_at: datetime | None
-
-
-def parse_time(value) -> datetime | None:
-    if value in (None, ""):
-        return None
-    if isinstance(value, int | float) or (isinstance(value, str) and value.replace(".", "", 1).isdigit()):
-        return datetime.fromtimestamp(float(value), UTC)
-    parsed = datetime.fromisoformat(str(value).replace("Z", "+00:00"))
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def facts_from_payment(container, payment: dict) -> PaymentFacts:

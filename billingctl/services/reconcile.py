@@ -32,9 +32,9 @@ from billingctl.adapters.db.tables import (
     subscription,
     users,
 )
+from billingctl.domain.clock import parse_time
 from billingctl.domain.quota import WINDOWS
 from billingctl.services.orphans import OWNED as OWNED_BY_RECOVERY
-from billingctl.services.payments import parse_time
 
 TOO_RECENT = timedelta(seconds=15)
 GRACE = timedelta(hours=1)  # follow-up work (provider record, activation) the jobs finish well within

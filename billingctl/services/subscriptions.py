@@ -10,8 +10,8 @@ from sqlalchemy import select
 
 from billingctl.adapters.db.tables import subscription
 from billingctl.domain import errors as e
+from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
-from billingctl.services.payments import parse_time
 
 log = logging.getLogger("billingctl.subscriptions")
 SUBSCRIPTION_TTL_SECONDS = 300

@@ -3,6 +3,7 @@ webhook views, the pollers and `billingctl events replay` alike. Every handler i
 
 from __future__ import annotations
 
+from billingctl.services import inbox
 from billingctl.services.inbox import process_once
 
 
@@ -77,10 +78,50 @@ def dispatch(container, source: str, event_type: str, payload: dict, event_id: s
              via: str = "webhook") -> dict:
     """Accept into the inbox and process once through the source's handler."""
     if source == "provider":
-        from billingctl.services.events import handle_event
+        from billingctl.services.provider_events import handle_event
 
         return {"event_id": payload["id"], "status": handle_event(container, payload, via=via)}
     handler = HANDLERS[source]
     event_id = event_id_for(source, event_type, payload, event_id)
     return process_once(container, source, event_id, event_type, payload,
                         lambda: handler(container, event_type, payload), via=via)
+
+
+# ---- every stored event again through its normal path ------------------------------------------
+
+def replay(container, inbox_id: int, reason: str, actor: str, dry_run: bool = False) -> dict:
+    """Reprocess one stored event through its normal path; a no-op where it already took effect
+    (every handler is idempotent), audited."""
+    from billingctl.domain.errors import InvalidInput
+
+    if not reason or not reason.strip():
+        raise InvalidInput("a reason is required")
+    row = inbox.get_event(container, inbox_id)
+    plan = {"id": inbox_id, "source": row["source"], "event_id": row["event_id"], "event_type": row["event_type"],
+            "status_before": row["status"]}
+    if dry_run:
+        return {**plan, "dry_run": True}
+    inbox.reopen(container, inbox_id, actor, reason, plan)
+    result = dispatch(container, row["source"], row["event_type"], row["payload"], via="replay")
+    return {**plan, "result": result, "status_after": inbox.get_event(container, inbox_id)["status"]}
+
+
+def redrive(container) -> dict:
+    """Process stale pending events through their normal path (every handler is idempotent)."""
+    done = still_pending = 0
+    for row in inbox.stale_pending(container)[:inbox.REDRIVE_BATCH]:
+        payload = inbox.payload_of(container, row["id"])
+        try:
+            dispatch(container, row["source"], row["event_type"], payload, event_id=row["event_id"], via="redrive")
+        except Exception as exc:  # one event never stops the others; it stays pending
+            import logging
+
+            logging.getLogger("billingctl.inbox").warning(
+                "re-driven event failed: %s", getattr(exc, "message", None) or type(exc).__name__,
+                extra={"source": row["source"], "event_id": row["event_id"]})
+        status = inbox.get_event(container, row["id"])["status"]
+        if status == "pending":
+            still_pending += 1
+        else:
+            done += 1
+    return {"redriven": done, "still_pending": still_pending}
