@@ -8,6 +8,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import webhooks_app  # noqa: F401 - the receiver of the in-process sandbox's webhooks
 from billingctl.adapters.db.engine import make_engine
 from billingctl.adapters.db.migrate import upgrade
 from billingctl.bootstrap import Container

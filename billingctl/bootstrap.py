@@ -87,26 +87,14 @@ class Container:
     @cached_property
     def sandbox(self):
         """The in-process simulators (only when a provider or orchestrator URL is unset)."""
+        from billingctl.sandbox.delivery import WebhookDelivery
         from billingctl.sandbox.model import Sandbox
         from billingctl.sandbox.store import SandboxStore
 
         return Sandbox(SandboxStore(self.settings.sandbox_db),
                        webhook_secret=self.settings.secret("orchestrator_webhook_secret") or "",
                        disputes_secret=self.settings.secret("orchestrator_disputes_secret") or "",
-                       deliver=self._deliver_webhook)
-
-    def _deliver_webhook(self, path: str, body: bytes, headers: dict) -> int:
-        import httpx
-
-        if self.settings.sandbox_webhook_url:
-            url = self.settings.sandbox_webhook_url.rstrip("/") + path
-            return httpx.post(url, content=body, headers=headers, timeout=10).status_code
-        if "_webhook_client" not in self.__dict__:
-            from webhooks_app import create_public_app
-
-            self._webhook_client = httpx.Client(transport=httpx.WSGITransport(app=create_public_app(container=self)),
-                                                base_url="http://billing.local")
-        return self._webhook_client.post(path, content=body, headers=headers).status_code
+                       deliver=WebhookDelivery(self))
 
     @cached_property
     def breakers(self) -> dict:
@@ -205,8 +193,8 @@ class Container:
         for name in ("provider", "orchestrator"):
             if name in self.__dict__:
                 self.__dict__[name].http.close()
-        if "_webhook_client" in self.__dict__:
-            self._webhook_client.close()
+        if "sandbox" in self.__dict__ and hasattr(self.sandbox.deliver, "close"):
+            self.sandbox.deliver.close()
 
 
 def bootstrap(settings: Settings | None = None, **kw) -> Container:

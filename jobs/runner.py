@@ -17,6 +17,7 @@ from sqlalchemy import or_, select, update
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import job_lease
 from billingctl.domain.errors import BatchFailed, BillingError, LeaseHeld
+from billingctl.services.job_status import job_freshness, leases  # noqa: F401 - the runner's report
 from jobs.schedule import Job, resolve
 
 log = logging.getLogger("billingctl.jobs")
@@ -124,32 +125,3 @@ def run(container, job: Job) -> dict:
     if failed:
         raise BatchFailed(f"job {job.name}: {failed} item(s) failed", result=outcome)
     return outcome
-
-
-def leases(container) -> list[dict]:
-    from jobs.schedule import JOBS
-
-    now = container.clock.now()
-    with container.uow() as uow:
-        rows = {r["name"]: dict(r) for r in uow.execute(select(job_lease)).mappings()}
-    report = []
-    for job in JOBS:
-        row = rows.get(job.name, {})
-        last = row.get("last_success_at")
-        lag = (now - last).total_seconds() if last else None
-        report.append({"job": job.name, "every_seconds": job.interval_seconds,
-                       "holder": row.get("holder") if row.get("expires_at") and row["expires_at"] > now else None,
-                       "last_success_at": last, "lag_seconds": round(lag, 1) if lag is not None else None,
-                       "last_error": row.get("last_error"),
-                       "late": lag is not None and lag > 3 * job.interval_seconds + 60})
-    return report
-
-
-def job_freshness(container) -> list[dict]:
-    """Every job of the table with its interval and its newest success (any host), for the scrape."""
-    from jobs.schedule import JOBS
-
-    with container.uow() as uow:
-        rows = dict(uow.execute(select(job_lease.c.name, job_lease.c.last_success_at)).all())
-    return [{"job": job.name, "interval_seconds": job.interval_seconds,
-             "last_success_at": rows[job.name].timestamp() if rows.get(job.name) else None} for job in JOBS]

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine, text
 
+import webhooks_app  # noqa: F401 - the receiver of the in-process sandbox's webhooks
 from billingctl.adapters.db.engine import make_engine
 from billingctl.adapters.db.migrate import upgrade
 from billingctl.adapters.db.tables import metadata

@@ -84,7 +84,9 @@ class ProductionStack:
             provider_url=f"{url}/provider", provider_api_key="k", orchestrator_url=f"{url}/orchestrator",
             orchestrator_api_key="k", **secrets), clock=self.clock)
         self.sandbox.webhook_secret = self.container.settings.secret("orchestrator_webhook_secret")
-        self.sandbox.deliver = self.container._deliver_webhook  # signed webhooks into the public app
+        from billingctl.sandbox.delivery import WebhookDelivery
+
+        self.sandbox.deliver = WebhookDelivery(self.container)  # signed webhooks into the public app
         return self
 
     def __exit__(self, *exc):

@@ -9,6 +9,7 @@ from flask import Flask
 from flask.json.provider import DefaultJSONProvider
 
 from billingctl.bootstrap import Container, bootstrap
+from billingctl.sandbox.delivery import provide_receiver
 from billingctl.settings import Settings
 from webhooks_app.errors import register_error_handlers
 
@@ -82,3 +83,7 @@ def create_internal_app(settings: Settings | None = None, container: Container |
     app.teardown_request(_reset_budget)
     internal.register(app)
     return app
+
+
+# Without BILLING_SANDBOX_WEBHOOK_URL the in-process sandbox delivers its webhooks to this app.
+provide_receiver(lambda: create_public_app)

@@ -23,7 +23,7 @@ def _time(value):
     """A unix time (number or digits) or an ISO 8601 string, as the orchestrator and provider send."""
     if value is None:
         return value
-    from billingctl.services.payments import parse_time
+    from billingctl.domain.clock import parse_time
 
     if isinstance(value, int | float | str) and not isinstance(value, bool):
         try:

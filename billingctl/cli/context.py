@@ -28,13 +28,21 @@ class CliContext:
     def container(self):
         if self._container is None:
             from billingctl.bootstrap import bootstrap
+            from billingctl.sandbox.delivery import provide_receiver
 
+            provide_receiver(_public_app)  # the in-process sandbox's webhooks go to the public app
             self._container = bootstrap()
         return self._container
 
     @property
     def actor(self) -> str:
         return os.environ.get("SUDO_USER") or os.environ.get("USER") or "operator"
+
+
+def _public_app():
+    from webhooks_app import create_public_app  # loaded only when the sandbox delivers a webhook
+
+    return create_public_app
 
 
 _current = CliContext()

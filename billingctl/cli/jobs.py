@@ -16,7 +16,7 @@ app = noun("Scheduled jobs (cron and systemd run `jobs run NAME`).")
 @command(app, "list")
 def list_():
     """Every job: interval, command, lease holder, last success and lag."""
-    from jobs.runner import leases
+    from billingctl.services.job_status import leases
     from jobs.schedule import BY_NAME
 
     cli = get_ctx()
@@ -46,7 +46,7 @@ def run(name: str, loop: bool = typer.Option(False, "--loop", help="Keep running
 
         set_level("INFO")
     if cli.dry_run:
-        from jobs.runner import leases
+        from billingctl.services.job_status import leases
 
         lease = next(r for r in leases(cli.container) if r["job"] == name)
         cli.output.result({"dry_run": True, "job": name, "command": "billingctl " + " ".join(job.command),

@@ -134,7 +134,7 @@ def check_media(container) -> Check:
 
 
 def check_jobs(container) -> Check:
-    from jobs.runner import leases
+    from billingctl.services.job_status import leases
 
     rows = leases(container)
     late = [r["job"] for r in rows if r["late"]]

@@ -38,8 +38,8 @@ def metrics():
     from billingctl.adapters.metrics import LiveState, WithoutLive
     from billingctl.services.alerts import outbox_backlog
     from billingctl.services.health import breaker_status
+    from billingctl.services.job_status import job_freshness
     from billingctl.services.reconcile import last_violations
-    from jobs.runner import job_freshness
 
     c = container()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -93,7 +93,7 @@ def billing_activate():
 
 
 def _since(body: dict):
-    from billingctl.services.payments import parse_time
+    from billingctl.domain.clock import parse_time
 
     value = body.get("since")
     if value in (None, ""):
