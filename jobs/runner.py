@@ -16,6 +16,7 @@ from sqlalchemy import or_, select, update
 
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import job_lease
+from billingctl.domain.batch import failed_items
 from billingctl.domain.errors import BatchFailed, BillingError, LeaseHeld
 from billingctl.services.job_status import job_freshness, leases  # noqa: F401 - the runner's report
 from jobs.schedule import Job, resolve
@@ -85,8 +86,8 @@ def run_once(container, job: Job) -> dict:
     error = None
     try:
         result = resolve(job)(container)
-        if _failed_items(result):
-            error = f"{_failed_items(result)} item(s) failed"
+        if failed_items(result):
+            error = f"{failed_items(result)} item(s) failed"
         return {"job": job.name, "result": result, "seconds": round(time.monotonic() - started, 3)}
     except BillingError as exc:
         error = exc.message
@@ -103,25 +104,9 @@ def run_once(container, job: Job) -> dict:
         log.info("job finished", extra={"job": job.name, "error": error})
 
 
-def _failed_items(result) -> int:
-    """How many items of a batch failed, by the shape each job reports."""
-    if not isinstance(result, dict):
-        return 0
-    total = 0
-    for key in ("failed", "errors", "events_failed", "void_failed"):
-        value = result.get(key)
-        total += len(value) if isinstance(value, list) else (value if isinstance(value, int) else 0)
-    outcomes = result.get("outcomes")
-    if isinstance(outcomes, dict):
-        total += outcomes.get("error", 0)
-    if result.get("violations"):
-        total += len(result["violations"])
-    return total
-
-
 def run(container, job: Job) -> dict:
     outcome = run_once(container, job)
-    failed = _failed_items(outcome["result"])
+    failed = failed_items(outcome["result"])
     if failed:
         raise BatchFailed(f"job {job.name}: {failed} item(s) failed", result=outcome)
     return outcome

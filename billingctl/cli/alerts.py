@@ -6,7 +6,7 @@ from typing import Literal
 
 import typer
 
-from billingctl.cli.context import command, get_ctx, noun
+from billingctl.cli.context import command, exit_if_partial, get_ctx, noun
 
 app = noun("Chat alerts, user notifications and analytics events (the outbox).")
 
@@ -43,7 +43,6 @@ def list_(status: Literal["pending", "sending", "delivered"] = typer.Option(None
 @command(app, "deliver")
 def deliver():
     """Deliver every message that is due (the job runs this)."""
-    from billingctl.cli.exitcodes import PARTIAL
     from billingctl.services.alerts import deliver_outbox
 
     cli = get_ctx()
@@ -55,5 +54,4 @@ def deliver():
         return
     result = deliver_outbox(cli.container)
     cli.output.result(result)
-    if result["failed"]:
-        raise typer.Exit(PARTIAL)
+    exit_if_partial(result)

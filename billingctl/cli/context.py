@@ -66,6 +66,15 @@ def _is_database_outage(exc: BaseException) -> bool:
         "OperationalError", "InterfaceError", "DisconnectionError")
 
 
+def exit_if_partial(result) -> None:
+    """Exit 5 when items of a batch failed (its typed outcome says how many; the document was printed)."""
+    from billingctl.cli.exitcodes import PARTIAL
+    from billingctl.domain.batch import failed_items
+
+    if failed_items(result):
+        raise typer.Exit(PARTIAL)
+
+
 def noun(help_text: str) -> typer.Typer:
     """The Typer app of one noun (`billingctl users …`): its help, and its help again when run bare."""
     return typer.Typer(help=help_text, no_args_is_help=True, rich_markup_mode=None)

@@ -6,7 +6,7 @@ from typing import Literal
 
 import typer
 
-from billingctl.cli.context import command, get_ctx, noun, parse_since
+from billingctl.cli.context import command, exit_if_partial, get_ctx, noun, parse_since
 
 Source = Literal["orchestrator", "provider", "workflow", "idv", "identity"]
 InboxState = Literal["pending", "processed", "parked"]
@@ -62,7 +62,7 @@ def poll_cmd(all_invoices: bool = typer.Option(False, "--all-invoices", help="Al
                                        help="ISO 8601 or a span (1h, 2d): read from here, not the cursor."),
              watchdog: bool = typer.Option(False, "--watchdog", help="Only check the poller's freshness.")):
     """Process the provider's events after the cursor (the 15-second job)."""
-    from billingctl.cli.exitcodes import PARTIAL, REFUSED
+    from billingctl.cli.exitcodes import REFUSED
     from billingctl.services import events
 
     cli = get_ctx()
@@ -81,5 +81,4 @@ def poll_cmd(all_invoices: bool = typer.Option(False, "--all-invoices", help="Al
         result = events.poll(cli.container, all_invoices=all_invoices, since=parse_since(since),
                              progress=advance)
     cli.output.result(result)
-    if result["events_failed"]:
-        raise typer.Exit(PARTIAL)
+    exit_if_partial(result)

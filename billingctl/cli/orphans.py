@@ -6,7 +6,7 @@ from typing import Literal
 
 import typer
 
-from billingctl.cli.context import command, get_ctx, noun
+from billingctl.cli.context import command, exit_if_partial, get_ctx, noun
 
 app = noun("Orphaned payments (settled for a cancelled subscription).")
 
@@ -16,7 +16,6 @@ OrphanState = Literal["retrying", "recovered", "duplicate_refunded", "exhausted"
 @command(app, "run")
 def run():
     """The settled-payments poller (every minute): record missed payments, recover orphans."""
-    from billingctl.cli.exitcodes import PARTIAL
     from billingctl.services.orphans import run_orphans
 
     cli = get_ctx()
@@ -31,8 +30,7 @@ def run():
     with cli.output.progress("checking settled payments") as advance:
         result = run_orphans(cli.container, progress=advance)
     cli.output.result(result)
-    if result["outcomes"].get("error"):
-        raise typer.Exit(PARTIAL)
+    exit_if_partial(result)
 
 
 @command(app, "list")

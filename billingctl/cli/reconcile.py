@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from billingctl.cli.context import command, get_ctx
+from billingctl.cli.context import command, exit_if_partial, get_ctx
 
 
 def register(app: typer.Typer) -> None:
@@ -13,7 +13,6 @@ def register(app: typer.Typer) -> None:
                                                 help="ISO 8601 or a span (1h, 2d): payments settled since.")):
         """Payments recorded once, ledger and credits consistent, subscriptions as at the provider."""
         from billingctl.cli.context import parse_since
-        from billingctl.cli.exitcodes import PARTIAL
         from billingctl.services.reconcile import reconcile
 
         cli = get_ctx()
@@ -28,5 +27,4 @@ def register(app: typer.Typer) -> None:
             from billingctl.cli.output import human
 
             cli.output.result(report, human=f"reconcile: clean (checked {human(report['checked'])})")
-        if report["violations"]:
-            raise typer.Exit(PARTIAL)
+        exit_if_partial(report)

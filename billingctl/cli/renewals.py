@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from billingctl.cli.context import command, get_ctx, noun
+from billingctl.cli.context import command, exit_if_partial, get_ctx, noun
 
 app = noun("Renewals and dunning.")
 
@@ -12,15 +12,13 @@ app = noun("Renewals and dunning.")
 @command(app, "run")
 def renewals_run():
     """The dunning tick: one attempt per due renewal invoice."""
-    from billingctl.cli.exitcodes import PARTIAL
     from billingctl.services.renewals import run_renewals
 
     cli = get_ctx()
     with cli.output.progress("renewal invoices") as advance:
         result = run_renewals(cli.container, dry_run=cli.dry_run, progress=advance)
     cli.output.result(result)
-    if result["errors"]:
-        raise typer.Exit(PARTIAL)
+    exit_if_partial(result)
 
 
 @command(app, "list")

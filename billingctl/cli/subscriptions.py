@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from billingctl.cli.context import command, get_ctx, noun, parse_since
+from billingctl.cli.context import command, exit_if_partial, get_ctx, noun, parse_since
 
 app = noun("Subscriptions (the provider is the source of truth).")
 
@@ -42,7 +42,6 @@ def subscriptions_cancel(subscription_id: str, reason: str = typer.Option(..., "
 def activate(subscription_id: str = typer.Argument(None, help="The subscription to activate."),
              pending: bool = typer.Option(False, "--pending", help="Retry every pending activation.")):
     """Activate a pending subscription whose payment is recorded (refused when it is not)."""
-    from billingctl.cli.exitcodes import PARTIAL
     from billingctl.domain.errors import InvalidInput
     from billingctl.services import payments
 
@@ -54,8 +53,7 @@ def activate(subscription_id: str = typer.Argument(None, help="The subscription 
             return
         result = payments.retry_pending(cli.container)
         cli.output.result(result)
-        if result["failed"]:
-            raise typer.Exit(PARTIAL)
+        exit_if_partial(result)
         return
     if not subscription_id:
         raise InvalidInput("give a SUBSCRIPTION_ID or --pending")
@@ -82,7 +80,6 @@ def sync_cmd(subscription_id: str):
 def sync_all_cmd(since: str = typer.Option(..., "--since", metavar="TIME",
                                            help="ISO 8601 or a span (1h, 2d): subscriptions updated since.")):
     """Sync every subscription changed since a time (resumable)."""
-    from billingctl.cli.exitcodes import PARTIAL
     from billingctl.services.sync import sync_all
 
     cli = get_ctx()
@@ -94,8 +91,7 @@ def sync_all_cmd(since: str = typer.Option(..., "--since", metavar="TIME",
     with cli.output.progress("syncing subscriptions") as advance:
         result = sync_all(cli.container, parse_since(since), progress=advance)
     cli.output.result(result)
-    if result["failed"]:
-        raise typer.Exit(PARTIAL)
+    exit_if_partial(result)
 
 
 def invalidate_cmd(customer_id: str):

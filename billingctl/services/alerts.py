@@ -14,6 +14,7 @@ from sqlalchemy import and_, func, or_, select, update
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import alert_outbox
 from billingctl.adapters.sinks import SINK_SETTINGS, HttpSink, chat_message
+from billingctl.domain.batch import BatchResult
 from billingctl.domain.errors import InvalidInput
 
 log = logging.getLogger("billingctl.alerts")
@@ -104,7 +105,7 @@ def deliver_outbox(container, limit: int = 100) -> dict:
     with container.uow() as uow:
         result["pending"] = uow.execute(select(func.count()).select_from(alert_outbox).where(
             alert_outbox.c.status.in_(("pending", "sending")))).scalar_one()
-    return result
+    return BatchResult(result, done=result["delivered"], failed=result["failed"])
 
 
 def list_outbox(container, status: str | None = None, limit: int = 50) -> list[dict]:

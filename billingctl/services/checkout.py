@@ -17,6 +17,7 @@ from sqlalchemy import and_, or_, select, update
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import checkout_session, purchase, subscription, users
 from billingctl.domain import errors as e
+from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import looks_like_id
 from billingctl.domain.quota import CUSTOMER
@@ -239,7 +240,8 @@ def cleanup_expired(container, dry_run: bool = False) -> dict:
     strays = _cancel_strays(container)
     cancelled += strays["cancelled"]
     failed += strays["failed"]
-    return {"cancelled": cancelled, "skipped_paid": skipped, "failed": failed}
+    return BatchResult({"cancelled": cancelled, "skipped_paid": skipped, "failed": failed}, done=len(cancelled),
+                       failed=len(failed), skipped=len(skipped), errors=failed)
 
 
 def _cancel_strays(container) -> dict:

@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 from billingctl.adapters.db.named_values import read_value, write_value
 from billingctl.adapters.db.tables import event_inbox, event_poller_state, purchase
 from billingctl.domain import errors as e
+from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, webhook_events
 from billingctl.services.payments import record_payment
@@ -104,6 +105,7 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
               "cursor": new_cursor, "error": error, "inbox": redriven, "budget_spent": budget_spent}
     if scan is not None:
         result["invoice_scan"] = scan
+    result = BatchResult(result, done=processed, failed=failed, skipped=seen - processed - failed)
     if error:
         raise e.ExternalError(f"poll incomplete: {error}", result=result)
     return result

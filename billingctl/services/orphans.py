@@ -25,6 +25,7 @@ from billingctl.adapters.db.tables import (
 from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS, orphan_retry_delay
+from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, review
 from billingctl.services.payments import record_payment, reverse_refund
@@ -80,7 +81,9 @@ def run_orphans(container, progress=None) -> dict:
     new_cursor = min([newest, *hold]) if newest is not None and hold else newest
     if new_cursor is not None and new_cursor != cursor:
         _write_cursor(container, new_cursor)
-    return {"outcomes": counts, "cursor": new_cursor}
+    waiting = counts.get("too_recent", 0) + counts.get("waiting", 0)
+    return BatchResult({"outcomes": counts, "cursor": new_cursor}, failed=counts.get("error", 0), skipped=waiting,
+                       done=sum(counts.values()) - counts.get("error", 0) - waiting)
 
 
 def handle_payment(container, payment: dict) -> str:

@@ -28,6 +28,7 @@ from billingctl.adapters.db.tables import (
 )
 from billingctl.adapters.faults import crash_point
 from billingctl.domain import errors as e
+from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
 from billingctl.services import alerts, catalog, fraud_quota, review
@@ -508,7 +509,7 @@ def retry_pending(container) -> dict:
             done += 1
         else:
             failed += 1
-    return {"completed": done, "failed": failed}
+    return BatchResult({"completed": done, "failed": failed}, done=done, failed=failed)
 
 
 def record_payment_by_id(container, payment_id: str, path: str = "cli") -> dict:

@@ -32,6 +32,7 @@ from billingctl.adapters.db.tables import (
     subscription,
     users,
 )
+from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.domain.quota import WINDOWS
 from billingctl.services.orphans import OWNED as OWNED_BY_RECOVERY
@@ -172,9 +173,11 @@ def reconcile(container, since=None, progress=None) -> dict:
 
     container.metrics.reconcile_violations.set(sum(counts.values()))
     _store_violations(container, sum(counts.values()))
-    return {"checked": {"payments": checked_payments, "ledger_entries": ledger_entries, "users": user_count,
-                        "active_subscriptions": active},
-            "violations": violations, "counts": counts, "ok": not counts}
+    # Each violation is a failed item: the reconcile job exits 5 while any stands.
+    return BatchResult({"checked": {"payments": checked_payments, "ledger_entries": ledger_entries,
+                                    "users": user_count, "active_subscriptions": active},
+                        "violations": violations, "counts": counts, "ok": not counts},
+                       done=checked_payments, failed=len(violations), errors=violations)
 
 
 def _check_provider_transactions(container, since, add) -> None:

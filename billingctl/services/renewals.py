@@ -18,6 +18,7 @@ from sqlalchemy import and_, select
 from billingctl.adapters.db.tables import checkout_session, dunning_attempt, purchase, subscription, users
 from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
+from billingctl.domain.batch import BatchResult
 from billingctl.domain.instruments import stored_instrument, usable_card
 from billingctl.domain.quota import MERCHANT
 from billingctl.services import alerts, catalog, fraud_quota
@@ -63,8 +64,12 @@ def run_renewals(container, dry_run: bool = False, progress=None) -> dict:
             item_failed(log, "renewal attempt", exc, invoice_id=invoice["id"])
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     if dry_run:
-        return {"dry_run": True, "outcomes": outcomes, "invoices": plan, "errors": failures}
-    return {"outcomes": outcomes, "errors": failures}
+        return BatchResult({"dry_run": True, "outcomes": outcomes, "invoices": plan, "errors": failures},
+                           done=len(plan), failed=len(failures), errors=failures)
+    failed = outcomes.get("error", 0)
+    return BatchResult({"outcomes": outcomes, "errors": failures}, failed=failed, errors=failures,
+                       skipped=outcomes.get("deferred", 0), done=sum(outcomes.values()) - failed
+                       - outcomes.get("deferred", 0))
 
 
 def _history(uow, invoice_id: str) -> list[dict]:

@@ -9,6 +9,7 @@ from datetime import timedelta
 from sqlalchemy import Text, delete, func, select, update
 
 from billingctl.adapters.db.tables import alert_outbox, audit_log, event_inbox, event_poller_state
+from billingctl.domain.batch import BatchResult
 
 
 def _targets(container):
@@ -39,5 +40,6 @@ def prune(container, dry_run: bool = False) -> dict:
                 uow.execute(delete(table).where(old))
         if not dry_run:
             uow.commit()
-    return {"dry_run": dry_run, **({"would_prune": counts} if dry_run else {"pruned": counts})}
+    return BatchResult({"dry_run": dry_run, **({"would_prune": counts} if dry_run else {"pruned": counts})},
+                       done=0 if dry_run else sum(counts.values()))
 

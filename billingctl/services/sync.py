@@ -11,6 +11,7 @@ from sqlalchemy import select, update
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import audit_log, poller_cursor, subscription
 from billingctl.domain import errors as e
+from billingctl.domain.batch import BatchResult
 from billingctl.domain.plans import require_id
 
 log = logging.getLogger("billingctl.sync")
@@ -131,7 +132,8 @@ def sync_all(container, since: datetime | None, progress=None) -> dict:
     with container.uow() as uow:
         uow.execute(poller_cursor.delete().where(poller_cursor.c.name == key))
         uow.commit()
-    return {"since": since, "listed": len(seen), "reread": len(missing), "updated": updated, "failed": failed}
+    return BatchResult({"since": since, "listed": len(seen), "reread": len(missing), "updated": updated,
+                        "failed": failed}, done=updated, failed=len(failed), errors=failed)
 
 
 def _save_resume(container, key: str, updated_at) -> None:
