@@ -27,14 +27,15 @@ def send(message: str = typer.Argument(..., help="Alert text."),
 
 
 @command(app, "list")
-def list_(status: Literal["pending", "sending", "delivered"] = typer.Option(None, "--status",
-                                     help="The delivery status."),
+def list_(state: Literal["pending", "sending", "delivered"] = typer.Option(
+              None, "--state", "--status", help="Where the message stands (--state, as in every list; "
+                                                "--status is the older spelling).", metavar="STATE"),
           limit: int = typer.Option(50, "--limit")):
     """Show the outbox, newest first."""
     from billingctl.services.alerts import list_outbox
 
     cli = get_ctx()
-    rows = list_outbox(cli.container, status, limit)
+    rows = list_outbox(cli.container, state, limit)
     cli.output.table([{**r, "payload": (r["payload"].get("text") or r["payload"].get("message") or r["payload"])}
                       for r in rows], ["id", "sink", "status", "attempts", "dedupe_key", "payload", "last_error"],
                      title="outbox", data=rows)

@@ -137,7 +137,7 @@ EXAMPLES = {
     "db current": "billingctl db current --json",
     "db prune": "billingctl --dry-run db prune",
     "alerts send": "billingctl alerts send 'checkout latency high' --dry-run",
-    "alerts list": "billingctl alerts list --status pending",
+    "alerts list": "billingctl alerts list --state pending",
     "alerts deliver": "billingctl alerts deliver",
     "sandbox serve": "billingctl sandbox serve --port 8900",
     "sandbox catalog": "billingctl sandbox catalog --output tsv",

@@ -222,6 +222,8 @@ def test_help_has_one_placeholder_style(capsys):
                 assert re.fullmatch(r"[A-Z_]+", option.group(2)), (path, line)
     state = help_of(["orphans", "list"])
     assert "--state STATE" in state and "needs_review" in state
+    for listing in (["events", "list"], ["orphans", "list"], ["alerts", "list"]):  # one name for one filter
+        assert "--state" in help_of(listing), listing
     groups = [[]] + [[name] for name, sub in root.commands.items() if hasattr(sub, "commands")]
     for group in groups:  # the command lists show each first sentence whole, never cut with "..."
         listing = help_of(group).split("Commands:", 1)[1]
