@@ -12,8 +12,11 @@ from __future__ import annotations
 import os
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import func, select
 
 from billingctl.adapters.db.tables import credit_ledger, orphan_recovery, purchase, users
@@ -210,8 +213,27 @@ class Model:
 @pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_a_month_of_traffic_keeps_the_books(make_settings, db_url, seed):
-    c = Container(make_settings(database_url=db_url, http_max_attempts=2, provider_rate_limit=1_000_000),
-                  clock=ManualClock())
+    run_month(make_settings, db_url, seed)
+
+
+@settings(max_examples=int(os.environ.get("SIM_HYPOTHESIS_EXAMPLES", 1)), deadline=None, database=None,
+          phases=[Phase.generate],  # a failing month is reported with its seed, not shrunk (a month is long)
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(seed=st.integers(min_value=0, max_value=2**32 - 1))
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_month_with_a_seed_hypothesis_chooses(make_settings, db_url, seed):
+    """Beside the fixed seeds, new ones every run: a seed that breaks the books is printed."""
+    import tempfile
+
+    from tests.conftest import _truncate_postgres
+
+    _truncate_postgres(db_url)  # each example starts from empty books
+    run_month(make_settings, db_url, seed, sandbox_db=str(Path(tempfile.mkdtemp(prefix="sim-")) / "sandbox.db"))
+
+
+def run_month(make_settings, db_url, seed, **overrides):
+    c = Container(make_settings(database_url=db_url, http_max_attempts=2, provider_rate_limit=1_000_000,
+                                **overrides), clock=ManualClock())
     c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
     model = Model(random.Random(seed), c)
     c.clock.set(__import__("datetime").datetime.fromtimestamp(model.sandbox.store.now(), __import__("datetime").UTC))
