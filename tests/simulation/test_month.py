@@ -160,6 +160,22 @@ class Model:
             self.advance(self.tick)
             self.jobs()
 
+    def live(self, days: int, seed: int, label: str = "") -> None:
+        """`days` simulated days, each settled and checked against both sides' books; a failure names the
+        seed, the day and the steps of that day."""
+        for day in range(days):
+            start = len(self.trace)
+            self.one_day(day)
+            self.settle_quietly()
+            try:
+                self.check()
+            except AssertionError as failure:
+                steps = "\n".join(self.trace[start:])
+                raise AssertionError(f"seed {seed}, day {day + 1}{label}: {failure}\n{steps}") from None
+
+    def one_day(self, day: int) -> None:
+        self.day()
+
     # ---- the books ------------------------------------------------------------------------------------
 
     def settle_quietly(self) -> None:
@@ -238,14 +254,6 @@ def run_month(make_settings, db_url, seed, **overrides):
     model = Model(random.Random(seed), c)
     c.clock.set(__import__("datetime").datetime.fromtimestamp(model.sandbox.store.now(), __import__("datetime").UTC))
     try:
-        for day in range(DAYS):
-            start = len(model.trace)
-            model.day()
-            model.settle_quietly()
-            try:
-                model.check()
-            except AssertionError as failure:
-                steps = "\n".join(model.trace[start:])
-                raise AssertionError(f"seed {seed}, day {day + 1}: {failure}\n{steps}") from None
+        model.live(DAYS, seed)
     finally:
         c.close()

@@ -79,7 +79,7 @@ class ProcessModel(Model):
         self.sandbox.store.clear_faults()
         self.note("poll killed mid-run (its lease left behind)")
 
-    def day_with_faults(self, day: int) -> None:
+    def one_day(self, day: int) -> None:  # the model's day, with the infrastructure's faults
         if day == REDIS_DOWN_DAY:
             self.servers["redis"].stop()
             self.note("redis stopped")
@@ -134,15 +134,7 @@ def test_a_month_in_separate_processes_keeps_the_books(make_settings, tmp_path, 
         c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
         model = ProcessModel(random.Random(seed), c, tick=TICK)
         model.env, model.servers = env, {"pg": pg, "redis": redis}
-        for day in range(DAYS):
-            start = len(model.trace)
-            model.day_with_faults(day)
-            model.settle_quietly()
-            try:
-                model.check()
-            except AssertionError as failure:
-                steps = "\n".join(model.trace[start:])
-                raise AssertionError(f"seed {seed}, day {day + 1} (processes): {failure}\n{steps}") from None
+        model.live(DAYS, seed, label=" (processes)")
     finally:
         if c is not None:
             c.close()
