@@ -135,3 +135,11 @@ def container(settings):
     c = Container(settings)
     yield c
     c.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_warning_throttle():
+    """Each test sees the first warning of a lasting condition (they are throttled per process)."""
+    from billingctl.adapters import logs
+
+    logs._last_warned.clear()

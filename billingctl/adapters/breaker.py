@@ -11,6 +11,7 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 
+from billingctl.adapters.logs import warn_now_and_then
 from billingctl.domain.errors import CircuitOpen
 
 log = logging.getLogger("billingctl.breaker")
@@ -143,8 +144,8 @@ class CircuitBreaker:
         except Exception as exc:
             if self._store is self._fallback:
                 raise
-            log.warning("breaker state store failed, using in-process state: %s", type(exc).__name__,
-                        extra={"dependency": self.dependency})
+            warn_now_and_then(log, f"breaker:{self.dependency}", "breaker state store failed, using in-process "
+                              "state: %s", type(exc).__name__, extra={"dependency": self.dependency})
             self.on_error("breaker")
             return getattr(self._fallback, op)(*args)
 

@@ -7,6 +7,8 @@ import logging
 import threading
 import time
 
+from billingctl.adapters.logs import warn_now_and_then
+
 log = logging.getLogger("billingctl.cache")
 
 
@@ -29,7 +31,7 @@ class Cache:
                         self._local.pop(key, None)
                         raw = None
         except Exception as exc:
-            log.warning("cache read failed: %s", type(exc).__name__)
+            warn_now_and_then(log, "cache", "cache read failed: %s", type(exc).__name__)
             self.on_error("cache")
             return None
         return json.loads(raw) if raw is not None else None
@@ -43,7 +45,7 @@ class Cache:
                 with self._lock:
                     self._local[key] = (time.monotonic() + ttl, raw)
         except Exception as exc:
-            log.warning("cache write failed: %s", type(exc).__name__)
+            warn_now_and_then(log, "cache", "cache write failed: %s", type(exc).__name__)
             self.on_error("cache")
 
     def delete(self, *keys: str) -> None:
@@ -55,5 +57,5 @@ class Cache:
                     for k in keys:
                         self._local.pop(k, None)
         except Exception as exc:
-            log.warning("cache delete failed: %s", type(exc).__name__)
+            warn_now_and_then(log, "cache", "cache delete failed: %s", type(exc).__name__)
             self.on_error("cache")

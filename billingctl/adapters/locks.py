@@ -9,6 +9,8 @@ import time
 import uuid
 from contextlib import contextmanager
 
+from billingctl.adapters.logs import warn_now_and_then
+
 log = logging.getLogger("billingctl.locks")
 
 _RELEASE = "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end"
@@ -45,8 +47,8 @@ class LockManager:
                     break
                 time.sleep(0.02)
         except Exception as exc:
-            log.warning("redis lock unavailable, relying on the database: %s", type(exc).__name__,
-                        extra={"lock": name})
+            warn_now_and_then(log, "lock", "redis lock unavailable, relying on the database: %s",
+                              type(exc).__name__, extra={"lock": name})
             self.on_error("lock")
             got = False
         try:

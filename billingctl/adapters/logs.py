@@ -38,6 +38,20 @@ class HumanFormatter(logging.Formatter):
         return line
 
 
+_last_warned: dict[str, float] = {}
+
+
+def warn_now_and_then(logger: logging.Logger, key: str, message: str, *args, every: float = 60.0, **kw) -> None:
+    """A warning about a lasting condition (Redis down: every call falls back) once a minute per `key`,
+    not once per call; the error counters still count every occurrence."""
+    import time
+
+    now = time.monotonic()
+    if now - _last_warned.get(key, -every) >= every:
+        _last_warned[key] = now
+        logger.warning(message, *args, **kw)
+
+
 def item_failed(logger: logging.Logger, what: str, exc: BaseException, **ids) -> None:
     """One line per failed item of a batch: an expected failure (a refusal, a rate limit, an outage) is
     a concise warning; only an unexpected exception carries its traceback."""

@@ -21,6 +21,7 @@ from limits import RateLimitItemPerSecond
 from limits.storage import MemoryStorage, storage_from_string
 from limits.strategies import MovingWindowRateLimiter
 
+from billingctl.adapters.logs import warn_now_and_then
 from billingctl.domain.errors import RateLimited
 
 log = logging.getLogger("billingctl.ratelimit")
@@ -88,7 +89,8 @@ class RateLimiter:
         except Exception as exc:
             if self._limiter is self._memory:
                 raise
-            log.warning("shared rate limiter unavailable, limiting in-process: %s", type(exc).__name__)
+            warn_now_and_then(log, "limiter", "shared rate limiter unavailable, limiting in-process: %s",
+                              type(exc).__name__)
             self.on_error("limiter")
             return getattr(self._memory, op)(*args)
 

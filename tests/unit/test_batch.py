@@ -37,3 +37,4 @@ def test_every_scheduled_batch_returns_a_typed_result():
             continue
         source = inspect.getsource(resolve(job))
         assert "BatchResult(" in source, f"{job.name} does not return a BatchResult"
+
