@@ -22,8 +22,7 @@ def world(one_try_world):
 
 
 def advance(world, seconds):
-    world.c.clock.advance(seconds)
-    world.sandbox.store.advance_clock(seconds)
+    world.advance(seconds)
 
 
 def chat(world):

@@ -32,8 +32,7 @@ def world(make_settings, db_url):
 
 
 def advance(world, seconds):
-    world.c.clock.advance(seconds)
-    world.sandbox.store.advance_clock(seconds)
+    world.advance(seconds)
 
 
 def orphan(world, user="user_a", plan=PRO):

@@ -84,8 +84,7 @@ def test_a_killed_recorder_loses_nothing(world, point):
 
 
 def advance(world, seconds):
-    world.c.clock.advance(seconds)
-    world.sandbox.store.advance_clock(seconds)
+    world.advance(seconds)
 
 
 def test_a_killed_orphan_recovery_resumes_without_a_second_subscription(world):
