@@ -12,10 +12,6 @@ import time
 import uuid
 from datetime import timedelta
 
-from sqlalchemy import or_, select, update
-
-from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import job_lease
 from billingctl.domain.batch import failed_items
 from billingctl.domain.errors import BatchFailed, BillingError, LeaseHeld
 from billingctl.services.job_status import job_freshness, leases  # noqa: F401 - the runner's report
@@ -32,18 +28,14 @@ def acquire(container, job: Job, holder: str) -> bool:
     now = container.clock.now()
     expires = now + timedelta(seconds=job.lease_seconds)
     with container.uow() as uow:
-        if insert_ignore(uow, job_lease, {"name": job.name, "holder": holder, "acquired_at": now,
-                                          "expires_at": expires}, ["name"]):
+        if uow.leases.create(job.name, holder, now, expires):
             uow.commit()
             return True
-        current = uow.execute(select(job_lease.c.holder).where(job_lease.c.name == job.name)).scalar()
-        free = or_(job_lease.c.holder.is_(None), job_lease.c.expires_at.is_(None), job_lease.c.expires_at < now)
-        if current and _dead_here(current):
-            # The holder was a process on this host that no longer exists (killed, or its database went
-            # away before it could release): take over now rather than wait out the lease.
-            free = or_(free, job_lease.c.holder == current)
-        taken = uow.execute(update(job_lease).where(job_lease.c.name == job.name, free)
-                            .values(holder=holder, acquired_at=now, expires_at=expires)).rowcount == 1
+        current = uow.leases.holder(job.name)
+        # A holder that was a process on this host that no longer exists (killed, or its database went
+        # away before it could release) is taken over now rather than after its lease.
+        dead = current.holder if current and current.holder and _dead_here(current.holder) else None
+        taken = uow.leases.take(job.name, holder, now, expires, dead_holder=dead)
         uow.commit()
     return taken
 
@@ -63,13 +55,8 @@ def _dead_here(holder: str) -> bool:
 
 
 def release(container, job: Job, holder: str, error: str | None) -> None:
-    now = container.clock.now()
-    values = {"holder": None, "expires_at": None}
-    values.update({"last_success_at": now, "last_error": None} if error is None else
-                  {"last_failure_at": now, "last_error": error[:500]})
     with container.uow() as uow:
-        uow.execute(update(job_lease).where(job_lease.c.name == job.name, job_lease.c.holder == holder)
-                    .values(**values))
+        uow.leases.release(job.name, holder, container.clock.now(), error)
         uow.commit()
 
 
@@ -77,8 +64,7 @@ def run_once(container, job: Job) -> dict:
     holder = holder_id()
     if not acquire(container, job, holder):
         with container.uow() as uow:
-            current = uow.execute(select(job_lease.c.holder, job_lease.c.expires_at).where(
-                job_lease.c.name == job.name)).first()
+            current = uow.leases.holder(job.name)
         container.metrics.job_runs.labels(job=job.name, outcome="lease_held").inc()
         raise LeaseHeld(f"job {job.name} is running elsewhere ({current.holder}, lease until "
                         f"{current.expires_at.isoformat() if current.expires_at else '?'})")

@@ -72,9 +72,6 @@ def session_required(view):
 
 def _ensure_user(container, user_id: str) -> None:
     """A user seen for the first time in a valid session is created (the identity webhook may lag)."""
-    from billingctl.adapters.db.sql import insert_ignore
-    from billingctl.adapters.db.tables import users
-
     with container.uow() as uow:
-        insert_ignore(uow, users, {"id": user_id, "created_at": container.clock.now(), "credits": 0}, ["id"])
+        uow.users.ensure(user_id, container.clock.now())
         uow.commit()

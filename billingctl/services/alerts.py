@@ -9,10 +9,6 @@ import json
 import logging
 from datetime import timedelta
 
-from sqlalchemy import and_, func, or_, select, update
-
-from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import alert_outbox
 from billingctl.adapters.sinks import SINK_SETTINGS, HttpSink, chat_message
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.errors import InvalidInput
@@ -32,8 +28,7 @@ def enqueue(uow, clock, sink: str, payload: dict, dedupe_key: str | None = None)
     if sink not in SINK_SETTINGS:
         raise InvalidInput(f"unknown sink {sink!r}")
     key = dedupe_key or _key(sink, payload)
-    inserted = insert_ignore(uow, alert_outbox, {"sink": sink, "dedupe_key": key, "payload": payload,
-                                                 "status": "pending", "created_at": clock.now()}, ["dedupe_key"])
+    inserted = uow.outbox.add(sink, key, payload, clock.now())
     log.log(logging.WARNING if sink == "chat" and inserted else logging.INFO,
             "outbox %s: %s", sink, payload.get("text") or payload.get("message") or payload.get("event", ""),
             extra={"sink": sink, "dedupe_key": key, "new": inserted})
@@ -64,61 +59,45 @@ def deliver_outbox(container, limit: int = 100) -> dict:
     """Deliver what is due. A claim (conditional update) keeps two runners from sending one message."""
     now = container.clock.now()
     sinks = {name: HttpSink(name, getattr(container.settings, attr)) for name, attr in SINK_SETTINGS.items()}
-    due = and_(alert_outbox.c.status.in_(("pending", "sending")),
-               or_(alert_outbox.c.next_attempt_at.is_(None), alert_outbox.c.next_attempt_at <= now))
     # Only deliverable rows are taken: messages for a sink with no URL never starve the others.
     configured = [name for name, sink in sinks.items() if sink.configured]
     with container.uow() as uow:
-        rows = uow.execute(select(alert_outbox).where(due, alert_outbox.c.sink.in_(configured))
-                           .order_by(alert_outbox.c.id).limit(limit)).mappings().all()
-        unconfigured = uow.execute(select(func.count()).select_from(alert_outbox).where(
-            due, alert_outbox.c.sink.not_in(configured))).scalar_one()
+        rows = uow.outbox.due(now, configured, limit)
+        unconfigured = uow.outbox.count_due_elsewhere(now, configured)
     result = {"delivered": 0, "failed": 0, "unconfigured": unconfigured}
     for row in rows:
         sink = sinks[row["sink"]]
         with container.uow() as uow:
-            claimed = uow.execute(
-                update(alert_outbox)
-                .where(alert_outbox.c.id == row["id"], alert_outbox.c.attempts == row["attempts"], due)
-                .values(status="sending", attempts=row["attempts"] + 1,
-                        next_attempt_at=now + timedelta(seconds=CLAIM_SECONDS))
-            ).rowcount
+            claimed = uow.outbox.claim(row, now, now + timedelta(seconds=CLAIM_SECONDS))
             uow.commit()
-        if claimed != 1:
+        if not claimed:
             continue
         try:
             sink.send(row["payload"], row["dedupe_key"])
         except Exception as exc:
             backoff = min(MAX_BACKOFF_SECONDS, 30 * 2 ** row["attempts"])
             with container.uow() as uow:
-                uow.execute(update(alert_outbox).where(alert_outbox.c.id == row["id"]).values(
-                    status="pending", last_error=str(exc)[:500], next_attempt_at=now + timedelta(seconds=backoff)))
+                uow.outbox.retry_at(row["id"], str(exc), now + timedelta(seconds=backoff))
                 uow.commit()
             result["failed"] += 1
             log.warning("outbox delivery failed: %s", exc, extra={"sink": row["sink"], "dedupe_key": row["dedupe_key"]})
             continue
         with container.uow() as uow:
-            uow.execute(update(alert_outbox).where(alert_outbox.c.id == row["id"]).values(
-                status="delivered", delivered_at=container.clock.now(), last_error=None))
+            uow.outbox.delivered(row["id"], container.clock.now())
             uow.commit()
         result["delivered"] += 1
     with container.uow() as uow:
-        result["pending"] = uow.execute(select(func.count()).select_from(alert_outbox).where(
-            alert_outbox.c.status.in_(("pending", "sending")))).scalar_one()
+        result["pending"] = uow.outbox.count_undelivered()
     return BatchResult(result, done=result["delivered"], failed=result["failed"])
 
 
 def list_outbox(container, status: str | None = None, limit: int = 50) -> list[dict]:
-    query = select(alert_outbox).order_by(alert_outbox.c.id.desc()).limit(limit)
-    if status:
-        query = query.where(alert_outbox.c.status == status)
     with container.uow() as uow:
-        return [dict(r) for r in uow.execute(query).mappings()]
+        return uow.outbox.listing(status, limit)
 
 
 def outbox_backlog(container) -> dict[str, int]:
     """Undelivered messages per sink (every sink listed, 0 included), for the scrape."""
     with container.uow() as uow:
-        counts = dict(uow.execute(select(alert_outbox.c.sink, func.count()).where(
-            alert_outbox.c.status.in_(("pending", "sending"))).group_by(alert_outbox.c.sink)).all())
+        counts = uow.outbox.undelivered_per_sink()
     return {sink: int(counts.get(sink, 0)) for sink in SINK_SETTINGS}

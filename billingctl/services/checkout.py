@@ -12,17 +12,12 @@ import logging
 import uuid
 from datetime import timedelta
 
-from sqlalchemy import and_, or_, select, update
-
-from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import checkout_session, purchase, subscription, users
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import looks_like_id
 from billingctl.domain.quota import CUSTOMER
 from billingctl.services import catalog, fraud_quota
-from billingctl.services.processor_lock import read_lock
 from billingctl.services.sync import cancel_at_provider
 
 log = logging.getLogger("billingctl.checkout")
@@ -45,8 +40,8 @@ def _plan_or_400(container, item_price_id):
 def _read_user_and_lock(container, user_id: str):
     try:
         with container.uow() as uow:
-            user = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).first()
-            lock = read_lock(uow, user_id) or {}
+            user = uow.users.freeze_state(user_id)
+            lock = uow.locks.read(user_id) or {}
     except Exception as exc:
         # Spec section 2 rule 7: never route without knowing the processor; nothing is created.
         log.error("checkout aborted: processor lock read failed: %s", type(exc).__name__, extra={"user_id": user_id})
@@ -88,14 +83,14 @@ def create_pending_subscription(container, user_id: str, item_price_id: str, now
     first time: one call for a user who checked out before, two for a new one (three when the customer
     we believed to exist does not)."""
     with container.uow() as uow:
-        known = uow.execute(select(checkout_session.c.id).where(checkout_session.c.user_id == user_id).limit(1)).first()
-    if known is None:
+        known = uow.checkouts.user_has_any(user_id)
+    if not known:
         ensure_customer(container, user_id, f"{key}:customer")
     try:
         return container.provider.create_subscription_for_items(user_id, item_price_id, now + PENDING_START_OFFSET,
                                                                  idempotency_key=f"{key}:subscription")
     except e.ExternalNotFound:
-        if known is None:
+        if not known:
             raise
         ensure_customer(container, user_id, f"{key}:customer")
     return container.provider.create_subscription_for_items(user_id, item_price_id, now + PENDING_START_OFFSET,
@@ -105,7 +100,8 @@ def create_pending_subscription(container, user_id: str, item_price_id: str, now
 def ensure_customer(container, user_id: str, idempotency_key: str | None = None) -> None:
     """Create the provider's customer for a user; one that already exists (a race) is fine."""
     with container.uow() as uow:
-        email = uow.execute(select(users.c.email).where(users.c.id == user_id)).scalar()
+        user = uow.users.get(user_id)
+    email = user["email"] if user is not None else None
     try:
         container.provider.create_customer(user_id, email=email, idempotency_key=idempotency_key)
     except e.ExternalInvalidRequest as exc:
@@ -134,16 +130,16 @@ def _create(container, user_id, plan, lock, risky_actions, now, key: str) -> dic
             order_id=order_id, customer_id=user_id, amount=plan.amount, currency_code=plan.currency_code,
             metadata=metadata, idempotency_key=f"session:{key}")
         with container.uow() as uow:
-            insert_ignore(uow, users, {"id": user_id, "created_at": now, "credits": 0}, ["id"])
-            insert_ignore(uow, subscription, {
+            uow.users.ensure(user_id, now)
+            uow.subscriptions.add({
                 "id": sub["id"], "status": sub["status"], "customer_id": user_id, "created_at": now,
                 "start_date": parse_time(sub.get("start_date")), "coupon_ids": [], "item_price_id": plan.item_price_id,
-                "lane": plan.lane}, ["id"])
-            uow.execute(checkout_session.insert().values(
+                "lane": plan.lane})
+            uow.checkouts.add(
                 user_id=user_id, subscription_id=sub["id"], order_id=order_id, item_price_id=plan.item_price_id,
                 lane=plan.lane, amount=plan.amount, currency_code=plan.currency_code,
                 client_token=session.get("clientToken"), expires_at=parse_time(session.get("clientExpirationDate")),
-                status="open", created_at=now))
+                status="open", created_at=now)
             # The reservation now waits for the session's first authorization (found by its order id).
             fraud_quota.rename(uow, f"checkout:{key}", f"order:{order_id}")
             uow.commit()
@@ -173,13 +169,12 @@ def checkout_status(container, user_id: str, order_id: str) -> dict:
         raise e.NotFound("not found")
     now = container.clock.now()
     with container.uow() as uow:
-        row = uow.execute(select(checkout_session).where(by_order_id(order_id),
-                                                         checkout_session.c.user_id == user_id)).mappings().first()
+        row = uow.checkouts.by_order_id(order_id, user_id)
         if row is None:
             raise e.NotFound("not found")
-        paid = uow.execute(select(purchase.c.id).where(purchase.c.subscription_id == row["subscription_id"])).first()
-        status = uow.execute(select(subscription.c.status).where(subscription.c.id == row["subscription_id"])).scalar()
-    if paid is not None:
+        paid = uow.purchases.exists_for_subscription(row["subscription_id"])
+        status = uow.subscriptions.status(row["subscription_id"])
+    if paid:
         state = "paid"
     elif status == "cancelled" or row["status"] == "cancelled":
         state = "cancelled"
@@ -192,24 +187,10 @@ def checkout_status(container, user_id: str, order_id: str) -> dict:
             "expires_at": row["expires_at"]}
 
 
-def by_order_id(order_id: str):
-    """A checkout found by the id the front end holds (its order id) or by its invoice id."""
-    return or_(checkout_session.c.order_id == order_id, checkout_session.c.invoice_id == order_id)
-
-
 def cleanup_candidates(container) -> list[dict]:
     now = container.clock.now()
     with container.uow() as uow:
-        rows = uow.execute(
-            select(subscription.c.id, subscription.c.customer_id, subscription.c.created_at,
-                   checkout_session.c.invoice_id, checkout_session.c.expires_at)
-            .join(checkout_session, checkout_session.c.subscription_id == subscription.c.id)
-            .where(subscription.c.status == "future", subscription.c.start_date > now + PENDING_MARKER,
-                   subscription.c.created_at < now - CLEANUP_AGE,
-                   and_(checkout_session.c.expires_at.is_not(None), checkout_session.c.expires_at <= now),
-                   ~select(purchase.c.id).where(purchase.c.subscription_id == subscription.c.id).exists())
-        ).mappings().all()
-    return [dict(r) for r in rows]
+        return uow.checkouts.expired_unpaid(now, now + PENDING_MARKER, now - CLEANUP_AGE)
 
 
 def cleanup_expired(container, dry_run: bool = False) -> dict:
@@ -222,7 +203,7 @@ def cleanup_expired(container, dry_run: bool = False) -> dict:
         # The same lock as record_payment: a late payment either lands first (and we skip) or after.
         with container.locks.hold(f"subscription:{row['id']}"):
             with container.uow() as uow:
-                if uow.execute(select(purchase.c.id).where(purchase.c.subscription_id == row["id"])).first():
+                if uow.purchases.exists_for_subscription(row["id"]):
                     skipped.append(row["id"])
                     continue
             try:
@@ -231,10 +212,8 @@ def cleanup_expired(container, dry_run: bool = False) -> dict:
                 failed.append({"id": row["id"], "error": exc.message})
                 continue
             with container.uow() as uow:
-                uow.execute(update(subscription).where(subscription.c.id == row["id"]).values(
-                    status="cancelled", synced_at=container.clock.now()))
-                uow.execute(update(checkout_session).where(checkout_session.c.subscription_id == row["id"]).values(
-                    status="cancelled"))
+                uow.subscriptions.set(row["id"], status="cancelled", synced_at=container.clock.now())
+                uow.checkouts.cancel(row["id"])
                 uow.commit()
             cancelled.append(row["id"])
     strays = _cancel_strays(container)
@@ -259,8 +238,7 @@ def _cancel_strays(container) -> dict:
         if start is None or created is None or start <= now + PENDING_MARKER or created >= now - CLEANUP_AGE:
             continue
         with container.uow() as uow:
-            if uow.execute(select(checkout_session.c.id).where(
-                    checkout_session.c.subscription_id == sub["id"])).first():
+            if uow.checkouts.exists_for_subscription(sub["id"]):
                 continue  # ours: the local pass above decides
         try:
             cancel_at_provider(container, sub["id"])

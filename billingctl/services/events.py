@@ -10,14 +10,11 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
-from sqlalchemy import func, select
-
-from billingctl.adapters.db.named_values import read_value, write_value
-from billingctl.adapters.db.tables import event_inbox, event_poller_state, purchase
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, webhook_events
+from billingctl.services.cursors import read_value, write_value
 from billingctl.services.payments import record_payment
 
 # Re-exported: the poller's callers and tests name these through this module.
@@ -96,9 +93,9 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
         and not budget_spent else None
     redriven = webhook_events.redrive(container)  # events of every source that a cut request left pending
     with container.uow() as uow:
-        uow.execute(event_poller_state.insert().values(
+        uow.poller_runs.add(
             created_at=container.clock.now(), events_seen=seen, events_processed=processed, events_failed=failed,
-            cursor=str(int(new_cursor.timestamp())) if new_cursor else None, error=error))
+            cursor=str(int(new_cursor.timestamp())) if new_cursor else None, error=error)
         uow.commit()
     container.metrics.poller_last_run.set(container.clock.now().timestamp())
     result = {"events_seen": seen, "events_processed": processed, "events_failed": failed,
@@ -118,7 +115,7 @@ def scan_paid_invoices(container, since: datetime | None) -> dict:
     for remote in container.provider.list_invoices(status="paid", updated_after=since):
         checked += 1
         with container.uow() as uow:
-            if uow.execute(select(purchase.c.id).where(purchase.c.invoice_id == remote["id"])).first():
+            if uow.purchases.paying_invoice(remote["id"]) is not None:
                 continue
         for link in remote.get("linked_payments") or []:
             # The invoice links its transactions by id; the orchestrator payment id is the
@@ -142,10 +139,8 @@ def scan_paid_invoices(container, since: datetime | None) -> dict:
 
 def poller_freshness(container) -> dict:
     with container.uow() as uow:
-        row = uow.execute(select(event_poller_state.c.id, event_poller_state.c.created_at)
-                          .order_by(event_poller_state.c.created_at.desc()).limit(1)).first()
-        parked = uow.execute(select(func.count()).select_from(event_inbox).where(
-            event_inbox.c.status == "parked")).scalar_one()
+        row = uow.poller_runs.newest()
+        parked = uow.inbox.count_parked()
     if row is None:
         return {"newest_run_at": None, "age_seconds": None, "stale": True, "parked_events": parked}
     age = (container.clock.now() - row.created_at).total_seconds()

@@ -7,10 +7,6 @@ from __future__ import annotations
 import logging
 from dataclasses import asdict
 
-from sqlalchemy import delete, select, update
-
-from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import fraud_event, users
 from billingctl.domain.quota import CUSTOMER, LONGEST, MERCHANT, QuotaDecision, authorization_quota
 
 log = logging.getLogger("billingctl.fraud")
@@ -19,9 +15,7 @@ FULL = "full"
 
 
 def attempt_times(uow, user_id: str, now) -> list:
-    rows = uow.execute(select(fraud_event.c.created_at, fraud_event.c.metadata).where(
-        fraud_event.c.user_id == user_id, fraud_event.c.event_type == "authorization_attempt",
-        fraud_event.c.created_at > now - LONGEST)).all()
+    rows = uow.fraud.since(user_id, "authorization_attempt", now - LONGEST)
     return [created for created, meta in rows if (meta or {}).get("merchant_context") == FULL]
 
 
@@ -39,12 +33,8 @@ def check(uow, settings, user_id: str, lane: str, now, initiator: str = CUSTOMER
 def record_attempt(uow, user_id: str, now, amount: int, initiator: str, dedupe_key: str | None = None,
                    **extra) -> bool:
     """One authorization_attempt row; with a key, a second report of the same attempt adds nothing."""
-    values = {"user_id": user_id, "event_type": "authorization_attempt", "created_at": now, "dedupe_key": dedupe_key,
-              "metadata": {"merchant_context": FULL, "amount": amount, "initiator": initiator, **extra}}
-    if dedupe_key is None:
-        uow.execute(fraud_event.insert().values(**values))
-        return True
-    return insert_ignore(uow, fraud_event, values, ["dedupe_key"])
+    return uow.fraud.add(user_id, "authorization_attempt", now, {
+        "merchant_context": FULL, "amount": amount, "initiator": initiator, **extra}, dedupe_key)
 
 
 def reserve(uow, settings, user_id: str, lane: str, now, initiator: str, key: str, amount: int,
@@ -55,8 +45,8 @@ def reserve(uow, settings, user_id: str, lane: str, now, initiator: str, key: st
     lane nothing is counted at all. The caller commits."""
     if lane != "nsfw":
         return None
-    insert_ignore(uow, users, {"id": user_id, "created_at": now, "credits": 0}, ["id"])
-    uow.execute(select(users.c.id).where(users.c.id == user_id).with_for_update())
+    uow.users.ensure(user_id, now)
+    uow.users.lock(user_id)
     decision = check(uow, settings, user_id, lane, now, initiator)
     if decision is None or decision.allowed:
         record_attempt(uow, user_id, now, amount, initiator, dedupe_key=key, **extra)
@@ -65,13 +55,12 @@ def reserve(uow, settings, user_id: str, lane: str, now, initiator: str, key: st
 
 def rename(uow, key: str, new_key: str) -> bool:
     """A reservation becomes the attempt it reserved for (its order, then its payment)."""
-    return uow.execute(update(fraud_event).where(fraud_event.c.dedupe_key == key).values(
-        dedupe_key=new_key)).rowcount == 1
+    return uow.fraud.rename(key, new_key)
 
 
 def release(uow, key: str) -> None:
     """No authorization happened (the checkout was undone, the charge never reached a processor)."""
-    uow.execute(delete(fraud_event).where(fraud_event.c.dedupe_key == key))
+    uow.fraud.remove(key)
 
 
 # Orchestrator statuses that mean an authorization was attempted at a processor.
@@ -86,7 +75,7 @@ def count_authorization(uow, now, payment: dict, lane: str | None, user_id: str 
     if lane != "nsfw" or not user_id or payment.get("status") not in AUTHORIZED_STATUSES:
         return False
     key = f"payment:{payment['id']}"
-    if uow.execute(select(fraud_event.c.id).where(fraud_event.c.dedupe_key == key)).first():
+    if uow.fraud.exists(key):
         return False
     if payment.get("orderId") and rename(uow, f"order:{payment['orderId']}", key):
         return True
@@ -96,9 +85,8 @@ def count_authorization(uow, now, payment: dict, lane: str | None, user_id: str 
 
 
 def record_velocity(uow, user_id: str, now, amount: int, window: str | None, source: str) -> None:
-    uow.execute(fraud_event.insert().values(user_id=user_id, event_type="velocity_triggered", created_at=now,
-                                            metadata={"merchant_context": FULL, "amount": amount, "window": window,
-                                                      "source": source}))
+    uow.fraud.add(user_id, "velocity_triggered", now, {"merchant_context": FULL, "amount": amount, "window": window,
+                                                      "source": source})
 
 
 def show(container, user_id: str) -> dict:

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import select
-
-from billingctl.adapters.db.tables import fraud_event, purchase
 from billingctl.domain import errors as e
 from billingctl.services import alerts
 
@@ -21,9 +18,8 @@ def record_dispute(container, event_type: str, dispute: dict) -> dict:
         return {"outcome": "ignored"}
     payment_id, dispute_id = dispute["paymentId"], dispute["processorDisputeId"]
     with container.uow() as uow:
-        bought = uow.execute(select(purchase.c.user_id, purchase.c.amount).where(
-            purchase.c.transaction_id == payment_id)).first()
-    user_id, amount = (bought.user_id, bought.amount) if bought is not None else (None, None)
+        bought = uow.purchases.by_payment_id(payment_id)
+    user_id, amount = (bought["user_id"], bought["amount"]) if bought is not None else (None, None)
     if bought is None:
         try:
             payment = container.orchestrator.get_payment(payment_id)
@@ -34,10 +30,9 @@ def record_dispute(container, event_type: str, dispute: dict) -> dict:
     user_id = user_id or "unknown"
     now = container.clock.now()
     with container.uow() as uow:
-        uow.execute(fraud_event.insert().values(user_id=user_id, event_type="dispute_opened", created_at=now,
-                                                metadata={"merchant_context": "full", "amount": amount,
-                                                          "payment_id": payment_id, "dispute_id": dispute_id,
-                                                          "processor": dispute.get("processorId")}))
+        uow.fraud.add(user_id, "dispute_opened", now, {"merchant_context": "full", "amount": amount,
+                                                       "payment_id": payment_id, "dispute_id": dispute_id,
+                                                       "processor": dispute.get("processorId")})
         alerts.raise_alert(uow, container.clock, f"Dispute opened on payment {payment_id} by user {user_id}",
                            f"dispute:{dispute_id}", amount=amount, processor=dispute.get("processorId") or "")
         uow.commit()

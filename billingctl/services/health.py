@@ -16,24 +16,16 @@ class Check:
 
 
 def check_database(container) -> list[Check]:
-    from sqlalchemy import text
-
-    from billingctl.adapters.db.engine import make_engine, redact
-    from billingctl.adapters.db.migrate import current_revision, head_revision
+    from billingctl.adapters.db.engine import redact
+    from billingctl.adapters.db.migrate import probe
 
     settings = container.settings
     url = redact(settings.database_url)
-    # A separate engine: health must report a database that is behind, not migrate it.
-    engine = make_engine(settings.database_url)
     try:
-        with engine.connect() as conn:
-            conn.execute(text("SELECT 1"))
-        current, head = current_revision(engine), head_revision()
+        dialect, current, head = probe(settings.database_url)
     except Exception as exc:  # reported, not raised: health shows every failing part at once
         return [Check("database", False, f"unreachable: {type(exc).__name__}", {"url": url}, external=True)]
-    finally:
-        engine.dispose()
-    db = Check("database", True, "reachable", {"url": url, "dialect": engine.dialect.name})
+    db = Check("database", True, "reachable", {"url": url, "dialect": dialect})
     up_to_date = current == head
     migrations = Check(
         "migrations",
@@ -109,14 +101,8 @@ def check_orphans(container) -> Check:
 
 
 def check_outbox(container) -> Check:
-    from sqlalchemy import func, select
-
-    from billingctl.adapters.db.tables import alert_outbox
-
     with container.uow() as uow:
-        backlog = uow.execute(select(alert_outbox.c.sink, func.count()).where(
-            alert_outbox.c.status.in_(("pending", "sending"))).group_by(alert_outbox.c.sink)).all()
-    counts = {sink: n for sink, n in backlog}
+        counts = uow.outbox.undelivered_per_sink()
     chat = counts.get("chat", 0)
     detail = "empty" if not counts else ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
     if chat and not container.settings.alert_webhook_url and not container.settings.is_production:

@@ -5,11 +5,6 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from sqlalchemy import func, literal, select, update
-
-from billingctl.adapters.db.sql import insert_or_count
-from billingctl.adapters.db.tables import event_inbox
-
 # A pending event nobody finished (its request was cut by a database outage or a kill, or its handler
 # failed and no redelivery came) is re-driven by the poll job: first after REDRIVE_AFTER, then with the
 # wait doubling per failed attempt, counted from when it was received.
@@ -21,8 +16,7 @@ def finished_duplicate(container, source: str, event_id: str, via: str) -> str |
     """The duplicate fast path, one read before any lock or transaction: the event's status when it is
     finished and this path has delivered it before (nothing is left to do or count), else None."""
     with container.uow(autocommit=True) as reader:
-        row = reader.execute(select(event_inbox.c.status, event_inbox.c.seen_by).where(
-            event_inbox.c.source == source, event_inbox.c.event_id == event_id)).first()
+        row = reader.inbox.seen(source, event_id)
     if row is not None and row.status != "pending" and via in (row.seen_by or []):
         return row.status
     return None
@@ -34,49 +28,25 @@ def accept(uow, clock, source: str, event_id: str, event_type: str, payload: dic
     'pending' for new or unfinished work, 'processed', 'parked'. (A repeat of a finished event by a path
     already recorded never gets here: `finished_duplicate` answers it with one read, so `deliveries`
     counts deliveries until the event is finished, plus the first one from each path.)"""
-    row = insert_or_count(uow, event_inbox, {
-        "source": source, "event_id": event_id, "event_type": event_type, "payload": payload,
-        "occurred_at": occurred_at, "status": "pending", "received_at": clock.now(), "seen_by": [via],
-        "deliveries": 1}, ["source", "event_id"], "deliveries", ["id", "status", "seen_by"])
-    seen = list(row.seen_by or [])
-    if via not in seen:  # the first delivery by this path
-        uow.execute(update(event_inbox).where(event_inbox.c.id == row.id).values(seen_by=[*seen, via]))
-    return row.status
+    return uow.inbox.accept(source, event_id, event_type, payload, occurred_at, clock.now(), via).status
 
 
 def finish(uow, clock, source: str, event_id: str, error: str | None = None, max_attempts: int = 10) -> str:
     """Mark one processing attempt: processed, or still pending, or parked after max_attempts."""
-    from sqlalchemy import case
-
-    attempts = event_inbox.c.attempts + 1
-    status = literal("processed") if error is None else case(
-        (attempts >= max_attempts, literal("parked")), else_=literal("pending"))
-    return uow.execute(update(event_inbox).where(
-        event_inbox.c.source == source, event_inbox.c.event_id == event_id).values(
-        status=status, attempts=attempts, last_error=error, processed_at=clock.now() if error is None else None)
-        .returning(event_inbox.c.status)).scalar_one()
+    return uow.inbox.finish(source, event_id, error, max_attempts, clock.now())
 
 
 def list_events(container, source: str | None = None, state: str | None = None, since=None,
                 limit: int = 50) -> list[dict]:
-    query = select(event_inbox.c.id, event_inbox.c.source, event_inbox.c.event_id, event_inbox.c.event_type,
-                   event_inbox.c.status, event_inbox.c.attempts, event_inbox.c.deliveries, event_inbox.c.seen_by,
-                   event_inbox.c.last_error, event_inbox.c.received_at).order_by(event_inbox.c.id.desc()).limit(limit)
-    if source:
-        query = query.where(event_inbox.c.source == source)
-    if state:
-        query = query.where(event_inbox.c.status == state)
-    if since is not None:
-        query = query.where(event_inbox.c.received_at >= since)
     with container.uow() as uow:
-        return [dict(r) for r in uow.execute(query).mappings()]
+        return uow.inbox.listing(source, state, since, limit)
 
 
 def get_event(container, inbox_id: int) -> dict:
     from billingctl.domain.errors import NotFound
 
     with container.uow() as uow:
-        row = uow.execute(select(event_inbox).where(event_inbox.c.id == inbox_id)).mappings().first()
+        row = uow.inbox.get(inbox_id)
     if row is None:
         raise NotFound(f"no inbox event {inbox_id}")
     return dict(row)
@@ -84,19 +54,16 @@ def get_event(container, inbox_id: int) -> dict:
 
 def reopen(container, inbox_id: int, actor: str, reason: str, details: dict) -> None:
     """Make a stored event pending again for a replay, audited in the same transaction."""
-    from billingctl.adapters.db.tables import audit_log
-
     with container.uow() as uow:
-        uow.execute(update(event_inbox).where(event_inbox.c.id == inbox_id).values(status="pending", attempts=0))
-        uow.execute(audit_log.insert().values(actor=actor, action="events.replay",
-                                              target=f"{details['source']}:{details['event_id']}", reason=reason,
-                                              details=details, created_at=container.clock.now()))
+        uow.inbox.reopen(inbox_id)
+        uow.audit.record(actor, "events.replay", f"{details['source']}:{details['event_id']}", reason, details,
+                         container.clock.now())
         uow.commit()
 
 
 def payload_of(container, inbox_id: int) -> dict:
     with container.uow(autocommit=True) as uow:
-        return uow.execute(select(event_inbox.c.payload).where(event_inbox.c.id == inbox_id)).scalar_one()
+        return uow.inbox.payload(inbox_id)
 
 
 def process_once(container, source: str, event_id: str, event_type: str, payload: dict, handler,
@@ -132,18 +99,13 @@ def stale_pending(container, now=None) -> list[dict]:
     """Pending events old enough to be re-driven, oldest first."""
     now = now or container.clock.now()
     with container.uow() as uow:
-        rows = uow.execute(select(event_inbox.c.id, event_inbox.c.source, event_inbox.c.event_id,
-                                  event_inbox.c.event_type, event_inbox.c.attempts, event_inbox.c.received_at)
-                           .where(event_inbox.c.status == "pending", event_inbox.c.received_at <= now - REDRIVE_AFTER)
-                           .order_by(event_inbox.c.id).limit(REDRIVE_BATCH * 4)).mappings().all()
+        rows = uow.inbox.pending_received_before(now - REDRIVE_AFTER, REDRIVE_BATCH * 4)
     return [dict(r) for r in rows if r["received_at"] + REDRIVE_AFTER * 2 ** min(r["attempts"], 12) <= now]
 
 
 def count_stale_pending(container) -> int:
     with container.uow() as uow:
-        return uow.execute(select(func.count()).select_from(event_inbox).where(
-            event_inbox.c.status == "pending",
-            event_inbox.c.received_at <= container.clock.now() - REDRIVE_AFTER)).scalar_one()
+        return uow.inbox.count_pending_received_before(container.clock.now() - REDRIVE_AFTER)
 
 
 def _finish_and_alert(container, source: str, event_id: str, event_type: str, error: str | None) -> None:

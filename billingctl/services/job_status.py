@@ -4,16 +4,13 @@ table is data the services may read; running a job is the runner's (jobs/runner.
 
 from __future__ import annotations
 
-from sqlalchemy import select
-
-from billingctl.adapters.db.tables import job_lease
 from jobs.schedule import JOBS
 
 
 def leases(container) -> list[dict]:
     now = container.clock.now()
     with container.uow() as uow:
-        rows = {r["name"]: dict(r) for r in uow.execute(select(job_lease)).mappings()}
+        rows = uow.leases.all()
     report = []
     for job in JOBS:
         row = rows.get(job.name, {})
@@ -30,6 +27,6 @@ def leases(container) -> list[dict]:
 def job_freshness(container) -> list[dict]:
     """Every job of the table with its interval and its newest success (any host), for the scrape."""
     with container.uow() as uow:
-        rows = dict(uow.execute(select(job_lease.c.name, job_lease.c.last_success_at)).all())
+        rows = uow.leases.last_successes()
     return [{"job": job.name, "interval_seconds": job.interval_seconds,
              "last_success_at": rows[job.name].timestamp() if rows.get(job.name) else None} for job in JOBS]

@@ -11,23 +11,13 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
-from sqlalchemy import func, select, update
-
-from billingctl.adapters.db.named_values import read_value, write_value
-from billingctl.adapters.db.tables import (
-    audit_log,
-    orphan_recovery,
-    purchase,
-    subscription,
-    transaction,
-    users,
-)
 from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS, orphan_retry_delay
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, review
+from billingctl.services.cursors import read_value, write_value
 from billingctl.services.payments import record_payment, reverse_refund
 
 log = logging.getLogger("billingctl.orphans")
@@ -75,8 +65,7 @@ def run_orphans(container, progress=None) -> dict:
     # The cursor holds at the oldest payment still to be looked at (spec section 3, orphan rule 3):
     # one under retry, one too recent, or one whose check failed (the list's from_date is inclusive).
     with container.uow() as uow:
-        oldest_open = uow.execute(select(func.min(orphan_recovery.c.settled_at)).where(
-            orphan_recovery.c.status.in_(OPEN))).scalar()
+        oldest_open = uow.orphans.oldest_settled(OPEN)
     hold = [t for t in (oldest_open, *unsettled) if t is not None]
     new_cursor = min([newest, *hold]) if newest is not None and hold else newest
     if new_cursor is not None and new_cursor != cursor:
@@ -90,8 +79,8 @@ def handle_payment(container, payment: dict) -> str:
     payment_id = payment["id"]
     with container.uow() as uow:
         # The orphan row first: a failed recovery attempt may have written the purchase already.
-        row = uow.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id)).mappings().first()
-        if row is None and uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == payment_id)).first():
+        row = uow.orphans.get(payment_id)
+        if row is None and uow.purchases.exists_for_payment(payment_id):
             return "recorded"
     if row is not None and row["status"] not in OPEN:
         return row["status"]
@@ -110,7 +99,7 @@ def handle_payment(container, payment: dict) -> str:
 
 def _subscription_status(container, sub_id: str) -> str | None:
     with container.uow() as uow:
-        local = uow.execute(select(subscription.c.status).where(subscription.c.id == sub_id)).scalar()
+        local = uow.subscriptions.status(sub_id)
     if local == "cancelled":
         return local
     try:
@@ -136,20 +125,15 @@ def _claim(container, payment_id: str, force: bool = False) -> dict | None:
     """Own the row for one attempt (a conditional update); None when it is not due or someone else has it."""
     now = container.clock.now()
     with container.uow() as uow:
-        row = uow.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id)).mappings().first()
+        row = uow.orphans.get(payment_id)
         if row is None:
             return None
         due = force or (row["status"] in OPEN and (row["next_attempt_at"] is None or row["next_attempt_at"] <= now))
         if not due:
             return None
-        claimed = uow.execute(update(orphan_recovery).where(
-            orphan_recovery.c.payment_id == payment_id, orphan_recovery.c.attempts == row["attempts"],
-            orphan_recovery.c.status == row["status"],
-            (orphan_recovery.c.next_attempt_at == row["next_attempt_at"]) if row["next_attempt_at"] is not None
-            else orphan_recovery.c.next_attempt_at.is_(None),
-        ).values(next_attempt_at=now + CLAIM, updated_at=now)).rowcount
+        claimed = uow.orphans.claim(row, now, now + CLAIM)
         uow.commit()
-    return dict(row) if claimed == 1 else None
+    return dict(row) if claimed else None
 
 
 def attempt(container, payment_id: str, payment: dict | None = None, force: bool = False) -> str:
@@ -170,7 +154,7 @@ def attempt(container, payment_id: str, payment: dict | None = None, force: bool
 def _recover(container, row: dict, payment: dict) -> str:
     user_id, plan = row["user_id"], row["item_price_id"]
     with container.uow() as uow:
-        frozen = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).scalar()
+        frozen = uow.users.frozen_at(user_id)
     if frozen is not None:
         # A frozen account gets no automatic re-subscription: a person decides.
         _finish(container, row["payment_id"], "needs_review", last_error=review.FROZEN)
@@ -209,10 +193,7 @@ def _record_on_own_subscription(container, row: dict, payment: dict) -> str:
 
 def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -> str | None:
     with container.uow() as uow:
-        candidates = uow.execute(select(subscription.c.id).where(
-            subscription.c.customer_id == user_id, subscription.c.item_price_id == plan,
-            subscription.c.status.in_(("active", "non_renewing")), subscription.c.id != (exclude or ""),
-        )).scalars().all()
+        candidates = uow.subscriptions.holding_plan(user_id, plan, exclude)
     for sub_id in candidates:  # the provider is the source of truth
         if container.provider.get_subscription(sub_id)["subscription"]["status"] in ("active", "non_renewing"):
             return sub_id
@@ -268,11 +249,7 @@ def _move_purchase(container, payment_id: str, new_subscription: str) -> None:
     """A payment credited for a checkout the provider had cancelled keeps its purchase (and credits):
     the purchase moves to the new subscription, whose first invoice it then pays."""
     with container.uow() as uow:
-        uow.execute(update(purchase).where(purchase.c.transaction_id == payment_id, purchase.c.invoice_id.is_(None))
-                    .values(subscription_id=new_subscription))
-        uow.execute(update(transaction).where(transaction.c.transaction_id == payment_id,
-                                              transaction.c.invoice_id.is_(None))
-                    .values(subscription_id=new_subscription))
+        uow.purchases.move_to(payment_id, new_subscription)
         uow.commit()
 
 
@@ -297,9 +274,8 @@ def _failed(container, row: dict, error: str) -> str:
     due = row["next_attempt_at"]
     base = due if due is not None and due <= now else now
     with container.uow() as uow:
-        uow.execute(update(orphan_recovery).where(orphan_recovery.c.payment_id == row["payment_id"]).values(
-            attempts=attempts, last_error=error[:500], next_attempt_at=base + orphan_retry_delay(attempts),
-            updated_at=now))
+        uow.orphans.set(row["payment_id"], attempts=attempts, last_error=error[:500],
+                        next_attempt_at=base + orphan_retry_delay(attempts), updated_at=now)
         uow.commit()
     log.warning("orphan recovery attempt failed: %s", error, extra={"payment_id": row["payment_id"],
                                                                     "attempts": attempts})
@@ -320,7 +296,7 @@ def _finish(container, payment_id: str, status: str, resolution: str | None = No
     if new_subscription:
         values["subscription_id"] = new_subscription
     with container.uow() as uow:
-        uow.execute(update(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id).values(**values))
+        uow.orphans.set(payment_id, **values)
         uow.commit()
 
 
@@ -342,21 +318,16 @@ def _write_cursor(container, when) -> None:
 # ---- manual review (spec rule 7) -----------------------------------------------------------------------
 
 def list_orphans(container, state: str | None = None) -> list[dict]:
-    query = select(orphan_recovery).order_by(orphan_recovery.c.created_at)
-    if state:
-        query = query.where(orphan_recovery.c.status == state)
     with container.uow() as uow:
-        return [dict(r) for r in uow.execute(query).mappings()]
+        return uow.orphans.listing(state)
 
 
 def show(container, payment_id: str) -> dict:
     with container.uow() as uow:
-        row = uow.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id)).mappings().first()
+        row = uow.orphans.get(payment_id)
         if row is None:
             raise e.NotFound(f"no orphan record for payment {payment_id}")
-        holds = [dict(r) for r in uow.execute(select(subscription.c.id, subscription.c.status,
-                                                     subscription.c.item_price_id)
-                                              .where(subscription.c.customer_id == row["user_id"])).mappings()]
+        holds = uow.subscriptions.holdings_of_customer(row["user_id"])
     try:
         payment = container.orchestrator.get_payment(payment_id)
     except e.BillingError as exc:
@@ -396,8 +367,7 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
         _finish(container, payment_id, "resolved", resolution="refunded", resolved_by=actor)
     elif action == "create-subscription":
         with container.uow() as uow:
-            uow.execute(update(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id).values(
-                status="retrying"))
+            uow.orphans.set(payment_id, status="retrying")
             uow.commit()
         claimed = _claim(container, payment_id, force=True)
         if claimed is None:
@@ -412,6 +382,5 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
 
 def _audit(container, actor, action, target, reason, details) -> None:
     with container.uow() as uow:
-        uow.execute(audit_log.insert().values(actor=actor, action=action, target=target, reason=reason,
-                                              details=details, created_at=container.clock.now()))
+        uow.audit.record(actor, action, target, reason, details, container.clock.now())
         uow.commit()

@@ -13,19 +13,6 @@ import logging
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, or_, select, update
-
-from billingctl.adapters.db.sql import insert_ignore, upsert
-from billingctl.adapters.db.tables import (
-    checkout_session,
-    credit_ledger,
-    invoice,
-    orphan_recovery,
-    purchase,
-    subscription,
-    transaction,
-    users,
-)
 from billingctl.adapters.faults import crash_point
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
@@ -66,8 +53,6 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
         raise e.InvalidInput("payment id is missing")
     if payment.get("status") != "SETTLED":
         raise e.InvalidInput(f"payment {payment['id']} is {payment.get('status')}, not SETTLED")
-    from billingctl.services.checkout import by_order_id
-
     metadata = payment.get("metadata") or {}
     order_id = payment.get("orderId") or None
     subscription_id = metadata.get("subscription_id") or None
@@ -78,20 +63,19 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
     invoice_id = None if order_id == subscription_id else order_id
     if order_id:
         with container.uow(autocommit=True) as reader:
-            row = reader.execute(select(checkout_session).where(by_order_id(order_id))).first()
+            row = reader.checkouts.by_order_id(order_id)
         if row is not None:
-            invoice_id = row.invoice_id if row.invoice_id != row.subscription_id else None
-            subscription_id = subscription_id or row.subscription_id
-            item_price_id = item_price_id or row.item_price_id
-            user_id = user_id or row.user_id
+            invoice_id = row["invoice_id"] if row["invoice_id"] != row["subscription_id"] else None
+            subscription_id = subscription_id or row["subscription_id"]
+            item_price_id = item_price_id or row["item_price_id"]
+            user_id = user_id or row["user_id"]
     if not subscription_id and invoice_id:
         subscription_id = container.provider.get_invoice(invoice_id)["invoice"]["subscription_id"]
     if not subscription_id:
         raise e.InvalidInput(f"payment {payment['id']} names no subscription or invoice")
     if not item_price_id:
         with container.uow(autocommit=True) as uow:
-            item_price_id = uow.execute(select(subscription.c.item_price_id).where(
-                subscription.c.id == subscription_id)).scalar()
+            item_price_id = uow.subscriptions.item_price_id(subscription_id)
     if not item_price_id:
         remote = container.provider.get_subscription(subscription_id)["subscription"]
         item_price_id = remote["subscription_items"][0]["item_price_id"]
@@ -139,12 +123,7 @@ def _finished_duplicate(container, payment: dict) -> dict | None:
     if not isinstance(payment, dict) or not payment.get("id") or payment.get("status") != "SETTLED":
         return None  # the full path refuses it with the right message
     with container.uow(autocommit=True) as reader:
-        row = reader.execute(
-            select(purchase.c.subscription_id, purchase.c.user_id)
-            .join(subscription, subscription.c.id == purchase.c.subscription_id)
-            .where(purchase.c.transaction_id == str(payment["id"]), purchase.c.invoice_id.is_not(None),
-                   purchase.c.provider_recorded_at.is_not(None), subscription.c.activation_pending_since.is_(None),
-                   subscription.c.status == "active")).first()
+        row = reader.purchases.finished(payment["id"])
     if row is None:
         return None
     return {"payment_id": payment["id"], "outcome": "duplicate", "subscription_id": row.subscription_id,
@@ -158,10 +137,7 @@ def _is_checkout_payment(payment: dict) -> bool:
 def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool]:
     """(the subscription is cancelled, the user is frozen), each only while this payment has no purchase
     yet: one read."""
-    status = select(subscription.c.status).where(subscription.c.id == facts.subscription_id).scalar_subquery()
-    frozen = select(users.c.frozen_at).where(users.c.id == facts.user_id).scalar_subquery()
-    bought = select(purchase.c.id).where(purchase.c.transaction_id == facts.payment_id).exists()
-    row = uow.execute(select(status.label("status"), frozen.label("frozen_at"), bought.label("bought"))).one()
+    row = uow.purchases.gates(facts.payment_id, facts.subscription_id, facts.user_id)
     return (row.status == "cancelled" and not row.bought, row.frozen_at is not None and not row.bought)
 
 
@@ -189,36 +165,31 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
                         extra={"payment_id": facts.payment_id, "user_id": facts.user_id})
             return {"payment_id": facts.payment_id, "outcome": "held_frozen", "subscription_id": facts.subscription_id,
                     "user_id": facts.user_id, "credits_applied": 0}
-        insert_ignore(uow, users, {"id": facts.user_id, "created_at": now, "credits": 0}, ["id"])
-        new = insert_ignore(uow, purchase, {
+        uow.users.ensure(facts.user_id, now)
+        new = uow.purchases.add({
             "invoice_id": facts.invoice_id, "transaction_id": facts.payment_id,
             "subscription_id": facts.subscription_id, "user_id": facts.user_id, "item_price_id": facts.item_price_id,
             "amount": facts.amount, "currency_code": facts.currency_code, "credits": facts.credits,
             "processor": facts.processor, "recorded_via": path, "settled_at": facts.settled_at, "created_at": now,
-        }, ["transaction_id"])
+        })
         if not new:
-            stored = uow.execute(select(purchase.c.subscription_id, purchase.c.user_id).where(
-                purchase.c.transaction_id == facts.payment_id)).one()
-            return {"payment_id": facts.payment_id, "outcome": "duplicate", "subscription_id": stored.subscription_id,
-                    "user_id": stored.user_id, "credits_applied": 0}
-        _upsert_transaction(uow, facts.payment_id, "captured", now, amount=facts.amount,
+            stored = uow.purchases.by_payment_id(facts.payment_id)
+            return {"payment_id": facts.payment_id, "outcome": "duplicate",
+                    "subscription_id": stored["subscription_id"], "user_id": stored["user_id"], "credits_applied": 0}
+        uow.transactions.save(facts.payment_id, "captured", now, amount=facts.amount,
                             currency_code=facts.currency_code, customer_id=facts.user_id, invoice_id=facts.invoice_id,
                             subscription_id=facts.subscription_id, processor=facts.processor,
                             processor_merchant_id=facts.merchant_id)
         credited = apply_credits(uow, facts.user_id, facts.credits, f"payment:{facts.payment_id}", "payment",
                                  facts.payment_id, now)
         if facts.invoice_id:
-            upsert(uow, invoice, {"id": facts.invoice_id, "created_at": now, "subscription_id": facts.subscription_id,
-                                  "customer_id": facts.user_id, "total_amount": facts.amount,
-                                  "currency_code": facts.currency_code, "status": "paid",
-                                  "paid_at": facts.settled_at or now}, ["id"])
-        insert_ignore(uow, subscription, {"id": facts.subscription_id, "status": "future", "customer_id": facts.user_id,
-                                          "created_at": now, "coupon_ids": [], "item_price_id": facts.item_price_id,
-                                          "lane": facts.lane}, ["id"])
-        uow.execute(update(subscription).where(subscription.c.id == facts.subscription_id,
-                                               subscription.c.status != "active",
-                                               subscription.c.activation_pending_since.is_(None))
-                    .values(activation_pending_since=now))
+            uow.invoices.save(facts.invoice_id, now, subscription_id=facts.subscription_id,
+                              customer_id=facts.user_id, total_amount=facts.amount,
+                              currency_code=facts.currency_code, status="paid", paid_at=facts.settled_at or now)
+        uow.subscriptions.add({"id": facts.subscription_id, "status": "future", "customer_id": facts.user_id,
+                               "created_at": now, "coupon_ids": [], "item_price_id": facts.item_price_id,
+                               "lane": facts.lane})
+        uow.subscriptions.mark_activation_pending(facts.subscription_id, now)
         lock = lock_after_settle(uow, container, user_id=facts.user_id, payment_lane=facts.lane,
                                  processor=facts.processor, merchant_id=facts.merchant_id)
         # Analytics in the same transaction: one notification per recorded payment, whatever the path.
@@ -242,32 +213,14 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
 
 def apply_credits(uow, user_id: str, amount: int, source_key: str, reason: str, payment_id: str | None, now) -> bool:
     """One ledger row per source key; users.credits moves only when the row is new."""
-    new = insert_ignore(uow, credit_ledger, {"user_id": user_id, "amount": amount, "source_key": source_key,
-                                             "reason": reason, "payment_id": payment_id, "created_at": now},
-                        ["source_key"])
-    if new and amount:
-        uow.execute(update(users).where(users.c.id == user_id).values(credits=users.c.credits + amount))
-    return new
-
-
-def _upsert_transaction(uow, transaction_id: str, status: str, now, **values) -> None:
-    values = {k: v for k, v in values.items() if v is not None}
-    inserted = insert_ignore(uow, transaction, {"transaction_id": transaction_id, "status": status, "created_at": now,
-                                                "amount": values.pop("amount", 0), **values}, ["transaction_id"])
-    if not inserted:
-        # A captured payment never goes back to authorized or failed.
-        uow.execute(update(transaction).where(transaction.c.transaction_id == transaction_id,
-                                              transaction.c.status != "captured")
-                    .values(status=status, updated_at=now, **values))
+    return uow.ledger.apply(user_id, amount, source_key, reason, payment_id, now)
 
 
 def _lane_of(uow, payment: dict) -> str | None:
-    from billingctl.services.checkout import by_order_id
-
     lane = (payment.get("metadata") or {}).get("lane")
     if lane or not payment.get("orderId"):
         return lane
-    return uow.execute(select(checkout_session.c.lane).where(by_order_id(payment["orderId"]))).scalar()
+    return uow.checkouts.lane_of_order(payment["orderId"])
 
 
 def update_transaction_status(container, payment: dict) -> dict:
@@ -279,7 +232,7 @@ def update_transaction_status(container, payment: dict) -> dict:
     processor, mid = processor_of(payment)
     with container.uow() as uow:
         fraud_quota.count_authorization(uow, now, payment, _lane_of(uow, payment), payment.get("customerId"))
-        _upsert_transaction(uow, payment["id"], status, now, amount=int(payment.get("amount") or 0),
+        uow.transactions.save(payment["id"], status, now, amount=int(payment.get("amount") or 0),
                             currency_code=payment.get("currencyCode"), customer_id=payment.get("customerId"),
                             invoice_id=payment.get("orderId"), processor=processor, processor_merchant_id=mid)
         uow.commit()
@@ -308,8 +261,7 @@ def _complete_followups(container, subscription_id: str) -> dict:
         result["activation"] = "pending"
         result["activation_error"] = exc.message
     with container.uow(autocommit=True) as uow:
-        pending = uow.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
-                                                     purchase.c.provider_recorded_at.is_(None))).mappings().all()
+        pending = uow.purchases.unreported(subscription_id)
     for row in pending:
         if not row["invoice_id"] or not report_to_provider(container, row):
             result["provider_recorded"] = False
@@ -337,8 +289,7 @@ def report_to_provider(container, row) -> bool:
                     extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
         return False
     with container.uow(autocommit=True) as uow:
-        uow.execute(update(purchase).where(purchase.c.id == row["id"]).values(
-            provider_recorded_at=container.clock.now()))
+        uow.purchases.mark_reported(row["id"], container.clock.now())
     return True
 
 
@@ -361,11 +312,8 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
         with container.locks.hold(f"subscription:{subscription_id}"):
             return activate_subscription(container, subscription_id, _locked=True)
     with container.uow(autocommit=True) as uow:
-        bought = uow.execute(select(purchase.c.id, purchase.c.item_price_id, purchase.c.invoice_id,
-                                    purchase.c.transaction_id, purchase.c.user_id, purchase.c.amount,
-                                    purchase.c.currency_code, purchase.c.settled_at).where(
-            purchase.c.subscription_id == subscription_id).order_by(purchase.c.id)).first()
-        local = uow.execute(select(subscription).where(subscription.c.id == subscription_id)).mappings().first()
+        bought = uow.purchases.first_of_subscription(subscription_id)
+        local = uow.subscriptions.get(subscription_id)
     if bought is None:
         raise e.PaymentNotRecorded(
             f"no purchase exists for subscription {subscription_id}: the payment was never recorded")
@@ -390,18 +338,17 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
     except e.ExternalError as exc:
         container.metrics.activation_errors.inc()
         with container.uow() as uow:
-            uow.execute(update(subscription).where(subscription.c.id == subscription_id).values(
-                activation_error=exc.message[:500]))
+            uow.subscriptions.set(subscription_id, activation_error=exc.message[:500])
             uow.commit()
         log.error("activation failed: %s", exc.message, extra={"subscription_id": subscription_id})
         raise
     with container.uow() as uow:
         if not bought.invoice_id and first_invoice:
             _assign_invoice(uow, bought, subscription_id, first_invoice, now)
-        uow.execute(update(subscription).where(subscription.c.id == subscription_id).values(
-            status=remote["status"], current_term_end=parse_time(remote.get("current_term_end")),
-            start_date=parse_time(remote.get("start_date")), activation_pending_since=None, activation_error=None,
-            synced_at=now))
+        uow.subscriptions.set(subscription_id, status=remote["status"],
+                              current_term_end=parse_time(remote.get("current_term_end")),
+                              start_date=parse_time(remote.get("start_date")), activation_pending_since=None,
+                              activation_error=None, synced_at=now)
         uow.commit()
     log.info("subscription activated", extra={"subscription_id": subscription_id})
     return {"subscription_id": subscription_id, "outcome": "activated", "status": remote["status"]}
@@ -443,14 +390,13 @@ def _orphan_cancelled_checkout(container, subscription_id: str) -> dict:
     subscription leaves "activation pending"."""
     now = container.clock.now()
     with container.uow() as uow:
-        paid = uow.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
-                                                  purchase.c.invoice_id.is_(None))).mappings().all()
+        paid = uow.purchases.without_invoice(subscription_id)
         for row in paid:
             review.open_row(uow, now, payment_id=row["transaction_id"], user_id=row["user_id"],
                             subscription_id=subscription_id, item_price_id=row["item_price_id"], amount=row["amount"],
                             currency_code=row["currency_code"], settled_at=row["settled_at"])
-        uow.execute(update(subscription).where(subscription.c.id == subscription_id).values(
-            status="cancelled", activation_pending_since=None, activation_error=None, synced_at=now))
+        uow.subscriptions.set(subscription_id, status="cancelled", activation_pending_since=None,
+                              activation_error=None, synced_at=now)
         uow.commit()
     log.warning("checkout cancelled at the provider before its payment: handed to orphan recovery",
                 extra={"subscription_id": subscription_id, "payment_ids": [r["transaction_id"] for r in paid]})
@@ -466,32 +412,17 @@ def _first_term_invoice(container, subscription_id: str) -> dict | None:
 def _assign_invoice(uow, bought, subscription_id: str, remote: dict, now) -> None:
     """The checkout's payment pays the invoice of the first term: the purchase, the checkout and the
     local invoice row learn its id."""
-    uow.execute(update(purchase).where(purchase.c.id == bought.id).values(invoice_id=remote["id"]))
-    uow.execute(update(transaction).where(transaction.c.transaction_id == bought.transaction_id)
-                .values(invoice_id=remote["id"]))
-    uow.execute(update(checkout_session).where(checkout_session.c.subscription_id == subscription_id,
-                                               checkout_session.c.invoice_id.is_(None))
-                .values(invoice_id=remote["id"]))
-    upsert(uow, invoice, {"id": remote["id"], "created_at": now, "subscription_id": subscription_id,
-                          "customer_id": bought.user_id, "total_amount": bought.amount,
-                          "currency_code": bought.currency_code, "status": "paid",
-                          "paid_at": bought.settled_at or now}, ["id"])
+    uow.purchases.assign_invoice(bought.id, bought.transaction_id, subscription_id, remote["id"])
+    uow.invoices.save(remote["id"], now, subscription_id=subscription_id, customer_id=bought.user_id,
+                      total_amount=bought.amount, currency_code=bought.currency_code, status="paid",
+                      paid_at=bought.settled_at or now)
 
 
 def pending_activations(container) -> list[dict]:
     """Subscriptions with follow-up work: an activation still to do, or a purchase not yet recorded on
     the provider's invoice."""
-    # A checkout payment handed to orphan recovery (its subscription was cancelled) is recovery's work.
-    unreported = select(purchase.c.subscription_id).where(
-        purchase.c.provider_recorded_at.is_(None),
-        or_(purchase.c.invoice_id.is_not(None), purchase.c.transaction_id.not_in(select(orphan_recovery.c.payment_id))))
     with container.uow() as uow:
-        rows = uow.execute(select(subscription.c.id, subscription.c.customer_id,
-                                  subscription.c.activation_pending_since, subscription.c.activation_error)
-                           .where(or_(subscription.c.activation_pending_since.is_not(None),
-                                      subscription.c.id.in_(unreported)))
-                           .order_by(subscription.c.activation_pending_since)).mappings().all()
-    return [dict(r) for r in rows]
+        return uow.subscriptions.with_followups()
 
 
 def retry_pending(container) -> dict:
@@ -543,12 +474,11 @@ def reverse_refund(container, payment_id: str, refunded_total: int, path: str) -
     row is locked while the already-reversed sum is read, so reports of different refunds serialize."""
     now = container.clock.now()
     with container.uow() as uow:
-        bought = uow.execute(select(purchase).where(purchase.c.transaction_id == payment_id)).mappings().first()
+        bought = uow.purchases.by_payment_id(payment_id)
         if bought is None:
             return {"payment_id": payment_id, "outcome": "unknown_payment", "credits_reversed": 0}
-        uow.execute(select(users.c.id).where(users.c.id == bought["user_id"]).with_for_update())
-        reversed_so_far = -int(uow.execute(select(func.coalesce(func.sum(credit_ledger.c.amount), 0)).where(
-            credit_ledger.c.payment_id == payment_id, credit_ledger.c.reason == "refund")).scalar_one())
+        uow.users.lock(bought["user_id"])
+        reversed_so_far = uow.ledger.reversed_for(payment_id)
         amount = max(int(bought["amount"] or 0), 1)
         share = min(max(int(refunded_total), 0), amount)
         target = (int(bought["credits"]) * share) // amount

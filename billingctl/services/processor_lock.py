@@ -8,19 +8,11 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from functools import lru_cache
 
-from sqlalchemy import and_, or_, select, update
-
-from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import audit_log, transaction, user_credits
 from billingctl.domain.errors import InvalidInput, NotFound, Refused
 from billingctl.domain.plans import LANES, is_unlocked, lane_of_processor, processor_column
 
 log = logging.getLogger("billingctl.processor_lock")
-
-SUCCESSFUL_TRANSACTION = ("captured", "settled")
-
 
 @dataclass
 class LockResult:
@@ -30,18 +22,9 @@ class LockResult:
     locked_processor: str | None
 
 
-def _live(user_id: str):
-    # Rule 4: soft-deleted rows are excluded from the lock writers (and readers).
-    return and_(user_credits.c.user_id == user_id, user_credits.c.deleted_at.is_(None))
-
-
 def read_lock(uow, user_id: str) -> dict | None:
-    row = uow.execute(select(user_credits).where(_live(user_id))).mappings().first()
-    return dict(row) if row else None
-
-
-def ensure_row(uow, user_id: str, now) -> None:
-    insert_ignore(uow, user_credits, {"user_id": user_id, "created_at": now}, ["user_id"], "deleted_at IS NULL")
+    """The user's live lock row. Rule 4: soft-deleted rows are excluded from every reader and writer."""
+    return uow.locks.read(user_id)
 
 
 def _count(metrics, lane: str, psp: str, outcome: str) -> None:
@@ -80,7 +63,7 @@ def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -
     if lane != payment_lane:
         if not current:  # every paying user has a lock row, unlocked here
             with uow.conn.begin_nested():
-                ensure_row(uow, user_id, container.clock.now())
+                uow.locks.ensure(user_id, container.clock.now())
         # Rule 9: the settled processor belongs to the other lane's table. It is never written into
         # this lane's lock (tokens are processor-homed), and on a locked user it is only worth a debug line.
         locked = current.get(processor_column(payment_lane))
@@ -104,8 +87,7 @@ def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -
         # One conditional statement, in a savepoint (a failed write never undoes the recording): create
         # the user's row locked, or lock the row only while this lane is still unlocked.
         with uow.conn.begin_nested():
-            won = uow.execute(_lock_statement(uow.dialect, lane), {
-                "user_id": user_id, "created_at": container.clock.now(), **values}).first() is not None
+            won = uow.locks.lock_first(user_id, column, values, container.clock.now())
         if won:
             _count(metrics, lane, processor, "locked")
             log.info("processor locked", extra={"user_id": user_id, "lane": lane, "processor": processor})
@@ -118,24 +100,6 @@ def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -
     _count(metrics, lane, processor, "already_locked")
     _drift(metrics, user_id, lane, stored, processor)
     return LockResult(lane, "already_locked", processor, stored)
-
-
-@lru_cache(maxsize=4)
-def _lock_statement(dialect: str, lane: str):
-    from sqlalchemy import text
-
-    if dialect == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    column = processor_column(lane)
-    columns = [column, "nsfw_processor_mid"] if lane == "nsfw" else [column]
-    statement = insert(user_credits)
-    unlocked = or_(user_credits.c[column].is_(None), user_credits.c[column] == "")
-    return statement.on_conflict_do_update(
-        index_elements=["user_id"], index_where=text("deleted_at IS NULL"),
-        set_={name: statement.excluded[name] for name in columns}, where=unlocked,
-    ).returning(user_credits.c.id)
 
 
 def _drift(metrics, user_id: str, lane: str, locked: str | None, settled: str) -> None:
@@ -157,7 +121,7 @@ def _check_lane(lane: str) -> str:
 
 def show(container, user_id: str) -> dict:
     with container.uow() as uow:
-        row = read_lock(uow, user_id)
+        row = uow.locks.read(user_id)
     if row is None:
         raise NotFound(f"user {user_id} has no lane record")
     return {"user_id": user_id, "sfw_processor": row["sfw_processor"] or None,
@@ -171,13 +135,11 @@ def clear(container, user_id: str, lane: str, reason: str, actor: str, dry_run: 
         raise InvalidInput("a reason is required")
     column = processor_column(lane)
     with container.uow() as uow:
-        row = read_lock(uow, user_id)
+        row = uow.locks.read(user_id)
         if row is None or is_unlocked(row[column]):
             raise Refused(f"user {user_id} is not locked on {lane}")
         stored = row[column]
-        successes = uow.execute(select(transaction.c.transaction_id).where(
-            transaction.c.customer_id == user_id, transaction.c.processor == stored,
-            transaction.c.status.in_(SUCCESSFUL_TRANSACTION))).all()
+        successes = uow.transactions.successes_on(user_id, stored)
         if successes:
             raise Refused(f"user {user_id} has {len(successes)} successful transaction(s) on {stored}; "
                           "the lock stays")
@@ -188,9 +150,9 @@ def clear(container, user_id: str, lane: str, reason: str, actor: str, dry_run: 
         values = {column: None}
         if lane == "nsfw":
             values["nsfw_processor_mid"] = None  # cleared together with the processor
-        uow.execute(update(user_credits).where(_live(user_id), user_credits.c[column] == stored).values(**values))
-        uow.execute(audit_log.insert().values(actor=actor, action="lock.clear", target=user_id, reason=reason,
-                                              details=plan, created_at=container.clock.now()))
+        uow.locks.clear(user_id, column, stored, values)
+        uow.audit.record(actor=actor, action="lock.clear", target=user_id, reason=reason,
+                         details=plan, now=container.clock.now())
         uow.commit()
     return plan
 
@@ -207,7 +169,7 @@ def repair(container, user_id: str, lane: str, actor: str = "operator") -> dict:
 
     try:
         with container.uow() as uow:
-            row = read_lock(uow, user_id)
+            row = uow.locks.read(user_id)
     except Exception as exc:  # the database is failing: one outcome, as for the orchestrator
         outcome("unavailable")
         return {"user_id": user_id, "lane": lane, "outcome": "unavailable", "error": type(exc).__name__}
@@ -227,14 +189,12 @@ def repair(container, user_id: str, lane: str, actor: str = "operator") -> dict:
     processor, mid = processor_of(first)
     try:
         with container.uow() as uow:
-            ensure_row(uow, user_id, container.clock.now())
+            uow.locks.ensure(user_id, container.clock.now())
             values = {column: processor} | ({"nsfw_processor_mid": mid} if lane == "nsfw" else {})
-            won = uow.execute(update(user_credits).where(
-                _live(user_id), or_(user_credits.c[column].is_(None), user_credits.c[column] == "")
-            ).values(**values)).rowcount == 1
+            won = uow.locks.relock(user_id, column, values)
             details = {"lane": lane, "processor": processor, "payment": first["id"]}
-            uow.execute(audit_log.insert().values(actor=actor, action="lock.repair", target=user_id, reason=None,
-                                                  details=details, created_at=container.clock.now()))
+            uow.audit.record(actor=actor, action="lock.repair", target=user_id, reason=None,
+                             details=details, now=container.clock.now())
             uow.commit()
     except Exception as exc:
         outcome("unavailable")
@@ -250,28 +210,19 @@ def backfill_mid(container, actor: str = "operator", dry_run: bool = False) -> d
     merchant account is NULL or empty. Processor columns are never touched."""
     legacy = container.settings.legacy_nmi_processor
     with container.uow() as uow:
-        candidates = uow.execute(select(user_credits.c.id, user_credits.c.user_id).where(
-            user_credits.c.deleted_at.is_(None), user_credits.c.nsfw_processor == legacy,
-            or_(user_credits.c.nsfw_processor_mid.is_(None), user_credits.c.nsfw_processor_mid == ""))).all()
+        candidates = uow.locks.legacy_without_mid(legacy)
         filled, missing = [], []
         for row_id, user_id in candidates:
-            mid = uow.execute(select(transaction.c.processor_merchant_id).where(
-                transaction.c.customer_id == user_id, transaction.c.processor == legacy,
-                transaction.c.processor_merchant_id.is_not(None), transaction.c.processor_merchant_id != "",
-                transaction.c.status.in_(SUCCESSFUL_TRANSACTION),
-            ).order_by(transaction.c.created_at)).scalars().first()
+            mid = uow.transactions.first_merchant_id(user_id, legacy)
             if mid is None:
                 missing.append(user_id)
                 continue
             filled.append({"user_id": user_id, "nsfw_processor_mid": mid})
             if not dry_run:
-                uow.execute(update(user_credits).where(
-                    user_credits.c.id == row_id, user_credits.c.nsfw_processor == legacy,
-                    or_(user_credits.c.nsfw_processor_mid.is_(None), user_credits.c.nsfw_processor_mid == "")
-                ).values(nsfw_processor_mid=mid))
+                uow.locks.fill_mid(row_id, legacy, mid)
         if not dry_run and filled:
-            uow.execute(audit_log.insert().values(actor=actor, action="lock.backfill-mid", target="*", reason=None,
-                                                  details={"filled": filled}, created_at=container.clock.now()))
+            uow.audit.record(actor=actor, action="lock.backfill-mid", target="*", reason=None,
+                             details={"filled": filled}, now=container.clock.now())
         if not dry_run:
             uow.commit()
     return {"dry_run": dry_run, "filled": filled, "without_history": missing}

@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import select
-
-from billingctl.adapters.db.sql import upsert
-from billingctl.adapters.db.tables import invoice, purchase
 from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
@@ -49,7 +45,7 @@ def _payment_succeeded(container, content: dict) -> dict:
     if not payment_id:
         return {"outcome": "no_reference"}
     with container.uow() as uow:
-        if uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == payment_id)).first():
+        if uow.purchases.exists_for_payment(payment_id):
             return {"outcome": "already_recorded", "payment_id": payment_id}
     # The orchestrator webhook was missed: record it now, from the orchestrator's own payment.
     payment = orchestrator_payment(container, payment_id, content)
@@ -78,8 +74,7 @@ def _refund(container, kind: str, content: dict) -> dict:
     invoice_id = note.get("reference_invoice_id")
     with container.uow() as uow:
         if invoice_id:
-            payment_id = uow.execute(select(purchase.c.transaction_id).where(
-                purchase.c.invoice_id == invoice_id).order_by(purchase.c.id)).scalar()
+            payment_id = uow.purchases.paying_invoice(invoice_id)
     payment_id = payment_id or txn.get("reference_number")
     if not payment_id:
         return {"outcome": "unknown_payment"}
@@ -92,10 +87,10 @@ def _refund(container, kind: str, content: dict) -> dict:
 def _upsert_invoice(container, remote: dict) -> None:
     now = container.clock.now()
     with container.uow(autocommit=True) as uow:
-        upsert(uow, invoice, {"id": remote["id"], "created_at": now, "subscription_id": remote.get("subscription_id"),
-                              "customer_id": remote.get("customer_id"), "total_amount": remote.get("total"),
-                              "currency_code": remote.get("currency_code"), "status": remote.get("status"),
-                              "paid_at": parse_time(remote.get("paid_at"))}, ["id"])
+        uow.invoices.save(remote["id"], now, subscription_id=remote.get("subscription_id"),
+                          customer_id=remote.get("customer_id"), total_amount=remote.get("total"),
+                          currency_code=remote.get("currency_code"), status=remote.get("status"),
+                          paid_at=parse_time(remote.get("paid_at")))
 
 
 def _analytics(container, event: dict, payload: dict) -> None:

@@ -13,9 +13,6 @@ import logging
 import time
 from datetime import timedelta
 
-from sqlalchemy import and_, select
-
-from billingctl.adapters.db.tables import checkout_session, dunning_attempt, purchase, subscription, users
 from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
@@ -23,7 +20,6 @@ from billingctl.domain.instruments import stored_instrument, usable_card
 from billingctl.domain.quota import MERCHANT
 from billingctl.services import alerts, catalog, fraud_quota
 from billingctl.services.payments import record_payment
-from billingctl.services.processor_lock import read_lock
 
 log = logging.getLogger("billingctl.renewals")
 
@@ -73,15 +69,13 @@ def run_renewals(container, dry_run: bool = False, progress=None) -> dict:
 
 
 def _history(uow, invoice_id: str) -> list[dict]:
-    return [dict(r) for r in uow.execute(select(dunning_attempt).where(dunning_attempt.c.invoice_id == invoice_id)
-                                         .order_by(dunning_attempt.c.id)).mappings()]
+    return uow.dunning.history(invoice_id)
 
 
 def _record(container, invoice: dict, status: str, **values) -> None:
     with container.uow() as uow:
-        uow.execute(dunning_attempt.insert().values(
-            invoice_id=invoice["id"], subscription_id=invoice.get("subscription_id"),
-            user_id=invoice.get("customer_id"), created_at=container.clock.now(), status=status, **values))
+        uow.dunning.add(invoice_id=invoice["id"], subscription_id=invoice.get("subscription_id"),
+                        user_id=invoice.get("customer_id"), created_at=container.clock.now(), status=status, **values)
         uow.commit()
 
 
@@ -89,20 +83,18 @@ def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
     now = container.clock.now()
     sub_id, user_id = invoice.get("subscription_id"), invoice.get("customer_id")
     with container.uow() as uow:
-        if uow.execute(select(checkout_session.c.id).where(checkout_session.c.invoice_id == invoice["id"])).first():
+        if uow.checkouts.exists_for_invoice(invoice["id"]):
             return "not_a_renewal"  # a checkout's first invoice: the customer pays it at checkout
-        if uow.execute(select(purchase.c.id).where(purchase.c.invoice_id == invoice["id"])).first():
+        if uow.purchases.paying_invoice(invoice["id"]) is not None:
             return "already_paid"  # a recorded payment pays it; its report to the provider is pending work
-        if uow.execute(select(purchase.c.id).where(purchase.c.subscription_id == sub_id,
-                                                   purchase.c.invoice_id.is_(None))).first():
+        if uow.purchases.exists_for_subscription(sub_id, without_invoice=True):
             return "activation_pending"  # a paid checkout whose first invoice is being assigned
-        local = uow.execute(select(subscription.c.status, subscription.c.lane).where(
-            subscription.c.id == sub_id)).first()
+        local = uow.subscriptions.get(sub_id)
         history = _history(uow, invoice["id"])
-        frozen = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).scalar()
+        frozen = uow.users.frozen_at(user_id)
     if any(h["status"] in FINAL for h in history):
         return "closed"
-    if local is None or local.status not in ("active", "non_renewing"):
+    if local is None or local["status"] not in ("active", "non_renewing"):
         return "not_a_renewal"
     last = history[-1] if history else None
     if last is not None and last["status"] == "pending":
@@ -118,13 +110,13 @@ def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
     attempt_no = counted + 1
     amount = int(invoice.get("amount_due") or invoice.get("total") or 0)
     item_price_id = ((invoice.get("line_items") or [{}])[0]).get("entity_id")
-    lane = local.lane or catalog.plan(container, item_price_id).lane
+    lane = local["lane"] or catalog.plan(container, item_price_id).lane
 
     # Spec section 2 rule 7: never route without a processor. A failed read aborts this attempt on
     # either lane; the next tick re-reads.
     try:
         with container.uow() as uow:
-            lock = read_lock(uow, user_id) or {}
+            lock = uow.locks.read(user_id) or {}
     except Exception as exc:
         log.error("renewal aborted: processor lock read failed: %s", type(exc).__name__,
                   extra={"invoice_id": invoice["id"], "lane": lane})
@@ -270,10 +262,7 @@ def _latest_nsfw_checkout_token(container, user_id: str) -> str | None:
     """The card vaulted at the user's latest NSFW checkout (the one checkout tried to make primary);
     without it, the newest usable card is used."""
     with container.uow() as uow:
-        payment_id = uow.execute(
-            select(purchase.c.transaction_id).join(subscription, subscription.c.id == purchase.c.subscription_id)
-            .where(purchase.c.user_id == user_id, subscription.c.lane == "nsfw",
-                   purchase.c.recorded_via != "renewal").order_by(purchase.c.id.desc()).limit(1)).scalar()
+        payment_id = uow.purchases.latest_nsfw_checkout_payment(user_id)
     if payment_id is None:
         return None
     try:
@@ -320,13 +309,5 @@ def _exhaust(container, invoice: dict) -> str:
 
 
 def list_attempts(container, user_id: str | None = None, invoice_id: str | None = None, limit: int = 100) -> list:
-    query = select(dunning_attempt).order_by(dunning_attempt.c.id.desc()).limit(limit)
-    conditions = []
-    if user_id:
-        conditions.append(dunning_attempt.c.user_id == user_id)
-    if invoice_id:
-        conditions.append(dunning_attempt.c.invoice_id == invoice_id)
-    if conditions:
-        query = query.where(and_(*conditions))
     with container.uow() as uow:
-        return [dict(r) for r in uow.execute(query).mappings()]
+        return uow.dunning.listing(user_id, invoice_id, limit)

@@ -5,8 +5,6 @@ recording and recovery can both use it."""
 
 from __future__ import annotations
 
-from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import orphan_recovery
 from billingctl.services import alerts
 
 FROZEN = "user is frozen"
@@ -16,11 +14,11 @@ def open_row(uow, now, *, payment_id: str, user_id: str | None, subscription_id:
              item_price_id: str | None, amount, currency_code: str | None, settled_at, status: str = "retrying",
              last_error: str | None = None) -> bool:
     """One row per payment id (a second opening is a no-op); True when it is new."""
-    return insert_ignore(uow, orphan_recovery, {
+    return uow.orphans.open({
         "payment_id": payment_id, "user_id": user_id, "subscription_id": subscription_id,
         "item_price_id": item_price_id, "amount": amount, "currency_code": currency_code, "status": status,
         "attempts": 0, "next_attempt_at": now if status == "retrying" else None, "last_error": last_error,
-        "settled_at": settled_at or now, "created_at": now, "updated_at": now}, ["payment_id"])
+        "settled_at": settled_at or now, "created_at": now, "updated_at": now})
 
 
 def hold_frozen(uow, clock, *, payment_id: str, user_id: str, **facts) -> None:

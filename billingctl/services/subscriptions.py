@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import select
-
-from billingctl.adapters.db.tables import subscription
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
@@ -41,8 +38,7 @@ def get_for_user(container, user_id: str, subscription_id: str) -> dict:
     if not looks_like_id(subscription_id):
         raise e.NotFound("not found")  # cannot be anyone's subscription
     with container.uow() as uow:
-        ours = uow.execute(select(subscription.c.id).where(subscription.c.id == subscription_id,
-                                                            subscription.c.customer_id == user_id)).first()
+        ours = uow.subscriptions.of_customer(subscription_id, user_id)
     if ours is None:
         # Only a subscription we made for this user (at checkout, recovery or sync) is read at the provider:
         # a random or foreign id costs no provider call, so no one can spend the shared budget with them.
@@ -69,8 +65,7 @@ def get_for_user(container, user_id: str, subscription_id: str) -> dict:
 
 def _local_copy(container, user_id: str, subscription_id: str, exc: e.ExternalError) -> dict:
     with container.uow() as uow:
-        row = uow.execute(select(subscription).where(subscription.c.id == subscription_id,
-                                                     subscription.c.customer_id == user_id)).mappings().first()
+        row = uow.subscriptions.of_customer(subscription_id, user_id)
     if row is None:
         raise exc
     log.warning("provider unavailable; serving the local copy: %s", exc.message,

@@ -6,13 +6,10 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
-from sqlalchemy import select, update
-
-from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import audit_log, poller_cursor, subscription
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.plans import require_id
+from billingctl.services.cursors import write_value
 
 log = logging.getLogger("billingctl.sync")
 
@@ -47,17 +44,16 @@ def apply_remote_subscription(container, remote: dict, source: str = "sync", for
     updated_at = _ts(remote.get("updated_at"))
     now = container.clock.now()
     with container.uow() as uow:
-        local = uow.execute(select(subscription).where(subscription.c.id == remote["id"])).mappings().first()
+        local = uow.subscriptions.get(remote["id"])
         if local is not None and not force and updated_at and local["provider_updated_at"] \
                 and local["provider_updated_at"] > updated_at:
             return "older_ignored"
         changes = diff(dict(local) if local else None, fields)
-        insert_ignore(uow, subscription, {"id": remote["id"], "created_at": _ts(remote.get("created_at")) or now,
-                                          **fields}, ["id"])
+        uow.subscriptions.add({"id": remote["id"], "created_at": _ts(remote.get("created_at")) or now, **fields})
         values = {**fields, "provider_updated_at": updated_at, "synced_at": now}
         if fields["status"] == "active":
             values.update(activation_pending_since=None, activation_error=None)
-        uow.execute(update(subscription).where(subscription.c.id == remote["id"]).values(**values))
+        uow.subscriptions.set(remote["id"], **values)
         uow.commit()
     if changes:
         invalidate_customer(container, fields["customer_id"])
@@ -75,7 +71,7 @@ def sync_subscription(container, subscription_id: str, dry_run: bool = False) ->
             container.metrics.sync_errors.inc()
         raise
     with container.uow() as uow:
-        local = uow.execute(select(subscription).where(subscription.c.id == subscription_id)).mappings().first()
+        local = uow.subscriptions.get(subscription_id)
     changes = diff(dict(local) if local else None, remote_fields(remote))
     if not dry_run:
         apply_remote_subscription(container, remote, "sync", force=True)
@@ -92,7 +88,7 @@ def sync_all(container, since: datetime | None, progress=None) -> dict:
     local live subscriptions the provider did not return are re-read one by one."""
     key = _resume_key(since)
     with container.uow() as uow:
-        resume = uow.execute(select(poller_cursor.c.value).where(poller_cursor.c.name == key)).scalar()
+        resume = uow.cursors.get(key)
     start = _ts(resume) if resume else since
     seen, updated, failed = set(), 0, []
     for row in container.provider.list_subscriptions(updated_after=start):
@@ -110,19 +106,14 @@ def sync_all(container, since: datetime | None, progress=None) -> dict:
             progress(1)
     # A cancellation or deletion at the provider the listing did not show.
     with container.uow() as uow:
-        query = select(subscription.c.id).where(subscription.c.status.in_(LIVE))
-        if since is not None:
-            query = query.where((subscription.c.provider_updated_at.is_(None))
-                                | (subscription.c.provider_updated_at >= since))
-        missing = [sid for sid in uow.execute(query).scalars() if sid not in seen]
+        missing = [sid for sid in uow.subscriptions.ids_in(LIVE, since) if sid not in seen]
     for sid in missing:
         try:
             if sync_subscription(container, sid)["changed"]:
                 updated += 1
         except e.ExternalNotFound:
             with container.uow() as uow:
-                uow.execute(update(subscription).where(subscription.c.id == sid).values(
-                    status="cancelled", synced_at=container.clock.now()))
+                uow.subscriptions.set(sid, status="cancelled", synced_at=container.clock.now())
                 uow.commit()
             log.warning("subscription no longer exists at the provider; marked cancelled",
                         extra={"subscription_id": sid})
@@ -130,7 +121,7 @@ def sync_all(container, since: datetime | None, progress=None) -> dict:
         except e.BillingError as exc:
             failed.append({"id": sid, "error": exc.message})
     with container.uow() as uow:
-        uow.execute(poller_cursor.delete().where(poller_cursor.c.name == key))
+        uow.cursors.forget(key)
         uow.commit()
     return BatchResult({"since": since, "listed": len(seen), "reread": len(missing), "updated": updated,
                         "failed": failed}, done=updated, failed=len(failed), errors=failed)
@@ -139,13 +130,7 @@ def sync_all(container, since: datetime | None, progress=None) -> dict:
 def _save_resume(container, key: str, updated_at) -> None:
     if updated_at is None:
         return
-    now = container.clock.now()
-    with container.uow() as uow:
-        insert_ignore(uow, poller_cursor, {"name": key, "value": str(int(updated_at) - 1), "updated_at": now},
-                      ["name"])
-        uow.execute(update(poller_cursor).where(poller_cursor.c.name == key).values(
-            value=str(int(updated_at) - 1), updated_at=now))
-        uow.commit()
+    write_value(container, key, str(int(updated_at) - 1))
 
 
 def cancel_at_provider(container, subscription_id: str) -> dict:
@@ -171,9 +156,8 @@ def cancel_subscription(container, subscription_id: str, reason: str, actor: str
     remote = cancel_at_provider(container, subscription_id)
     apply_remote_subscription(container, remote, "cancel", force=True)
     with container.uow() as uow:
-        uow.execute(audit_log.insert().values(actor=actor, action="subscription.cancel", target=subscription_id,
-                                              reason=reason, details={"status": remote["status"]},
-                                              created_at=container.clock.now()))
+        uow.audit.record(actor, "subscription.cancel", subscription_id, reason, {"status": remote["status"]},
+                         container.clock.now())
         uow.commit()
     return {"subscription_id": subscription_id, "status": remote["status"]}
 
@@ -182,7 +166,7 @@ def sync_all_plan(container, since) -> dict:
     """--dry-run: what sync-all would change, without writing."""
     changes = []
     with container.uow() as uow:
-        local = {r["id"]: dict(r) for r in uow.execute(select(subscription)).mappings()}
+        local = uow.subscriptions.all()
     for row in container.provider.list_subscriptions(updated_after=since):
         remote = row["subscription"]
         difference = diff(local.get(remote["id"]), remote_fields(remote))

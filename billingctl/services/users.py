@@ -2,24 +2,18 @@
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
-
-from billingctl.adapters.db.tables import audit_log, credit_ledger, fraud_event, purchase, subscription, users
 from billingctl.domain.errors import NotFound
 from billingctl.domain.plans import require_id
-from billingctl.services.processor_lock import read_lock
 
 
 def show_user(container, user_id: str) -> dict:
     with container.uow() as uow:
-        user = uow.execute(select(users).where(users.c.id == user_id)).mappings().first()
+        user = uow.users.get(user_id)
         if user is None:
             raise NotFound(f"user {user_id} not found")
-        ledger = uow.execute(select(func.coalesce(func.sum(credit_ledger.c.amount), 0)).where(
-            credit_ledger.c.user_id == user_id)).scalar_one()
-        purchases = uow.execute(select(func.count()).select_from(purchase).where(
-            purchase.c.user_id == user_id)).scalar_one()
-        lock = read_lock(uow, user_id) or {}
+        ledger = uow.ledger.sum_of_user(user_id)
+        purchases = uow.purchases.count_of_user(user_id)
+        lock = uow.locks.read(user_id) or {}
     return {"user_id": user_id, "email": user["email"], "credits": user["credits"], "ledger_sum": int(ledger),
             "purchases": purchases, "sfw_processor": lock.get("sfw_processor") or None,
             "nsfw_processor": lock.get("nsfw_processor") or None,
@@ -30,11 +24,7 @@ def show_user(container, user_id: str) -> dict:
 
 def recent_payments(container, user_id: str, limit: int = 10) -> list[dict]:
     with container.uow() as uow:
-        rows = uow.execute(select(purchase.c.transaction_id, purchase.c.subscription_id, purchase.c.amount,
-                                  purchase.c.currency_code, purchase.c.credits, purchase.c.processor,
-                                  purchase.c.recorded_via, purchase.c.created_at)
-                           .where(purchase.c.user_id == user_id).order_by(purchase.c.id.desc()).limit(limit))
-        return [dict(r) for r in rows.mappings()]
+        return uow.purchases.recent_of_user(user_id, limit)
 
 
 def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool = False, notify: bool = False,
@@ -49,8 +39,8 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
         raise InvalidInput("a reason is required")
     now = container.clock.now()
     with container.uow() as uow:
-        current = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).first()
-        sub_ids = list(uow.execute(select(subscription.c.id).where(subscription.c.customer_id == user_id)).scalars())
+        current = uow.users.freeze_state(user_id)
+        sub_ids = uow.subscriptions.ids_of_customer(user_id)
     if current is None:
         raise NotFound(f"user {user_id} not found")
     already = current.frozen_at is not None
@@ -63,11 +53,10 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
         return {**plan, "dry_run": True}
     if not already:
         with container.uow() as uow:
-            uow.execute(update(users).where(users.c.id == user_id, users.c.frozen_at.is_(None)).values(
-                frozen_at=now, frozen_reason=reason))
-            uow.execute(audit_log.insert().values(actor=actor, action="user.freeze", target=user_id, reason=reason,
-                                                  details={"void_invoices": void_invoices, "notify": notify},
-                                                  created_at=now))
+            uow.users.freeze(user_id, now, reason)
+            uow.audit.record(actor=actor, action="user.freeze", target=user_id, reason=reason,
+                             details={"void_invoices": void_invoices, "notify": notify},
+                             now=now)
             uow.commit()
     voided, failed = [], []
     for invoice_id in pending:
@@ -89,25 +78,22 @@ def unfreeze(container, user_id: str, reason: str, actor: str, dry_run: bool = F
     """Allow payments again (audited; idempotent). Payments held while frozen stay in manual review:
     `billingctl orphans retry PAYMENT_ID` records them."""
     require_id(user_id, "user_id")
-    from billingctl.adapters.db.tables import orphan_recovery
     from billingctl.domain.errors import InvalidInput
 
     if not reason or not reason.strip():
         raise InvalidInput("a reason is required")
     with container.uow() as uow:
-        current = uow.execute(select(users.c.frozen_at).where(users.c.id == user_id)).first()
+        current = uow.users.freeze_state(user_id)
         if current is None:
             raise NotFound(f"user {user_id} not found")
-        held = list(uow.execute(select(orphan_recovery.c.payment_id).where(
-            orphan_recovery.c.user_id == user_id, orphan_recovery.c.status == "needs_review")).scalars())
+        held = uow.orphans.held_for_review(user_id)
         plan = {"user_id": user_id, "was_frozen": current.frozen_at is not None, "held_payments": held}
         if dry_run:
             return {**plan, "dry_run": True}
-        changed = uow.execute(update(users).where(users.c.id == user_id, users.c.frozen_at.is_not(None)).values(
-            frozen_at=None, frozen_reason=None)).rowcount == 1
+        changed = uow.users.unfreeze(user_id)
         if changed:
-            uow.execute(audit_log.insert().values(actor=actor, action="user.unfreeze", target=user_id, reason=reason,
-                                                  details={"held_payments": held}, created_at=container.clock.now()))
+            uow.audit.record(actor=actor, action="user.unfreeze", target=user_id, reason=reason,
+                             details={"held_payments": held}, now=container.clock.now())
         uow.commit()
     return {**plan, "frozen": False, "changed": changed}
 
@@ -117,7 +103,6 @@ def velocity_watch(container) -> dict:
     per user and in total; one chat alert per offender per minute window."""
     from datetime import timedelta
 
-    from billingctl.adapters.db.tables import transaction
     from billingctl.services import alerts
 
     now = container.clock.now()
@@ -125,10 +110,7 @@ def velocity_watch(container) -> dict:
     bucket = now.strftime("%Y%m%d%H%M")
     s = container.settings
     with container.uow() as uow:
-        spent = func.coalesce(func.sum(transaction.c.amount), 0)
-        rows = uow.execute(select(transaction.c.customer_id, func.count(), spent)
-                           .where(transaction.c.status == "captured", transaction.c.created_at > window_start)
-                           .group_by(transaction.c.customer_id)).all()
+        rows = uow.transactions.captured_per_customer_since(window_start)
         offenders = []
         totals = [0, 0]
         for customer_id, count, amount in rows:
@@ -139,11 +121,8 @@ def velocity_watch(container) -> dict:
         for o in offenders:
             alerts.raise_alert(uow, container.clock, f"Velocity: user {o['user_id']} made {o['charges']} charges "
                                f"({o['amount']} minor units) in the last minute", f"velocity:{o['user_id']}:{bucket}")
-            uow.execute(fraud_event.insert().values(user_id=o["user_id"], event_type="velocity_triggered",
-                                                    created_at=now, metadata={"merchant_context": "full",
-                                                                              "amount": o["amount"],
-                                                                              "charges": o["charges"],
-                                                                              "source": "velocity_watch"}))
+            uow.fraud.add(o["user_id"], "velocity_triggered", now, {
+                "merchant_context": "full", "amount": o["amount"], "charges": o["charges"], "source": "velocity_watch"})
         total_hot = totals[0] > s.velocity_max_charges_per_minute or totals[1] > s.velocity_max_amount_per_minute
         if total_hot:
             alerts.raise_alert(uow, container.clock, f"Velocity: {totals[0]} charges ({totals[1]} minor units) "
@@ -155,20 +134,16 @@ def velocity_watch(container) -> dict:
 
 def store_verification(container, user_id: str, outcome: str) -> dict:
     """The identity-verification outcome, stored on the user."""
-    from billingctl.adapters.db.sql import insert_ignore
-
     now = container.clock.now()
     with container.uow() as uow:
-        insert_ignore(uow, users, {"id": user_id, "created_at": now, "credits": 0}, ["id"])
-        uow.execute(update(users).where(users.c.id == user_id).values(idv_status=outcome[:32], idv_updated_at=now))
+        uow.users.ensure(user_id, now)
+        uow.users.set(user_id, idv_status=outcome[:32], idv_updated_at=now)
         uow.commit()
     return {"outcome": "stored", "user_id": user_id, "idv_status": outcome}
 
 
 def apply_identity_event(container, event_type: str, data: dict) -> dict:
     """Front-end identity provider events: users created, updated, deleted (soft), sessions."""
-    from billingctl.adapters.db.sql import insert_ignore
-    from billingctl.adapters.db.tables import login_attempt, user_credits
     from billingctl.domain.errors import InvalidInput
 
     user_id = data.get("user_id") if event_type.startswith("session.") else data.get("id")
@@ -180,17 +155,14 @@ def apply_identity_event(container, event_type: str, data: dict) -> dict:
         email = (data["email_addresses"][0] or {}).get("email_address")
     with container.uow() as uow:
         if event_type in ("user.created", "user.updated"):
-            insert_ignore(uow, users, {"id": user_id, "created_at": now, "credits": 0}, ["id"])
-            uow.execute(update(users).where(users.c.id == user_id).values(email=email, deleted_at=None))
+            uow.users.ensure(user_id, now)
+            uow.users.set(user_id, email=email, deleted_at=None)
         elif event_type == "user.deleted":
-            uow.execute(update(users).where(users.c.id == user_id, users.c.deleted_at.is_(None)).values(
-                deleted_at=now))
-            uow.execute(update(user_credits).where(user_credits.c.user_id == user_id,
-                                                   user_credits.c.deleted_at.is_(None)).values(deleted_at=now))
+            uow.users.soft_delete(user_id, now)
+            uow.locks.soft_delete(user_id, now)
         elif event_type.startswith("session."):
             ip = data.get("client_ip") or data.get("ip_address")
-            uow.execute(login_attempt.insert().values(user_id=user_id, ip_address=(ip or "")[:64] or None,
-                                                      created_at=now))
+            uow.users.record_login(user_id, (ip or "")[:64] or None, now)
         else:
             return {"outcome": "ignored"}
         uow.commit()

@@ -102,3 +102,20 @@ def test_the_layers_point_one_way():
                      and t != "jobs.schedule"]
             assert not doors, (name, doors)
     assert not any(t.startswith("webhooks_app") for t in graph["billingctl.bootstrap"])
+
+
+def test_services_reach_the_database_only_through_the_repositories():
+    """Issue "One architecture step": the SQL lives in the repositories of adapters/db (reached as
+    `uow.purchases`, `uow.orphans`, …). No service, web module, job or CLI command imports the table
+    definitions, the SQL helpers or SQLAlchemy's query builder."""
+    graph = _graph()
+    sql = ("billingctl.adapters.db.tables", "billingctl.adapters.db.sql")
+    for name, targets in graph.items():
+        if name.startswith(("billingctl.services", "webhooks_app", "jobs", "billingctl.cli")):
+            assert not [t for t in targets if t in sql], (name, targets)
+    for package in ("billingctl/services", "webhooks_app", "jobs", "billingctl/cli"):
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
+                    # webhooks_app/errors.py maps the driver's exceptions to statuses: no query is built there.
+                    assert path.name == "errors.py" and node.module == "sqlalchemy", (str(path), node.module)

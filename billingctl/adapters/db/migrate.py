@@ -75,3 +75,20 @@ def ensure_current(engine: Engine) -> None:
         return
     if current_revision(engine) != head_revision():
         upgrade(engine)
+
+
+def probe(url: str) -> tuple[str, str | None, str | None]:
+    """(dialect, current revision, head revision) of the database at `url`, through an engine of its own
+    that migrates nothing: health must report a database that is behind, not migrate it. Raises when the
+    database cannot be reached."""
+    from sqlalchemy import text
+
+    from billingctl.adapters.db.engine import make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        return engine.dialect.name, current_revision(engine), head_revision()
+    finally:
+        engine.dispose()

@@ -8,8 +8,25 @@ caller sees (the transaction is gone; the web tier answers 503, a job retries on
 
 from __future__ import annotations
 
+from functools import cached_property
+
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
+
+from billingctl.adapters.db.audit import AuditLog
+from billingctl.adapters.db.books import Books
+from billingctl.adapters.db.checkouts import Checkouts
+from billingctl.adapters.db.cursors import Cursors
+from billingctl.adapters.db.dunning import DunningAttempts
+from billingctl.adapters.db.fraud import FraudEvents
+from billingctl.adapters.db.inbox import Inbox, PollerRuns
+from billingctl.adapters.db.leases import Leases
+from billingctl.adapters.db.locks import ProcessorLocks
+from billingctl.adapters.db.orphans import Orphans
+from billingctl.adapters.db.outbox import Outbox
+from billingctl.adapters.db.purchases import Ledger, Purchases, Transactions
+from billingctl.adapters.db.subscriptions import Invoices, Subscriptions
+from billingctl.adapters.db.users import Users
 
 
 class UnitOfWork:
@@ -48,7 +65,80 @@ class UnitOfWork:
             self.conn.close()
             self.conn = None
 
-    # Thin helpers so services read naturally.
+    # The repositories: each owns the SQL of one aggregate.
+    @cached_property
+    def audit(self) -> AuditLog:
+        return AuditLog(self)
+
+    @cached_property
+    def books(self) -> Books:
+        return Books(self)
+
+    @cached_property
+    def checkouts(self) -> Checkouts:
+        return Checkouts(self)
+
+    @cached_property
+    def cursors(self) -> Cursors:
+        return Cursors(self)
+
+    @cached_property
+    def dunning(self) -> DunningAttempts:
+        return DunningAttempts(self)
+
+    @cached_property
+    def fraud(self) -> FraudEvents:
+        return FraudEvents(self)
+
+    @cached_property
+    def inbox(self) -> Inbox:
+        return Inbox(self)
+
+    @cached_property
+    def poller_runs(self) -> PollerRuns:
+        return PollerRuns(self)
+
+    @cached_property
+    def invoices(self) -> Invoices:
+        return Invoices(self)
+
+    @cached_property
+    def leases(self) -> Leases:
+        return Leases(self)
+
+    @cached_property
+    def ledger(self) -> Ledger:
+        return Ledger(self)
+
+    @cached_property
+    def locks(self) -> ProcessorLocks:
+        return ProcessorLocks(self)
+
+    @cached_property
+    def orphans(self) -> Orphans:
+        return Orphans(self)
+
+    @cached_property
+    def outbox(self) -> Outbox:
+        return Outbox(self)
+
+    @cached_property
+    def purchases(self) -> Purchases:
+        return Purchases(self)
+
+    @cached_property
+    def subscriptions(self) -> Subscriptions:
+        return Subscriptions(self)
+
+    @cached_property
+    def transactions(self) -> Transactions:
+        return Transactions(self)
+
+    @cached_property
+    def users(self) -> Users:
+        return Users(self)
+
+    # The repositories' one door to the connection.
     def execute(self, statement, params=None):
         try:
             result = self._execute(statement, params)

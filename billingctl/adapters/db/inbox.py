@@ -1,0 +1,85 @@
+"""The one event inbox, unique on (source, event_id), and the event poller's run log."""
+
+from __future__ import annotations
+
+from sqlalchemy import case, func, literal, select, update
+
+from billingctl.adapters.db.repository import Repository
+from billingctl.adapters.db.sql import insert_or_count
+from billingctl.adapters.db.tables import event_inbox, event_poller_state
+
+LISTED = (event_inbox.c.id, event_inbox.c.source, event_inbox.c.event_id, event_inbox.c.event_type,
+          event_inbox.c.status, event_inbox.c.attempts, event_inbox.c.deliveries, event_inbox.c.seen_by,
+          event_inbox.c.last_error, event_inbox.c.received_at)
+
+
+class Inbox(Repository):
+    def seen(self, source: str, event_id: str):
+        """(status, seen_by) of a stored event, or None."""
+        return self.execute(select(event_inbox.c.status, event_inbox.c.seen_by).where(
+            event_inbox.c.source == source, event_inbox.c.event_id == event_id)).first()
+
+    def accept(self, source: str, event_id: str, event_type: str, payload: dict, occurred_at, now, via: str):
+        """Store the event, or count one more delivery of it, in one statement; the row's (id, status,
+        seen_by) afterwards. A path delivering it for the first time is added to seen_by."""
+        row = insert_or_count(self.uow, event_inbox, {
+            "source": source, "event_id": event_id, "event_type": event_type, "payload": payload,
+            "occurred_at": occurred_at, "status": "pending", "received_at": now, "seen_by": [via],
+            "deliveries": 1}, ["source", "event_id"], "deliveries", ["id", "status", "seen_by"])
+        seen = list(row.seen_by or [])
+        if via not in seen:
+            self.execute(update(event_inbox).where(event_inbox.c.id == row.id).values(seen_by=[*seen, via]))
+        return row
+
+    def finish(self, source: str, event_id: str, error: str | None, max_attempts: int, now) -> str:
+        """One processing attempt: processed, or still pending, or parked after max_attempts; the new status."""
+        attempts = event_inbox.c.attempts + 1
+        status = literal("processed") if error is None else case(
+            (attempts >= max_attempts, literal("parked")), else_=literal("pending"))
+        return self.execute(update(event_inbox).where(
+            event_inbox.c.source == source, event_inbox.c.event_id == event_id).values(
+            status=status, attempts=attempts, last_error=error, processed_at=now if error is None else None)
+            .returning(event_inbox.c.status)).scalar_one()
+
+    def listing(self, source: str | None, state: str | None, since, limit: int) -> list[dict]:
+        query = select(*LISTED).order_by(event_inbox.c.id.desc()).limit(limit)
+        if source:
+            query = query.where(event_inbox.c.source == source)
+        if state:
+            query = query.where(event_inbox.c.status == state)
+        if since is not None:
+            query = query.where(event_inbox.c.received_at >= since)
+        return [dict(r) for r in self.execute(query).mappings()]
+
+    def get(self, inbox_id: int):
+        return self.execute(select(event_inbox).where(event_inbox.c.id == inbox_id)).mappings().first()
+
+    def reopen(self, inbox_id: int) -> None:
+        self.execute(update(event_inbox).where(event_inbox.c.id == inbox_id).values(status="pending", attempts=0))
+
+    def payload(self, inbox_id: int) -> dict:
+        return self.execute(select(event_inbox.c.payload).where(event_inbox.c.id == inbox_id)).scalar_one()
+
+    def pending_received_before(self, before, limit: int) -> list:
+        return self.execute(select(event_inbox.c.id, event_inbox.c.source, event_inbox.c.event_id,
+                                   event_inbox.c.event_type, event_inbox.c.attempts, event_inbox.c.received_at)
+                            .where(event_inbox.c.status == "pending", event_inbox.c.received_at <= before)
+                            .order_by(event_inbox.c.id).limit(limit)).mappings().all()
+
+    def count_pending_received_before(self, before) -> int:
+        return self.execute(select(func.count()).select_from(event_inbox).where(
+            event_inbox.c.status == "pending", event_inbox.c.received_at <= before)).scalar_one()
+
+    def count_parked(self) -> int:
+        return self.execute(select(func.count()).select_from(event_inbox).where(
+            event_inbox.c.status == "parked")).scalar_one()
+
+
+class PollerRuns(Repository):
+    def add(self, **values) -> None:
+        self.execute(event_poller_state.insert().values(**values))
+
+    def newest(self):
+        """(id, created_at) of the newest run, or None."""
+        return self.execute(select(event_poller_state.c.id, event_poller_state.c.created_at)
+                            .order_by(event_poller_state.c.created_at.desc()).limit(1)).first()

@@ -1,0 +1,175 @@
+"""Purchases (one per settled orchestrator payment, keyed by its id), the credit ledger that credits
+them exactly once, and the payment transactions."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, or_, select, update
+
+from billingctl.adapters.db.repository import Repository
+from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.tables import (
+    checkout_session,
+    credit_ledger,
+    orphan_recovery,
+    purchase,
+    subscription,
+    transaction,
+    users,
+)
+
+SUCCESSFUL_TRANSACTION = ("captured", "settled")
+
+
+class Purchases(Repository):
+    def add(self, values: dict) -> bool:
+        """The purchase of one payment; False when that payment already has one."""
+        return insert_ignore(self.uow, purchase, values, ["transaction_id"])
+
+    def by_payment_id(self, payment_id: str):
+        return self.execute(select(purchase).where(purchase.c.transaction_id == payment_id)).mappings().first()
+
+    def exists_for_payment(self, payment_id: str) -> bool:
+        return self.execute(select(purchase.c.id).where(purchase.c.transaction_id == payment_id)).first() is not None
+
+    def paying_invoice(self, invoice_id: str) -> str | None:
+        """The payment id of the (first) purchase that pays an invoice."""
+        return self.execute(select(purchase.c.transaction_id).where(purchase.c.invoice_id == invoice_id)
+                            .order_by(purchase.c.id)).scalar()
+
+    def exists_for_subscription(self, subscription_id: str, without_invoice: bool = False) -> bool:
+        query = select(purchase.c.id).where(purchase.c.subscription_id == subscription_id)
+        if without_invoice:
+            query = query.where(purchase.c.invoice_id.is_(None))
+        return self.execute(query).first() is not None
+
+    def finished(self, payment_id: str):
+        """(subscription_id, user_id) of a payment with nothing left to do: purchased, recorded on its
+        provider invoice, its subscription active with no activation pending. One read."""
+        return self.execute(
+            select(purchase.c.subscription_id, purchase.c.user_id)
+            .join(subscription, subscription.c.id == purchase.c.subscription_id)
+            .where(purchase.c.transaction_id == str(payment_id), purchase.c.invoice_id.is_not(None),
+                   purchase.c.provider_recorded_at.is_not(None), subscription.c.activation_pending_since.is_(None),
+                   subscription.c.status == "active")).first()
+
+    def gates(self, payment_id: str, subscription_id: str, user_id: str):
+        """One read: the subscription's status, the user's frozen_at, and whether the payment is bought."""
+        status = select(subscription.c.status).where(subscription.c.id == subscription_id).scalar_subquery()
+        frozen = select(users.c.frozen_at).where(users.c.id == user_id).scalar_subquery()
+        bought = select(purchase.c.id).where(purchase.c.transaction_id == payment_id).exists()
+        return self.execute(select(status.label("status"), frozen.label("frozen_at"), bought.label("bought"))).one()
+
+    def first_of_subscription(self, subscription_id: str):
+        return self.execute(select(purchase).where(purchase.c.subscription_id == subscription_id)
+                            .order_by(purchase.c.id)).first()
+
+    def unreported(self, subscription_id: str) -> list:
+        """The subscription's purchases not yet recorded on their provider invoice."""
+        return self.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
+                                                   purchase.c.provider_recorded_at.is_(None))).mappings().all()
+
+    def without_invoice(self, subscription_id: str) -> list:
+        return self.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
+                                                   purchase.c.invoice_id.is_(None))).mappings().all()
+
+    def mark_reported(self, purchase_id: int, now) -> None:
+        self.execute(update(purchase).where(purchase.c.id == purchase_id).values(provider_recorded_at=now))
+
+    def assign_invoice(self, purchase_id: int, payment_id: str, subscription_id: str, invoice_id: str) -> None:
+        """A checkout's payment pays the first term's invoice: its purchase, transaction and checkout learn it."""
+        self.execute(update(purchase).where(purchase.c.id == purchase_id).values(invoice_id=invoice_id))
+        self.execute(update(transaction).where(transaction.c.transaction_id == payment_id)
+                     .values(invoice_id=invoice_id))
+        self.execute(update(checkout_session).where(checkout_session.c.subscription_id == subscription_id,
+                                                    checkout_session.c.invoice_id.is_(None))
+                     .values(invoice_id=invoice_id))
+
+    def move_to(self, payment_id: str, subscription_id: str) -> None:
+        """An orphan's purchase (and transaction), not yet on any invoice, moves to its new subscription."""
+        self.execute(update(purchase).where(purchase.c.transaction_id == payment_id, purchase.c.invoice_id.is_(None))
+                     .values(subscription_id=subscription_id))
+        self.execute(update(transaction).where(transaction.c.transaction_id == payment_id,
+                                               transaction.c.invoice_id.is_(None))
+                     .values(subscription_id=subscription_id))
+
+    def with_followups_subquery(self):
+        """Subscription ids with a purchase not yet recorded at the provider, except a checkout payment
+        handed to orphan recovery (its subscription was cancelled): that one is recovery's work."""
+        return select(purchase.c.subscription_id).where(
+            purchase.c.provider_recorded_at.is_(None),
+            or_(purchase.c.invoice_id.is_not(None),
+                purchase.c.transaction_id.not_in(select(orphan_recovery.c.payment_id))))
+
+    def latest_nsfw_checkout_payment(self, user_id: str) -> str | None:
+        return self.execute(
+            select(purchase.c.transaction_id).join(subscription, subscription.c.id == purchase.c.subscription_id)
+            .where(purchase.c.user_id == user_id, subscription.c.lane == "nsfw",
+                   purchase.c.recorded_via != "renewal").order_by(purchase.c.id.desc()).limit(1)).scalar()
+
+    def count_of_user(self, user_id: str) -> int:
+        return self.execute(select(func.count()).select_from(purchase).where(
+            purchase.c.user_id == user_id)).scalar_one()
+
+    def recent_of_user(self, user_id: str, limit: int) -> list[dict]:
+        rows = self.execute(select(purchase.c.transaction_id, purchase.c.subscription_id, purchase.c.amount,
+                                   purchase.c.currency_code, purchase.c.credits, purchase.c.processor,
+                                   purchase.c.recorded_via, purchase.c.created_at)
+                            .where(purchase.c.user_id == user_id).order_by(purchase.c.id.desc()).limit(limit))
+        return [dict(r) for r in rows.mappings()]
+
+
+class Ledger(Repository):
+    """The credit ledger: one row per source key, the user's balance moved only by a new row."""
+
+    def apply(self, user_id: str, amount: int, source_key: str, reason: str, payment_id: str | None, now) -> bool:
+        new = insert_ignore(self.uow, credit_ledger, {"user_id": user_id, "amount": amount, "source_key": source_key,
+                                                      "reason": reason, "payment_id": payment_id, "created_at": now},
+                            ["source_key"])
+        if new and amount:
+            self.uow.users.add_credits(user_id, amount)
+        return new
+
+    def reversed_for(self, payment_id: str) -> int:
+        """Credits already reversed for a payment's refunds (a positive number)."""
+        return -int(self.execute(select(func.coalesce(func.sum(credit_ledger.c.amount), 0)).where(
+            credit_ledger.c.payment_id == payment_id, credit_ledger.c.reason == "refund")).scalar_one())
+
+    def sum_of_user(self, user_id: str) -> int:
+        return int(self.execute(select(func.coalesce(func.sum(credit_ledger.c.amount), 0)).where(
+            credit_ledger.c.user_id == user_id)).scalar_one())
+
+    def count(self) -> int:
+        return self.execute(select(func.count()).select_from(credit_ledger)).scalar_one()
+
+
+class Transactions(Repository):
+    def save(self, transaction_id: str, status: str, now, **values) -> None:
+        """Insert, or move the status; a captured payment never goes back to authorized or failed."""
+        values = {k: v for k, v in values.items() if v is not None}
+        inserted = insert_ignore(self.uow, transaction, {"transaction_id": transaction_id, "status": status,
+                                                         "created_at": now, "amount": values.pop("amount", 0),
+                                                         **values}, ["transaction_id"])
+        if not inserted:
+            self.execute(update(transaction).where(transaction.c.transaction_id == transaction_id,
+                                                   transaction.c.status != "captured")
+                         .values(status=status, updated_at=now, **values))
+
+    def successes_on(self, user_id: str, processor: str) -> list:
+        return self.execute(select(transaction.c.transaction_id).where(
+            transaction.c.customer_id == user_id, transaction.c.processor == processor,
+            transaction.c.status.in_(SUCCESSFUL_TRANSACTION))).all()
+
+    def first_merchant_id(self, user_id: str, processor: str) -> str | None:
+        """The merchant account of the user's first successful transaction on a processor that names one."""
+        return self.execute(select(transaction.c.processor_merchant_id).where(
+            transaction.c.customer_id == user_id, transaction.c.processor == processor,
+            transaction.c.processor_merchant_id.is_not(None), transaction.c.processor_merchant_id != "",
+            transaction.c.status.in_(SUCCESSFUL_TRANSACTION),
+        ).order_by(transaction.c.created_at)).scalars().first()
+
+    def captured_per_customer_since(self, since) -> list:
+        """(customer id, charges, amount) of captured transactions created after `since`."""
+        spent = func.coalesce(func.sum(transaction.c.amount), 0)
+        return self.execute(select(transaction.c.customer_id, func.count(), spent)
+                            .where(transaction.c.status == "captured", transaction.c.created_at > since)
+                            .group_by(transaction.c.customer_id)).all()

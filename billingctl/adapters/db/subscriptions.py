@@ -1,0 +1,83 @@
+"""Subscriptions (the local copy of the provider's) and their invoices."""
+
+from __future__ import annotations
+
+from sqlalchemy import or_, select, update
+
+from billingctl.adapters.db.repository import Repository
+from billingctl.adapters.db.sql import insert_ignore, upsert
+from billingctl.adapters.db.tables import invoice, subscription
+
+STARTED_OR_HELD = ("active", "non_renewing")
+
+
+class Subscriptions(Repository):
+    def get(self, subscription_id: str):
+        return self.execute(select(subscription).where(subscription.c.id == subscription_id)).mappings().first()
+
+    def status(self, subscription_id: str) -> str | None:
+        return self.execute(select(subscription.c.status).where(subscription.c.id == subscription_id)).scalar()
+
+    def item_price_id(self, subscription_id: str) -> str | None:
+        return self.execute(select(subscription.c.item_price_id).where(
+            subscription.c.id == subscription_id)).scalar()
+
+    def of_customer(self, subscription_id: str, user_id: str):
+        """The subscription when it belongs to the user, else None."""
+        return self.execute(select(subscription).where(subscription.c.id == subscription_id,
+                                                       subscription.c.customer_id == user_id)).mappings().first()
+
+    def add(self, values: dict) -> bool:
+        """Insert the row unless it exists; True when new."""
+        return insert_ignore(self.uow, subscription, values, ["id"])
+
+    def set(self, subscription_id: str, **values) -> None:
+        self.execute(update(subscription).where(subscription.c.id == subscription_id).values(**values))
+
+    def mark_activation_pending(self, subscription_id: str, now) -> None:
+        """Activation becomes pending, unless the subscription is active or already pending."""
+        self.execute(update(subscription).where(subscription.c.id == subscription_id,
+                                                subscription.c.status != "active",
+                                                subscription.c.activation_pending_since.is_(None))
+                     .values(activation_pending_since=now))
+
+    def all(self) -> dict[str, dict]:
+        return {r["id"]: dict(r) for r in self.execute(select(subscription)).mappings()}
+
+    def ids_of_customer(self, user_id: str) -> list[str]:
+        return list(self.execute(select(subscription.c.id).where(subscription.c.customer_id == user_id)).scalars())
+
+    def holdings_of_customer(self, user_id: str) -> list[dict]:
+        return [dict(r) for r in self.execute(select(subscription.c.id, subscription.c.status,
+                                                     subscription.c.item_price_id)
+                                              .where(subscription.c.customer_id == user_id)).mappings()]
+
+    def holding_plan(self, user_id: str, item_price_id: str, exclude: str | None) -> list[str]:
+        """The user's other active (or non-renewing) subscriptions of the plan."""
+        return self.execute(select(subscription.c.id).where(
+            subscription.c.customer_id == user_id, subscription.c.item_price_id == item_price_id,
+            subscription.c.status.in_(STARTED_OR_HELD), subscription.c.id != (exclude or ""),
+        )).scalars().all()
+
+    def ids_in(self, statuses: tuple[str, ...], updated_since=None) -> list[str]:
+        """Subscriptions in one of the statuses (and changed at the provider since, or never seen changed)."""
+        query = select(subscription.c.id).where(subscription.c.status.in_(statuses))
+        if updated_since is not None:
+            query = query.where((subscription.c.provider_updated_at.is_(None))
+                                | (subscription.c.provider_updated_at >= updated_since))
+        return list(self.execute(query).scalars())
+
+    def with_followups(self) -> list[dict]:
+        """Subscriptions with follow-up work: an activation to do, or a purchase not yet on its invoice."""
+        rows = self.execute(select(subscription.c.id, subscription.c.customer_id,
+                                   subscription.c.activation_pending_since, subscription.c.activation_error)
+                            .where(or_(subscription.c.activation_pending_since.is_not(None),
+                                       subscription.c.id.in_(self.uow.purchases.with_followups_subquery())))
+                            .order_by(subscription.c.activation_pending_since)).mappings().all()
+        return [dict(r) for r in rows]
+
+
+class Invoices(Repository):
+    def save(self, invoice_id: str, now, **values) -> None:
+        """Insert the invoice, or overwrite it (its creation time kept)."""
+        upsert(self.uow, invoice, {"id": invoice_id, "created_at": now, **values}, ["id"])
