@@ -1,0 +1,66 @@
+"""Survivors of `make mutation`, each with the line it changed: reads mutmut's results (mutants/*.meta)
+and the mutated sources, so hundreds of survivors need no `mutmut show` each.
+
+    python scripts/mutation_report.py            # score and survivors, one line each
+    python scripts/mutation_report.py --counts   # the score only
+"""
+
+from __future__ import annotations
+
+import ast
+import difflib
+import json
+import sys
+from pathlib import Path
+
+# mutmut's exit codes: 1 (and -N signals, timeouts) killed; 0 survived; None not run (no test covers it).
+SURVIVED, NO_TESTS = 0, None
+
+
+def _functions(path: Path) -> dict[str, str]:
+    source = path.read_text()
+    lines = source.splitlines()
+    found = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and "__mutmut_" in node.name:
+            found[node.name] = "\n".join(lines[node.lineno - 1:node.end_lineno])
+    return found
+
+
+def survivors(root: Path = Path("mutants")):
+    totals = {"killed": 0, "survived": 0, "no_tests": 0}
+    rows = []
+    for meta in sorted(root.rglob("*.py.meta")):
+        results = json.loads(meta.read_text())["exit_code_by_key"]
+        functions = _functions(meta.with_suffix(""))
+        for key, code in sorted(results.items()):
+            if code == SURVIVED:
+                totals["survived"] += 1
+            elif code is NO_TESTS:
+                totals["no_tests"] += 1
+            else:
+                totals["killed"] += 1
+                continue
+            name = key.rpartition(".")[2]
+            original = functions.get(name.rpartition("__mutmut_")[0] + "__mutmut_orig", "")
+            changed = [line[1:].strip() for line in difflib.unified_diff(
+                original.splitlines()[1:], functions.get(name, "").splitlines()[1:], lineterm="", n=0)
+                if line.startswith("+") and not line.startswith("+++")]
+            rows.append((str(meta.relative_to(root).with_suffix("")), key, "survived" if code == SURVIVED
+                         else "no test", " / ".join(changed)[:160]))
+    return totals, rows
+
+
+def main() -> None:
+    totals, rows = survivors()
+    checked = sum(totals.values())
+    score = 100 * totals["killed"] / checked if checked else 0
+    print(f"mutation score: {score:.1f} % ({totals['killed']} killed, {totals['survived']} survived, "
+          f"{totals['no_tests']} reached by no test, of {checked})")
+    if "--counts" not in sys.argv:
+        for path, key, state, change in rows:
+            print(f"{path}\t{key.rpartition('.')[2]}\t{state}\t{change}")
+
+
+if __name__ == "__main__":
+    main()
