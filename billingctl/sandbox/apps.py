@@ -317,7 +317,7 @@ def create_orchestrator_app(sandbox: Sandbox) -> Flask:
     @app.post("/payments/<payment_id>/refund")
     def refund(payment_id):
         data = request.get_json(silent=True) or {}
-        return idempotent(lambda: sandbox.refund(payment_id, data.get("amount")))
+        return idempotent(lambda: sandbox.refund(payment_id, data.get("amount"), reason=data.get("reason")))
 
     @app.get("/payment-instruments")
     def instruments():

@@ -474,7 +474,7 @@ class Sandbox:
             for _ in range(max(1, duplicates)):
                 self.send_webhook("PAYMENT.STATUS", payment)
 
-    def refund(self, payment_id: str, amount: int | None = None) -> dict:
+    def refund(self, payment_id: str, amount: int | None = None, reason: str | None = None) -> dict:
         payment = self.store.get("payment", payment_id)
         if payment is None:
             raise SandboxError(404, f"Payment {payment_id} not found", "resource_not_found")
@@ -486,7 +486,7 @@ class Sandbox:
             raise SandboxError(400, "Refund exceeds the captured amount", "invalid_request")
         payment["processor"]["amountRefunded"] = already + amount
         refunds = payment.setdefault("refunds", [])
-        refunds.append({"id": f"re_{uuid.uuid4().hex[:10]}", "amount": amount, "date": self.now()})
+        refunds.append({"id": f"re_{uuid.uuid4().hex[:10]}", "amount": amount, "date": self.now(), "reason": reason})
         self.store.put("payment", payment_id, payment)
         self.refund_on_provider(payment_id, amount)
         self.send_webhook("PAYMENT.REFUND", payment)

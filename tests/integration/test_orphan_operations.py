@@ -1,0 +1,163 @@
+"""The orphan operator commands return exact documents (runbook scripts parse them with --json), write
+exact rows and one audit row each, and refuse with exact messages; same-plan duplicates are refunded
+with the reason an operator reads at the orchestrator. Written against the survivors of `make mutation`."""
+
+import pytest
+from sqlalchemy import select
+
+from billingctl.adapters.db.tables import audit_log
+from billingctl.domain import errors as e
+from billingctl.services import orphans
+from tests.integration.test_orphans import build, chat_alerts, orphan, row
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def world(make_settings, db_url):
+    w = build(make_settings, db_url)
+    yield w
+    w.c.close()
+
+
+def audits(world):
+    with world.c.uow() as uow:
+        return [tuple(r) for r in uow.execute(select(audit_log.c.actor, audit_log.c.action, audit_log.c.target,
+                                                     audit_log.c.reason, audit_log.c.details)
+                                              .order_by(audit_log.c.id)).all()]
+
+
+def under_retry(world, user):
+    """An orphan whose first recovery attempt failed (the provider down): status retrying."""
+    _, payment = orphan(world, user)
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=1)
+    orphans.run_orphans(world.c)
+    assert row(world, payment["id"])["status"] == "retrying"
+    return payment
+
+
+def resolution(world, payment_id):
+    state = row(world, payment_id)
+    return state["status"], state["resolution"], state["resolved_by"]
+
+
+def test_resolve_refund_returns_its_plan_and_writes_the_row_the_refund_and_one_audit(world):
+    payment = under_retry(world, "user_r")
+    pid = payment["id"]
+    plan = {"payment_id": pid, "action": "refund", "state": "retrying"}
+    assert orphans.resolve(world.c, pid, "refund", "customer asked", "ops", dry_run=True) == {**plan, "dry_run": True}
+    assert orphans.resolve(world.c, pid, "refund", "customer asked", "ops") == {**plan, "state": "resolved"}
+    assert resolution(world, pid) == ("resolved", "refunded", "ops")
+    refunds = world.sandbox.store.get("payment", pid)["refunds"]
+    assert [(r["amount"], r["reason"]) for r in refunds] == [(payment["amount"], "duplicate charge")]
+    assert audits(world) == [("ops", "orphans.resolve.refund", pid, "customer asked", plan)]
+    for status in ("resolved", "recovered", "duplicate_refunded"):
+        with world.c.uow() as uow:
+            uow.orphans.set(pid, status=status)
+            uow.commit()
+        with pytest.raises(e.Refused) as refused:
+            orphans.resolve(world.c, pid, "mark-handled", "again", "ops")
+        assert refused.value.message == f"payment {pid} is already {status}"
+
+
+def test_resolve_mark_handled_and_create_subscription(world):
+    handled = under_retry(world, "user_h")["id"]
+    assert orphans.resolve(world.c, handled, "mark-handled", "refunded by finance", "ops2") == {
+        "payment_id": handled, "action": "mark-handled", "state": "resolved"}
+    assert resolution(world, handled) == ("resolved", "handled", "ops2")
+    assert world.sandbox.store.get("payment", handled).get("refunds") in (None, [])
+
+    created = under_retry(world, "user_c")["id"]
+    assert orphans.resolve(world.c, created, "create-subscription", "user has nothing", "ops3") == {
+        "payment_id": created, "action": "create-subscription", "state": "resolved"}
+    assert resolution(world, created) == ("resolved", "resubscribed", "ops3")
+    assert world.purchases(created) == 1 and world.credits("user_c") == 2000
+    assert [a[1:3] for a in audits(world)] == [("orphans.resolve.mark-handled", handled),
+                                                ("orphans.resolve.create-subscription", created)]
+
+
+def test_resolve_refuses_with_exact_messages_and_changes_nothing(world):
+    pid = under_retry(world, "user_x")["id"]
+    cases = [(("refund", " "), e.InvalidInput, "a reason is required"),
+             (("delete", "why"), e.InvalidInput, "choose one of --create-subscription, --refund, --mark-handled")]
+    for (action, reason), kind, message in cases:
+        with pytest.raises(kind) as refused:
+            orphans.resolve(world.c, pid, action, reason, "ops")
+        assert refused.value.message == message
+    world.sandbox.refund(pid, 1)  # one cent refunded by someone at the orchestrator's console
+    for action, message in (("refund", f"payment {pid} was already refunded (1)"),
+                            ("create-subscription", f"payment {pid} was refunded: a subscription cannot be created "
+                                                    "for it")):
+        with pytest.raises(e.Refused) as refused:
+            orphans.resolve(world.c, pid, action, "why", "ops")
+        assert refused.value.message == message
+    assert row(world, pid)["status"] == "retrying" and audits(world) == []
+
+
+def test_show_and_retry_documents(world):
+    pid = under_retry(world, "user_s")["id"]
+    shown = orphans.show(world.c, pid)
+    assert set(shown) == {"orphan", "payment", "user_subscriptions"}
+    assert shown["orphan"]["payment_id"] == pid and shown["payment"]["id"] == pid
+    assert [(s["status"], s["item_price_id"]) for s in shown["user_subscriptions"]] == [
+        ("cancelled", "credits-pro-USD-monthly")]
+    world.sandbox.store.add_fault("orchestrator", "500", path="/payments/", count=1)
+    assert orphans.show(world.c, pid)["payment"] == {
+        "unavailable": "orchestrator: internal error"}
+    with pytest.raises(e.NotFound) as missing:
+        orphans.show(world.c, "pay_unknown")
+    assert missing.value.message == "no orphan record for payment pay_unknown"
+
+    assert orphans.retry(world.c, pid, "ops") == {"payment_id": pid, "outcome": "recovered"}
+    assert audits(world) == [("ops", "orphans.retry", pid, None, {"outcome": "recovered"})]
+    with pytest.raises(e.Refused) as refused:
+        orphans.retry(world.c, pid, "ops")
+    assert refused.value.message == f"payment {pid} is recovered: nothing to retry"
+
+
+def test_a_same_plan_duplicate_alerts_with_its_facts_and_is_refunded_once_with_a_reason(world):
+    held = world.checkout()
+    world.sandbox.pay(held["order_id"])  # the user already holds the plan
+    _, payment = orphan(world)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1, "duplicate_refunded": 1}
+    state = row(world, payment["id"])
+    assert (state["status"], state["resolution"]) == ("duplicate_refunded", "refunded")
+    refunds = world.sandbox.store.get("payment", payment["id"])["refunds"]
+    assert [(r["amount"], r["reason"]) for r in refunds] == [(payment["amount"], "duplicate charge")]
+    [(key, alert)] = chat_alerts(world)
+    assert key == f"orphan-duplicate:{payment['id']}"
+    assert alert["text"] == "same-plan duplicate charge during orphan recovery"
+    assert {f["title"]: f["value"] for f in alert["attachments"][0]["fields"]} == {
+        "payment_id": payment["id"], "user_id": "user_a", "plan": "credits-pro-USD-monthly",
+        "active_subscription": held["subscription_id"]}
+    assert orphans.refund(world.c, payment["id"])["processor"]["amountRefunded"] == payment["amount"]
+    assert len(world.sandbox.store.get("payment", payment["id"])["refunds"]) == 1  # refunded in full: not again
+
+
+def test_a_partly_refunded_same_plan_duplicate_is_refunded_for_the_rest(world):
+    """Found through `make mutation`: the refund asked for the full amount, which the orchestrator refuses
+    once part of it was refunded, so the duplicate was retried until exhausted and never refunded."""
+    world.sandbox.pay(world.checkout()["order_id"])  # the user already holds the plan
+    _, payment = orphan(world)
+    world.sandbox.refund(payment["id"], 100)  # part of it refunded at the orchestrator's console
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1, "duplicate_refunded": 1}
+    refunds = world.sandbox.store.get("payment", payment["id"])["refunds"]
+    assert [r["amount"] for r in refunds] == [100, payment["amount"] - 100]
+    assert world.sandbox.store.get("payment", payment["id"])["processor"]["amountRefunded"] == payment["amount"]
+
+
+def test_credits_of_a_recorded_orphan_are_reversed_by_its_refunded_amount(world):
+    """_reverse_credits reads the orchestrator's cumulative refunded amount: a payment recorded (and
+    credited) before it became an orphan loses exactly its refunded share."""
+    from billingctl.services.payments import record_payment
+
+    co = world.checkout()
+    payment = world.settle(co["order_id"])
+    record_payment(world.c, payment, "webhook")
+    assert world.credits() == 2000
+    world.sandbox.refund(payment["id"], payment["amount"] // 2)
+    orphans._reverse_credits(world.c, payment["id"])
+    assert world.credits() == 2000 - 2000 * (payment["amount"] // 2) // payment["amount"]
+    with world.c.uow() as uow:
+        sources = [r["source_key"] for r in uow.execute(select(audit_log)).mappings()]
+    assert sources == []
