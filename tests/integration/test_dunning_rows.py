@@ -1,0 +1,127 @@
+"""Every dunning_attempt row a renewal writes, field by field (spec section 5), on each path: declines up
+to exhaustion, errors backing off to their cap, refusals, in-flight charges, a cancel that fails at
+exhaustion. Written against the survivors of `make mutation`."""
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from billingctl.adapters.db.tables import alert_outbox, dunning_attempt
+from billingctl.services.renewals import run_renewals
+from tests.integration.test_renewals import NSFW, month_passes, subscribed
+from tests.integration.test_renewals import world as world  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.integration
+FIELDS = ("status", "decline_code", "attempt_no", "lane", "processor", "amount", "payment_id")
+
+
+def rows(world):
+    with world.c.uow() as uow:
+        return [dict(r) for r in uow.execute(select(dunning_attempt).order_by(dunning_attempt.c.id)).mappings()]
+
+
+def outbox(world, sink):
+    with world.c.uow() as uow:
+        return [tuple(r) for r in uow.execute(select(alert_outbox.c.dedupe_key, alert_outbox.c.payload)
+                                              .where(alert_outbox.c.sink == sink)).all()]
+
+
+def renewal_invoice(world, co):
+    return [i for i in world.sandbox.store.all("invoice")
+            if i["subscription_id"] == co["subscription_id"] and i["status"] != "paid"][0]
+
+
+def test_declines_are_scheduled_then_exhaust_cancel_and_notify_the_user(world):
+    co = subscribed(world)
+    world.sandbox.decline_customer("user_a")
+    month_passes(world)
+    schedule = world.c.settings.renewal_retry_hours
+    starts = []
+    for hours in schedule:
+        starts.append(world.c.clock.now())
+        run_renewals(world.c)
+        world.c.clock.advance(hours * 3600)
+    assert run_renewals(world.c)["outcomes"] == {"exhausted": 1}
+    invoice = renewal_invoice(world, co)
+    written = rows(world)
+    declined = [p["id"] for p in world.sandbox.store.all("payment") if p["status"] == "DECLINED"]
+    expected = [("declined", "DO_NOT_HONOR", n + 1, "sfw", "SFW_STRIPE", invoice["total"], declined[n])
+                for n in range(len(schedule) + 1)] + [("exhausted", "retry_schedule_exhausted", 0, None, None,
+                                                       None, None)]
+    assert [tuple(r[f] for f in FIELDS) for r in written] == expected
+    assert [r["next_attempt_at"] for r in written] == [
+        start + timedelta(hours=h) for start, h in zip(starts, schedule, strict=True)] + [None, None]
+    assert {(r["invoice_id"], r["subscription_id"], r["user_id"]) for r in written} == {
+        (invoice["id"], co["subscription_id"], "user_a")}
+    assert outbox(world, "notify") == [(f"dunning-exhausted:{co['subscription_id']}", {
+        "user_id": "user_a", "message": "Your subscription was cancelled because the renewal payment failed. "
+                                        "Add a card at checkout to subscribe again."})]
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(co["subscription_id"]) == "cancelled"
+
+
+def test_a_cancel_that_fails_at_exhaustion_is_retried_without_a_second_attempt(world):
+    co = subscribed(world)
+    world.sandbox.decline_customer("user_a")
+    month_passes(world)
+    for hours in world.c.settings.renewal_retry_hours:
+        run_renewals(world.c)
+        world.c.clock.advance(hours * 3600)
+    world.sandbox.store.add_fault("provider", "400", path="cancel", count=-1)
+    assert run_renewals(world.c)["outcomes"] == {"exhausted_cancel_failed": 1}
+    assert rows(world)[-1]["status"] == "declined" and outbox(world, "notify") == []
+    world.sandbox.store.clear_faults()
+    assert run_renewals(world.c)["outcomes"] == {"exhausted": 1}
+    assert [r["status"] for r in rows(world)].count("exhausted") == 1
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"
+
+
+def test_errors_back_off_doubling_to_a_twelve_hour_cap_and_credentials_page_once_a_day(world):
+    subscribed(world)
+    month_passes(world)
+    world.sandbox.store.add_fault("orchestrator", "401", method="POST", path="/payments", count=-1)
+    waits, days = [], set()
+    for _ in range(8):
+        days.add(f"renewals-auth:{world.c.clock.now():%Y%m%d}")
+        assert run_renewals(world.c)["outcomes"] == {"error": 1}
+        last = rows(world)[-1]
+        assert (last["status"], last["decline_code"], last["attempt_no"], last["lane"], last["processor"]) == (
+            "error", "external_auth_error", 1, "sfw", "SFW_STRIPE")
+        waits.append((last["next_attempt_at"] - world.c.clock.now()).total_seconds() / 60)
+        world.c.clock.advance((last["next_attempt_at"] - world.c.clock.now()).total_seconds())
+    assert waits == [10, 20, 40, 80, 160, 320, 640, 720]
+    pages = outbox(world, "chat")
+    assert [key for key, _ in pages] == sorted(days) and len(days) == 2  # once a day, and it ran over two
+    assert pages[0][1]["text"] == ("Renewals cannot charge: the payment orchestrator refused our credentials "
+                                   "(orchestrator: Sorry, authentication failed. Invalid api key)")
+
+
+def test_a_refused_charge_is_a_failed_attempt_with_the_providers_code(world):
+    subscribed(world)
+    month_passes(world)
+    world.sandbox.store.add_fault("orchestrator", "400", method="POST", path="/payments", count=1)
+    assert run_renewals(world.c)["outcomes"] == {"failed": 1}
+    last = rows(world)[-1]
+    assert (last["status"], last["decline_code"], last["attempt_no"]) == ("failed", "RequestValidationError", 1)
+    assert last["next_attempt_at"] == world.c.clock.now() + timedelta(hours=world.c.settings.renewal_retry_hours[0])
+
+
+def test_an_in_flight_charge_is_read_back_until_final_and_recorded_with_its_attempt(world):
+    subscribed(world, plan=NSFW)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    pending = rows(world)[-1]
+    assert (pending["status"], pending["attempt_no"], pending["lane"]) == ("pending", 1, "nsfw")
+    assert run_renewals(world.c)["outcomes"] == {"in_flight": 1}  # still PENDING at the orchestrator
+    world.sandbox.store.add_fault("orchestrator", "500", method="GET", path="/payments/", count=-1)
+    assert run_renewals(world.c)["outcomes"] == {"in_flight": 1}  # unreadable: next tick
+    world.sandbox.store.clear_faults()
+    world.sandbox.finish_payment(pending["payment_id"], settle=False, drop_webhook=True)
+    assert run_renewals(world.c)["outcomes"] == {"declined": 1}
+    done = rows(world)[-1]
+    assert tuple(done[f] for f in FIELDS) == ("declined", "DO_NOT_HONOR", 1, "nsfw", pending["processor"],
+                                              pending["amount"], pending["payment_id"])
+    assert pending["processor"] == "NSFW_SEGPAY" and pending["amount"] > 0
+    assert done["next_attempt_at"] == world.c.clock.now() + timedelta(hours=world.c.settings.renewal_retry_hours[0])
