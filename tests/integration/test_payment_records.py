@@ -1,0 +1,83 @@
+"""What recording writes besides the purchase, field by field: the transaction row of every payment status,
+the manual-review row of a checkout the provider cancelled before its payment, and the activations job's
+counts. Written against the survivors of `make mutation`."""
+
+import pytest
+from sqlalchemy import select
+
+from billingctl.adapters.db.tables import fraud_event, orphan_recovery, subscription, transaction
+from billingctl.domain.clock import parse_time
+from billingctl.services.payments import activate_subscription, retry_pending, update_transaction_status
+
+pytestmark = pytest.mark.integration
+NSFW = "credits-pro-nsfw-USD-monthly"
+TXN = ("transaction_id", "status", "amount", "currency_code", "customer_id", "invoice_id", "processor",
+       "processor_merchant_id")
+
+
+def txn(world, payment_id):
+    with world.c.uow() as uow:
+        row = uow.execute(select(transaction).where(transaction.c.transaction_id == payment_id)).mappings().first()
+    return tuple(row[f] for f in TXN) if row else None
+
+
+@pytest.mark.parametrize(("status", "local"), [("AUTHORIZED", "authorized"), ("SETTLING", "authorized"),
+                                               ("DECLINED", "failed"), ("PENDING", "pending"),
+                                               ("SOMETHING_NEW", "pending")])
+def test_a_payment_status_keeps_every_field_of_the_transaction(world, status, local):
+    co = world.checkout("user_t", NSFW)
+    payment = world.sandbox.decline_checkout(co["order_id"], processor="NSFW_SEGPAY", drop_webhook=True)
+    payment = {**payment, "status": status, "processor": {"name": "NSFW_SEGPAY", "processorMerchantId": "mid_7"}}
+    assert update_transaction_status(world.c, payment) == {"payment_id": payment["id"], "outcome": "status_updated",
+                                                           "status": local}
+    assert txn(world, payment["id"]) == (payment["id"], local, payment["amount"], "USD", "user_t", co["order_id"],
+                                         "NSFW_SEGPAY", "mid_7")
+
+
+def test_an_nsfw_authorization_without_a_lane_in_its_metadata_counts_by_its_checkout(world):
+    """The lane comes from the payment's metadata, else from the checkout its order id names."""
+    co = world.checkout("user_q", NSFW)
+    declined = world.sandbox.decline_checkout(co["order_id"], drop_webhook=True)
+    declined["metadata"] = {k: v for k, v in declined["metadata"].items() if k != "lane"}
+    update_transaction_status(world.c, declined)
+    with world.c.uow() as uow:
+        keys = uow.execute(select(fraud_event.c.dedupe_key).where(fraud_event.c.user_id == "user_q")).scalars().all()
+    assert keys == [f"payment:{declined['id']}"]  # the checkout's reserved slot, taken by this authorization
+    sfw = world.checkout("user_r")
+    other = world.sandbox.decline_checkout(sfw["order_id"], drop_webhook=True)
+    other["metadata"] = {}
+    update_transaction_status(world.c, other)
+    with world.c.uow() as uow:
+        assert uow.execute(select(fraud_event.c.id).where(fraud_event.c.user_id == "user_r")).first() is None
+
+
+def test_a_checkout_cancelled_at_the_provider_opens_its_payment_for_review_with_its_facts(world):
+    co = world.checkout()
+    world.sandbox.cancel(co["subscription_id"])
+    payment = world.sandbox.pay(co["order_id"])  # the webhook records it; activation finds it cancelled
+    with world.c.uow() as uow:
+        row = uow.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment["id"])).mappings().one()
+        local = uow.execute(select(subscription).where(subscription.c.id == co["subscription_id"])).mappings().one()
+    assert (row["user_id"], row["subscription_id"], row["item_price_id"], row["amount"], row["currency_code"],
+            row["status"]) == ("user_a", co["subscription_id"], "credits-pro-USD-monthly", payment["amount"], "USD",
+                               "retrying")
+    assert row["settled_at"] == parse_time(payment["date"])
+    assert (local["status"], local["activation_pending_since"], local["activation_error"]) == ("cancelled", None, None)
+    assert local["synced_at"] is not None
+    assert activate_subscription(world.c, co["subscription_id"]) == {
+        "subscription_id": co["subscription_id"], "outcome": "cancelled_at_provider", "status": "cancelled"}
+
+
+def test_the_activations_job_counts_what_it_completed_and_what_still_fails(world):
+    first, second = world.checkout("user_1"), world.checkout("user_2")
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    world.sandbox.pay(first["order_id"])
+    world.sandbox.pay(second["order_id"])
+    world.sandbox.store.clear_faults()
+    world.sandbox.store.add_fault("provider", "503", path=f"{second['subscription_id']}/update_for_items", count=-1)
+    result = retry_pending(world.c)
+    assert result == {"completed": 1, "failed": 1}
+    assert (result.outcome.done, result.outcome.failed) == (1, 1)
+    world.sandbox.store.clear_faults()
+    assert retry_pending(world.c) == {"completed": 1, "failed": 0}
+    assert retry_pending(world.c) == {"completed": 0, "failed": 0}
