@@ -181,6 +181,7 @@ def _release(container, reservation: str) -> None:
 # Errors that mean the charge request itself is wrong (a token the orchestrator refuses, a malformed
 # request): retrying the same request cannot succeed, so they count toward the retry schedule.
 PERMANENT = (e.ExternalInvalidRequest, e.ExternalNotFound)
+CHECKOUT_LOOKBACK = 6  # the latest NSFW purchases read back to find the latest checkout's card
 ERROR_BACKOFF = timedelta(minutes=10)  # the first retry is the next tick
 MAX_ERROR_BACKOFF = timedelta(hours=12)
 
@@ -260,16 +261,19 @@ def _resolve_token(container, user_id: str, lane: str, now) -> str | None:
 
 def _latest_nsfw_checkout_token(container, user_id: str) -> str | None:
     """The card vaulted at the user's latest NSFW checkout (the one checkout tried to make primary);
-    without it, the newest usable card is used."""
+    without it, the newest usable card is used. A checkout's payment is the orchestrator's FIRST_PAYMENT:
+    which path recorded a purchase says nothing (a renewal's settle webhook usually records it first)."""
     with container.uow() as uow:
-        payment_id = uow.purchases.latest_nsfw_checkout_payment(user_id)
-    if payment_id is None:
-        return None
-    try:
-        payment = container.orchestrator.get_payment(payment_id)
-    except e.BillingError:
-        return None
-    return (payment.get("paymentMethod") or {}).get("paymentMethodToken")
+        payment_ids = uow.purchases.latest_on_lane(user_id, "nsfw", CHECKOUT_LOOKBACK)
+    for payment_id in payment_ids:
+        try:
+            payment = container.orchestrator.get_payment(payment_id)
+        except e.BillingError:
+            return None
+        method = payment.get("paymentMethod") or {}
+        if method.get("paymentType") == "FIRST_PAYMENT":
+            return method.get("paymentMethodToken")
+    return None
 
 
 def _failed(container, invoice, status, code, attempt_no, lane, processor, amount, history, payment_id=None) -> str:

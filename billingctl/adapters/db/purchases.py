@@ -100,11 +100,12 @@ class Purchases(Repository):
             or_(purchase.c.invoice_id.is_not(None),
                 purchase.c.transaction_id.not_in(select(orphan_recovery.c.payment_id))))
 
-    def latest_nsfw_checkout_payment(self, user_id: str) -> str | None:
-        return self.execute(
+    def latest_on_lane(self, user_id: str, lane: str, limit: int) -> list[str]:
+        """The payment ids of the user's latest purchases on a lane, newest first."""
+        return list(self.execute(
             select(purchase.c.transaction_id).join(subscription, subscription.c.id == purchase.c.subscription_id)
-            .where(purchase.c.user_id == user_id, subscription.c.lane == "nsfw",
-                   purchase.c.recorded_via != "renewal").order_by(purchase.c.id.desc()).limit(1)).scalar()
+            .where(purchase.c.user_id == user_id, subscription.c.lane == lane)
+            .order_by(purchase.c.id.desc()).limit(limit)).scalars())
 
     def count_of_user(self, user_id: str) -> int:
         return self.execute(select(func.count()).select_from(purchase).where(
