@@ -108,3 +108,11 @@ def test_a_processor_of_the_other_lane_locks_nothing():
     assert result.outcome == "cross_lane"
     row = uow.locks.read("u1")
     assert (row["sfw_processor"], row["nsfw_processor"]) == (None, None)
+
+
+def test_a_refused_checkout_records_one_velocity_event_with_its_window_and_source():
+    uow = FakeUnitOfWork()
+    fraud_quota.record_velocity(uow, "u1", T0, 999, "daily", "checkout")
+    assert uow.fraud.rows == [{"user_id": "u1", "event_type": "velocity_triggered", "created_at": T0,
+                               "dedupe_key": None, "metadata": {"merchant_context": "full", "amount": 999,
+                                                                "window": "daily", "source": "checkout"}}]
