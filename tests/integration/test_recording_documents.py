@@ -1,0 +1,104 @@
+"""What recording returns and writes, whole: the document of every outcome (scripts read them with
+--json), the analytics events, the transaction, invoice and subscription rows. Written against the
+survivors of `make mutation`."""
+
+import pytest
+from sqlalchemy import select
+
+from billingctl.adapters.db.tables import alert_outbox, invoice, subscription, transaction
+from billingctl.domain.clock import parse_time
+from billingctl.services.payments import activate_subscription, record_payment, reverse_refund
+from billingctl.services.sync import sync_subscription
+from billingctl.services.users import freeze
+
+pytestmark = pytest.mark.integration
+
+
+def analytics(world):
+    with world.c.uow() as uow:
+        return {key: payload for key, payload in uow.execute(
+            select(alert_outbox.c.dedupe_key, alert_outbox.c.payload).where(alert_outbox.c.sink == "analytics"))}
+
+
+def test_the_document_of_each_outcome(world):
+    co = world.checkout()
+    paid = world.settle(co["order_id"])
+    ids = {"payment_id": paid["id"], "subscription_id": co["subscription_id"], "user_id": "user_a"}
+    assert record_payment(world.c, paid, "webhook") == {
+        **ids, "outcome": "recorded", "credits_applied": 2000, "provider_recorded": True, "activation": "activated",
+        "lock": {"lane": "sfw", "outcome": "locked", "psp": "SFW_STRIPE", "locked_processor": "SFW_STRIPE"}}
+    assert record_payment(world.c, paid, "webhook") == {
+        **ids, "outcome": "duplicate", "credits_applied": 0, "provider_recorded": True, "activation": "already_active"}
+    assert record_payment(world.c, paid, "cli", followups=False) == {**ids, "outcome": "duplicate",
+                                                                      "credits_applied": 0}
+    nsfw = world.checkout("user_n", "credits-pro-nsfw-USD-monthly")
+    second = world.settle(nsfw["order_id"])
+    assert record_payment(world.c, second, "webhook") == {
+        "payment_id": second["id"], "subscription_id": nsfw["subscription_id"], "user_id": "user_n",
+        "outcome": "recorded", "credits_applied": 3000, "provider_recorded": True, "activation": "activated",
+        "set_primary": True,
+        "lock": {"lane": "nsfw", "outcome": "locked", "psp": "NSFW_SEGPAY", "locked_processor": "NSFW_SEGPAY"}}
+    frozen = world.checkout("user_f")
+    freeze(world.c, "user_f", "fraud review", "ops")
+    held = world.settle(frozen["order_id"])
+    assert record_payment(world.c, held, "webhook") == {
+        "payment_id": held["id"], "subscription_id": frozen["subscription_id"], "user_id": "user_f",
+        "outcome": "held_frozen", "credits_applied": 0}
+    cancelled = world.checkout("user_c")
+    world.sandbox.cancel(cancelled["subscription_id"])
+    late = world.settle(cancelled["order_id"])
+    sync_subscription(world.c, cancelled["subscription_id"])
+    assert record_payment(world.c, late, "webhook") == {
+        "payment_id": late["id"], "subscription_id": cancelled["subscription_id"], "user_id": "user_c",
+        "outcome": "orphaned", "credits_applied": 0}
+    assert activate_subscription(world.c, co["subscription_id"]) == {
+        "subscription_id": co["subscription_id"], "outcome": "already_active", "status": "active"}
+
+
+def test_the_rows_and_the_analytics_event_of_a_recorded_payment(world):
+    co = world.checkout()
+    paid = world.settle(co["order_id"])
+    record_payment(world.c, paid, "event_poller")
+    remote = world.sandbox.subscription(co["subscription_id"])
+    with world.c.uow() as uow:
+        txn = uow.execute(select(transaction)).mappings().one()
+        inv = uow.execute(select(invoice)).mappings().one()
+        sub = uow.execute(select(subscription).where(subscription.c.id == co["subscription_id"])).mappings().one()
+    assert (txn["transaction_id"], txn["status"], txn["amount"], txn["currency_code"], txn["customer_id"],
+            txn["subscription_id"], txn["processor"]) == (paid["id"], "captured", paid["amount"], "USD", "user_a",
+                                                          co["subscription_id"], "SFW_STRIPE")
+    assert txn["invoice_id"] == inv["id"] == remote_invoice(world, co)
+    assert (inv["subscription_id"], inv["customer_id"], inv["total_amount"], inv["currency_code"], inv["status"]) == (
+        co["subscription_id"], "user_a", paid["amount"], "USD", "paid")
+    assert inv["paid_at"] == parse_time(paid["date"])
+    assert (sub["status"], sub["activation_pending_since"], sub["activation_error"], sub["lane"]) == (
+        "active", None, None, "sfw")
+    assert sub["current_term_end"] == parse_time(remote["current_term_end"])
+    assert sub["start_date"] == parse_time(remote["start_date"])
+    assert analytics(world)[f"analytics:payment:{paid['id']}"] == {
+        "event": "payment_recorded", "payment_id": paid["id"], "user_id": "user_a",
+        "subscription_id": co["subscription_id"], "item_price_id": "credits-pro-USD-monthly", "lane": "sfw",
+        "amount": paid["amount"], "currency_code": "USD", "credits": 2000, "path": "event_poller"}
+
+
+def remote_invoice(world, co):
+    [first] = [i["id"] for i in world.sandbox.store.all("invoice") if i["subscription_id"] == co["subscription_id"]]
+    return first
+
+
+def test_a_refund_reversal_document_and_its_analytics_event(world):
+    co = world.checkout()
+    paid = world.settle(co["order_id"])
+    record_payment(world.c, paid, "webhook")
+    assert reverse_refund(world.c, "pay_unknown", 10, "webhook") == {
+        "payment_id": "pay_unknown", "outcome": "unknown_payment", "credits_reversed": 0}
+    half = paid["amount"] // 2
+    share = 2000 * half // paid["amount"]
+    assert reverse_refund(world.c, paid["id"], half, "event_poller") == {
+        "payment_id": paid["id"], "outcome": "reversed", "credits_reversed": share, "user_id": "user_a"}
+    assert reverse_refund(world.c, paid["id"], half, "webhook") == {
+        "payment_id": paid["id"], "outcome": "already_reversed", "credits_reversed": 0}
+    assert analytics(world)[f"analytics:refund:{paid['id']}:{half}"] == {
+        "event": "payment_refunded", "payment_id": paid["id"], "user_id": "user_a", "refunded_total": half,
+        "credits_reversed": share, "path": "event_poller"}
+    assert world.credits() == 2000 - share
