@@ -1,0 +1,79 @@
+"""Where each fact of a payment comes from (spec section 1: the orchestrator's payment, our checkout, the
+provider only for what we do not hold): every field, every fallback, every refusal with its message.
+Written against the survivors of `make mutation`."""
+
+from dataclasses import asdict
+
+import pytest
+
+from billingctl.domain import errors as e
+from billingctl.domain.clock import parse_time
+from billingctl.services.payments import facts_from_payment
+
+pytestmark = pytest.mark.integration
+PRO = "credits-pro-USD-monthly"
+
+
+def refused(world, payment) -> str:
+    with pytest.raises(e.InvalidInput) as error:
+        facts_from_payment(world.c, payment)
+    return error.value.message
+
+
+def test_every_fact_comes_from_the_payment_when_it_names_it(world):
+    payment = {"id": "pay_1", "status": "SETTLED", "orderId": "inv_77", "customerId": "user_z", "amount": "1234",
+               "currencyCode": "EUR", "date": "2026-11-20T10:00:00Z",
+               "processor": {"name": "NSFW_NMI", "processorMerchantId": "mid_9"},
+               "metadata": {"subscription_id": "sub_9", "item_price_id": PRO, "lane": "nsfw", "user_id": "other"}}
+    assert asdict(facts_from_payment(world.c, payment)) == {
+        "payment_id": "pay_1", "user_id": "user_z", "subscription_id": "sub_9", "invoice_id": "inv_77",
+        "item_price_id": PRO, "lane": "nsfw", "amount": 1234, "currency_code": "EUR", "credits": 2000,
+        "processor": "NSFW_NMI", "merchant_id": "mid_9", "settled_at": parse_time("2026-11-20T10:00:00Z")}
+
+
+def test_a_checkout_payment_is_completed_from_our_checkout_and_has_no_invoice_yet(world):
+    co = world.checkout("user_k")
+    paid = world.settle(co["order_id"])
+    bare = {"id": paid["id"], "status": "SETTLED", "orderId": co["order_id"], "amount": paid["amount"]}
+    facts = facts_from_payment(world.c, bare)
+    assert (facts.user_id, facts.subscription_id, facts.invoice_id, facts.item_price_id, facts.lane,
+            facts.currency_code, facts.amount, facts.processor, facts.settled_at) == (
+        "user_k", co["subscription_id"], None, PRO, "sfw", "USD", paid["amount"], None, None)
+    assert facts_from_payment(world.c, {**bare, "metadata": {"user_id": "meta_user"}}).user_id == "meta_user"
+
+
+def test_a_renewal_payment_finds_its_subscription_from_the_invoice_and_its_plan_locally(world):
+    co = world.checkout("user_r")
+    world.sandbox.pay(co["order_id"])  # recorded and activated: the local subscription knows its plan
+    world.sandbox.change_term_end(co["subscription_id"], world.sandbox.now() - 1)
+    invoice = world.sandbox.renew_due()[0]
+    payment = {"id": "pay_r", "status": "SETTLED", "orderId": invoice["id"], "customerId": "user_r", "amount": 5}
+    facts = facts_from_payment(world.c, payment)
+    assert (facts.subscription_id, facts.invoice_id, facts.item_price_id) == (co["subscription_id"], invoice["id"],
+                                                                           PRO)
+
+
+def test_a_plan_unknown_locally_is_read_from_the_provider_with_its_customer(world):
+    co = world.checkout("user_p")
+    world.sandbox.pay(co["order_id"])
+    with world.c.uow() as uow:
+        uow.subscriptions.set(co["subscription_id"], item_price_id=None)
+        uow.commit()
+    facts = facts_from_payment(world.c, {"id": "pay_p", "status": "SETTLED",
+                                         "metadata": {"subscription_id": co["subscription_id"]}})
+    assert (facts.item_price_id, facts.user_id, facts.credits) == (PRO, "user_p", 2000)
+
+
+def test_refusals_name_the_payment_and_what_is_missing(world):
+    assert refused(world, {"status": "SETTLED"}) == "payment id is missing"
+    assert refused(world, "pay_1") == "payment id is missing"
+    assert refused(world, {"id": "pay_1", "status": "DECLINED"}) == "payment pay_1 is DECLINED, not SETTLED"
+    assert refused(world, {"id": "pay_1"}) == "payment pay_1 is None, not SETTLED"
+    assert refused(world, {"id": "pay_2", "status": "SETTLED"}) == "payment pay_2 names no subscription or invoice"
+    co = world.checkout("user_q")
+    world.sandbox.pay(co["order_id"])
+    with world.c.uow() as uow:
+        uow.subscriptions.set(co["subscription_id"], item_price_id=PRO)
+        uow.commit()
+    assert refused(world, {"id": "pay_3", "status": "SETTLED", "metadata": {
+        "subscription_id": co["subscription_id"]}}) == "payment pay_3 names no customer"
