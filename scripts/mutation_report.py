@@ -13,8 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-# mutmut's exit codes: 1 (and -N signals, timeouts) killed; 0 survived; None not run (no test covers it).
-SURVIVED, NO_TESTS = 0, None
+# mutmut's exit codes (mutmut/stats.py): 0 survived; 5 and 33 no test reaches the mutant; None not checked
+# yet; 34 skipped; anything else (1, 3, timeouts, signals) killed.
+SURVIVED, NO_TESTS, NOT_CHECKED, SKIPPED = {0}, {5, 33}, {None}, {34}
 
 
 def _functions(path: Path) -> dict[str, str]:
@@ -28,16 +29,19 @@ def _functions(path: Path) -> dict[str, str]:
 
 
 def survivors(root: Path = Path("mutants")):
-    totals = {"killed": 0, "survived": 0, "no_tests": 0}
+    totals = {"killed": 0, "survived": 0, "no_tests": 0, "not_checked": 0}
     rows = []
     for meta in sorted(root.rglob("*.py.meta")):
         results = json.loads(meta.read_text())["exit_code_by_key"]
         functions = _functions(meta.with_suffix(""))
         for key, code in sorted(results.items()):
-            if code == SURVIVED:
+            if code in SURVIVED:
                 totals["survived"] += 1
-            elif code is NO_TESTS:
+            elif code in NO_TESTS:
                 totals["no_tests"] += 1
+            elif code in NOT_CHECKED or code in SKIPPED:
+                totals["not_checked"] += 1
+                continue
             else:
                 totals["killed"] += 1
                 continue
@@ -46,17 +50,17 @@ def survivors(root: Path = Path("mutants")):
             changed = [line[1:].strip() for line in difflib.unified_diff(
                 original.splitlines()[1:], functions.get(name, "").splitlines()[1:], lineterm="", n=0)
                 if line.startswith("+") and not line.startswith("+++")]
-            rows.append((str(meta.relative_to(root).with_suffix("")), key, "survived" if code == SURVIVED
+            rows.append((str(meta.relative_to(root).with_suffix("")), key, "survived" if code in SURVIVED
                          else "no test", " / ".join(changed)[:160]))
     return totals, rows
 
 
 def main() -> None:
     totals, rows = survivors()
-    checked = sum(totals.values())
+    checked = totals["killed"] + totals["survived"] + totals["no_tests"]
     score = 100 * totals["killed"] / checked if checked else 0
     print(f"mutation score: {score:.1f} % ({totals['killed']} killed, {totals['survived']} survived, "
-          f"{totals['no_tests']} reached by no test, of {checked})")
+          f"{totals['no_tests']} reached by no test, of {checked}; {totals['not_checked']} not checked)")
     if "--counts" not in sys.argv:
         for path, key, state, change in rows:
             print(f"{path}\t{key.rpartition('.')[2]}\t{state}\t{change}")

@@ -48,6 +48,3 @@ class Orphans(Repository):
     def held_for_review(self, user_id: str) -> list[str]:
         return list(self.execute(select(orphan_recovery.c.payment_id).where(
             orphan_recovery.c.user_id == user_id, orphan_recovery.c.status == "needs_review")).scalars())
-
-    def payment_ids_subquery(self):
-        return select(orphan_recovery.c.payment_id)
