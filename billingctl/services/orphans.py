@@ -162,8 +162,10 @@ def _recover(container, row: dict, payment: dict) -> str:
             review.alert_frozen(uow, container.clock, row["payment_id"], user_id)
             uow.commit()
         return "needs_review"
-    if row["last_error"] == review.FROZEN and _subscription_status(container, row["subscription_id"]) != "cancelled":
-        # Held because the account was frozen, now unfrozen: the payment pays its own subscription.
+    if (row["last_error"] == review.FROZEN or _recorded_on(container, row["payment_id"], row["subscription_id"])) \
+            and _subscription_status(container, row["subscription_id"]) != "cancelled":
+        # Held because the account was frozen, now unfrozen: the payment pays its own subscription. Once
+        # recorded there (its activation may have failed since), it stays there: never a resubscription.
         return _record_on_own_subscription(container, row, payment)
     holding = _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
     if holding:
@@ -189,6 +191,12 @@ def _record_on_own_subscription(container, row: dict, payment: dict) -> str:
                               f"{result.get('activation_error', 'unknown')}")
     _finish(container, row["payment_id"], "recovered", resolution="recorded")
     return "recovered"
+
+
+def _recorded_on(container, payment_id: str, subscription_id: str | None) -> bool:
+    with container.uow(autocommit=True) as uow:
+        bought = uow.purchases.by_payment_id(payment_id)
+    return bought is not None and bought["subscription_id"] == subscription_id
 
 
 def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -> str | None:

@@ -1,0 +1,181 @@
+"""Edges found by reading the survivors of `make mutation`, one behaviour each: which lane an authorization
+counts on, which invoice a lost start answer belongs to, which soft-deleted or foreign rows an operator
+command must leave alone, where the velocity window starts, and what recovery does with a payment held
+while its user was frozen."""
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import insert, select
+
+from billingctl.adapters.db.tables import fraud_event, orphan_recovery, transaction, user_credits, users
+from billingctl.domain import errors as e
+from billingctl.services import orphans
+from billingctl.services import processor_lock as pl
+from billingctl.services.payments import record_payment, update_transaction_status
+from billingctl.services.users import freeze, unfreeze, velocity_watch
+from tests.integration.test_orphans import build, orphan, row
+from tests.integration.test_processor_lock import NOW, lock_row
+
+pytestmark = pytest.mark.integration
+NSFW, PRO = "credits-pro-nsfw-USD-monthly", "credits-pro-USD-monthly"
+
+
+@pytest.fixture
+def world(make_settings, db_url):
+    w = build(make_settings, db_url)
+    yield w
+    w.c.close()
+
+
+def counted(world, user):
+    with world.c.uow() as uow:
+        return uow.execute(select(fraud_event.c.dedupe_key).where(fraud_event.c.user_id == user)).scalars().all()
+
+
+def test_an_authorizations_lane_is_its_metadatas_first_then_its_checkouts(world):
+    update_transaction_status(world.c, {"id": "pay_m", "status": "DECLINED", "customerId": "user_m",
+                                        "metadata": {"lane": "nsfw"}})
+    assert counted(world, "user_m") == ["payment:pay_m"]  # no order id: the metadata alone decides
+    sfw = world.checkout("user_s", PRO)
+    update_transaction_status(world.c, {"id": "pay_s", "status": "DECLINED", "customerId": "user_s",
+                                        "orderId": sfw["order_id"], "metadata": {"lane": "nsfw"}})
+    assert counted(world, "user_s") == ["payment:pay_s"]  # the payment's own lane wins over its checkout's
+    with world.c.uow() as uow:
+        amount = uow.execute(select(transaction.c.amount).where(transaction.c.transaction_id == "pay_m")).scalar()
+    assert amount == 0  # no amount reported: none recorded
+
+
+def test_a_lost_start_answer_finds_the_first_invoice_of_its_own_subscription(world):
+    other = world.checkout("user_o")
+    world.sandbox.pay(other["order_id"])  # another subscription's invoice exists first
+    co = world.checkout()
+    world.sandbox.store.add_fault("provider", "error_after_effect", path="update_for_items", count=1)
+    with world.c.provider.http.attempts(1):
+        record_payment(world.c, world.sandbox.pay(co["order_id"], drop_webhook=True), "cli")
+    from billingctl.services.payments import retry_pending
+
+    assert retry_pending(world.c) == {"completed": 1, "failed": 0}
+    own = [i for i in world.sandbox.store.all("invoice") if i["subscription_id"] == co["subscription_id"]]
+    with world.c.uow() as uow:
+        bought = uow.purchases.first_of_subscription(co["subscription_id"])
+    assert bought.invoice_id == own[0]["id"] and own[0]["status"] == "paid"
+
+
+def test_a_cancelled_checkout_opens_review_only_for_its_own_unassigned_payments(world):
+    pending = world.checkout("user_p")
+    world.sandbox.store.add_fault("provider", "503", path=f"{pending['subscription_id']}/update_for_items",
+                                  count=-1)
+    stuck = world.sandbox.pay(pending["order_id"])  # recorded, its activation (and invoice) pending
+    co = world.checkout()
+    world.sandbox.cancel(co["subscription_id"])
+    late = world.sandbox.pay(co["order_id"])
+    with world.c.uow() as uow:
+        opened = uow.execute(select(orphan_recovery.c.payment_id)).scalars().all()
+        synced = uow.subscriptions.get(co["subscription_id"])["synced_at"]
+    assert opened == [late["id"]] and stuck["id"] not in opened
+    assert synced == world.c.clock.now()
+
+
+def test_clear_and_backfill_leave_soft_deleted_rows_alone_and_read_successes_on_the_stored_processor(world):
+    legacy = world.c.settings.legacy_nmi_processor
+    with world.c.uow() as uow:
+        uow.execute(insert(users).values(id="user_d", created_at=NOW))
+        uow.execute(insert(user_credits).values(user_id="user_d", nsfw_processor="NSFW_CCBILL", created_at=NOW,
+                                                deleted_at=NOW))
+        uow.execute(insert(user_credits).values(user_id="user_d", nsfw_processor="NSFW_CCBILL", created_at=NOW))
+        uow.execute(insert(transaction).values(transaction_id="pay_other", amount=1, status="captured",
+                                               created_at=NOW, customer_id="user_d", processor="NSFW_SEGPAY"))
+        uow.execute(insert(transaction).values(transaction_id="pay_failed", amount=1, status="failed",
+                                               created_at=NOW, customer_id="user_d", processor="NSFW_CCBILL"))
+        for uid, deleted in (("old_1", NOW), ("none_2", None), ("legacy_3", None)):
+            uow.execute(insert(users).values(id=uid, created_at=NOW))
+            uow.execute(insert(user_credits).values(user_id=uid, nsfw_processor=legacy, created_at=NOW,
+                                                    deleted_at=deleted))
+        for n, (created, mid) in enumerate(((NOW + timedelta(minutes=5), "mid_late"), (NOW, "mid_first"))):
+            for uid in ("old_1", "legacy_3"):
+                uow.execute(insert(transaction).values(transaction_id=f"pay_{uid}_{n}", amount=1, status="captured",
+                                                       created_at=created, customer_id=uid, processor=legacy,
+                                                       processor_merchant_id=mid))
+        uow.commit()
+    pl.clear(world.c, "user_d", "nsfw", "wrong", "ops")  # successes elsewhere or failed ones do not hold it
+    with world.c.uow() as uow:
+        rows = uow.execute(select(user_credits.c.nsfw_processor).where(user_credits.c.user_id == "user_d")
+                           .order_by(user_credits.c.id)).scalars().all()
+    assert rows == ["NSFW_CCBILL", None]  # the soft-deleted row keeps its value
+    result = pl.backfill_mid(world.c)
+    assert result["filled"] == [{"user_id": "legacy_3", "nsfw_processor_mid": "mid_first"}]
+    assert result["without_history"] == ["none_2"]  # and the users after it are still filled
+    with world.c.uow() as uow:
+        old = uow.execute(select(user_credits.c.nsfw_processor_mid).where(user_credits.c.user_id == "old_1")).scalar()
+    assert old is None and lock_row(world, "legacy_3")["nsfw_processor_mid"] == "mid_first"
+
+
+def test_the_velocity_window_is_the_last_minute_exclusive_of_its_start(world):
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        for n, age in enumerate((60, 59)):
+            uow.execute(insert(transaction).values(transaction_id=f"pay_{n}", amount=10, status="captured",
+                                                   created_at=now - timedelta(seconds=age), customer_id="u"))
+        uow.commit()
+    assert (velocity_watch(world.c)["charges"], velocity_watch(world.c)["amount"]) == (1, 10)
+
+
+def test_orphans_are_listed_by_when_they_were_found(world):
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        for pid, created in (("pay_late", now), ("pay_early", now - timedelta(hours=1))):
+            uow.orphans.open({"payment_id": pid, "user_id": "u", "status": "exhausted", "attempts": 7,
+                              "settled_at": created, "created_at": created, "updated_at": created})
+        uow.commit()
+    assert [o["payment_id"] for o in orphans.list_orphans(world.c)] == ["pay_early", "pay_late"]
+
+
+def test_a_payment_held_while_frozen_is_recorded_on_its_own_subscription_after_unfreeze(world):
+    """Found through `make mutation`: once recorded on its own subscription, a failed activation made the
+    next attempt re-subscribe the user (a second subscription) and leave the first pending for ever."""
+    co = world.checkout("user_f")
+    freeze(world.c, "user_f", "fraud review", "ops")
+    first = world.sandbox.pay(co["order_id"])  # its webhook: held for review, nothing credited
+    assert row(world, first["id"])["status"] == "needs_review"
+    unfreeze(world.c, "user_f", "cleared", "ops")
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    assert orphans.retry(world.c, first["id"], "ops")["outcome"] == "retrying"
+    assert row(world, first["id"])["last_error"].startswith(f"recorded {first['id']} but activation is pending: ")
+    world.sandbox.store.clear_faults()
+    assert orphans.retry(world.c, first["id"], "ops")["outcome"] == "recovered"
+    state = row(world, first["id"])
+    assert (state["status"], state["resolution"], state["subscription_id"]) == (
+        "recovered", "recorded", co["subscription_id"])
+    with world.c.uow() as uow:
+        bought = uow.purchases.by_payment_id(first["id"])
+    assert (bought["recorded_via"], bought["subscription_id"]) == ("orphan_recovery", co["subscription_id"])
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
+    assert len(world.sandbox.store.all("subscription")) == 1 and world.credits("user_f") == 2000
+
+
+def under_retry(world):
+    _, payment = orphan(world)
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=1)
+    orphans.run_orphans(world.c)
+    world.sandbox.store.clear_faults()
+    return payment
+
+
+def test_a_failed_manual_resubscription_leaves_the_orphan_to_automatic_recovery(world):
+    payment = under_retry(world)
+    with world.c.uow() as uow:
+        uow.orphans.set(payment["id"], status="exhausted")
+        uow.commit()
+    world.sandbox.store.add_fault("provider", "400", path="subscription_for_items", count=-1)
+    with pytest.raises(e.BillingError):
+        orphans.resolve(world.c, payment["id"], "create-subscription", "user asked", "ops")
+    assert row(world, payment["id"])["status"] == "retrying"
+
+
+def test_a_refund_resolution_while_the_orchestrator_is_unreadable_fails_as_unavailable(world):
+    payment = under_retry(world)
+    world.sandbox.store.add_fault("orchestrator", "500", method="GET", path="/payments/", count=-1)
+    with pytest.raises(e.ExternalError):
+        orphans.resolve(world.c, payment["id"], "refund", "customer asked", "ops")
+    assert orphans.resolve(world.c, payment["id"], "mark-handled", "refunded by phone", "ops")["state"] == "resolved"
