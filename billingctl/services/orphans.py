@@ -362,7 +362,7 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
     row, payment = info["orphan"], info["payment"]
     if row["status"] in ("recovered", "duplicate_refunded", "resolved"):
         raise e.Refused(f"payment {payment_id} is already {row['status']}")
-    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0) if "id" in payment else 0
+    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)  # 0 when it could not be read
     if action == "refund" and refunded > 0:
         raise e.Refused(f"payment {payment_id} was already refunded ({refunded})")
     if action == "create-subscription" and refunded > 0:
@@ -383,8 +383,8 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
         claimed = _claim(container, payment_id, force=True)
         if claimed is None:
             raise e.Refused(f"payment {payment_id} is being worked on; try again")
-        _resubscribe(container, claimed, payment)
-        _finish(container, payment_id, "resolved", resolution="resubscribed", resolved_by=actor)
+        _resubscribe(container, claimed, payment)  # writes the resolution and the new subscription
+        _finish(container, payment_id, "resolved", resolved_by=actor)
     else:
         _finish(container, payment_id, "resolved", resolution="handled", resolved_by=actor)
     _audit(container, actor, f"orphans.resolve.{action}", payment_id, reason, plan)

@@ -88,6 +88,7 @@ def test_errors_back_off_doubling_to_a_twelve_hour_cap_and_credentials_page_once
         last = rows(world)[-1]
         assert (last["status"], last["decline_code"], last["attempt_no"], last["lane"], last["processor"]) == (
             "error", "external_auth_error", 1, "sfw", "SFW_STRIPE")
+        assert last["amount"] > 0
         waits.append((last["next_attempt_at"] - world.c.clock.now()).total_seconds() / 60)
         world.c.clock.advance((last["next_attempt_at"] - world.c.clock.now()).total_seconds())
     assert waits == [10, 20, 40, 80, 160, 320, 640, 720]
@@ -103,7 +104,10 @@ def test_a_refused_charge_is_a_failed_attempt_with_the_providers_code(world):
     world.sandbox.store.add_fault("orchestrator", "400", method="POST", path="/payments", count=1)
     assert run_renewals(world.c)["outcomes"] == {"failed": 1}
     last = rows(world)[-1]
-    assert (last["status"], last["decline_code"], last["attempt_no"]) == ("failed", "RequestValidationError", 1)
+    assert (last["status"], last["decline_code"], last["attempt_no"], last["lane"], last["processor"]) == (
+        "failed", "RequestValidationError", 1, "sfw", "SFW_STRIPE")
+    [sub] = world.sandbox.store.all("subscription")
+    assert last["amount"] == renewal_invoice(world, {"subscription_id": sub["id"]})["total"]
     assert last["next_attempt_at"] == world.c.clock.now() + timedelta(hours=world.c.settings.renewal_retry_hours[0])
 
 

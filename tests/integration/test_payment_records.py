@@ -7,7 +7,12 @@ from sqlalchemy import select
 
 from billingctl.adapters.db.tables import fraud_event, orphan_recovery, subscription, transaction
 from billingctl.domain.clock import parse_time
-from billingctl.services.payments import activate_subscription, retry_pending, update_transaction_status
+from billingctl.services.payments import (
+    activate_subscription,
+    record_payment,
+    retry_pending,
+    update_transaction_status,
+)
 
 pytestmark = pytest.mark.integration
 NSFW = "credits-pro-nsfw-USD-monthly"
@@ -81,3 +86,32 @@ def test_the_activations_job_counts_what_it_completed_and_what_still_fails(world
     world.sandbox.store.clear_faults()
     assert retry_pending(world.c) == {"completed": 1, "failed": 0}
     assert retry_pending(world.c) == {"completed": 0, "failed": 0}
+
+
+def test_the_activations_job_counts_each_kind_of_failure_and_success(world):
+    """Every count of the activations job: a subscription pending with no purchase (its activation
+    refuses), an active one whose purchase the provider refuses to record, and two that complete."""
+    from billingctl.services.payments import pending_activations
+
+    done = [world.checkout(f"user_{n}") for n in range(2)]
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    for co in done:
+        world.sandbox.pay(co["order_id"])
+    world.sandbox.store.clear_faults()
+    recorded = world.checkout("user_r")
+    world.sandbox.store.add_fault("provider", "503", path="record_payment", count=-1)
+    world.sandbox.pay(recorded["order_id"])  # activated; its payment not yet on the provider's invoice
+    world.sandbox.store.clear_faults()
+    orphaned = world.checkout("user_x")
+    with world.c.uow() as uow:
+        uow.subscriptions.set(orphaned["subscription_id"], activation_pending_since=world.c.clock.now())
+        uow.commit()
+    refused = world.checkout("user_v")
+    world.sandbox.pay(refused["order_id"], drop_webhook=True)
+    invoice = world.sandbox.start_future_subscription(refused["subscription_id"], world.sandbox.now())["invoice"]
+    world.sandbox.void_invoice(invoice["id"])  # the provider will refuse to record the payment on it
+    assert record_payment(world.c, world.sandbox.store.all("payment")[-1], "cli")["provider_recorded"] is False
+    assert {r["id"] for r in pending_activations(world.c)} == {
+        *(co["subscription_id"] for co in done), recorded["subscription_id"], orphaned["subscription_id"],
+        refused["subscription_id"]}
+    assert retry_pending(world.c) == {"completed": 3, "failed": 2}
