@@ -223,15 +223,15 @@ def _refund_duplicate(container, row: dict, holding: str) -> str:
 
 
 def refund(container, payment_id: str) -> dict:
-    """Refund what is left of the payment at the orchestrator, once: the idempotency key is the payment
-    id. A payment already partly refunded (at the orchestrator's console) is refunded for the rest: a
-    request without an amount asks for the full amount, which the orchestrator refuses."""
+    """Refund what is left of the payment at the orchestrator, once (the client's idempotency key for a
+    refund is the payment id). The amount is always named: a payment already partly refunded (at the
+    orchestrator's console) is refunded for the rest, and a request without an amount would ask for the
+    full amount, which the orchestrator refuses."""
     payment = container.orchestrator.get_payment(payment_id)
     refunded, amount = int((payment.get("processor") or {}).get("amountRefunded") or 0), int(payment.get("amount") or 0)
     if refunded >= amount:
         return payment
-    return container.orchestrator.refund_payment(payment_id, amount - refunded if refunded else None,
-                                                 reason="duplicate charge", idempotency_key=f"refund:{payment_id}")
+    return container.orchestrator.refund_payment(payment_id, amount - refunded, reason="duplicate charge")
 
 
 def _resubscribe(container, row: dict, payment: dict) -> str:

@@ -5,7 +5,7 @@ with the reason an operator reads at the orchestrator. Written against the survi
 import pytest
 from sqlalchemy import select
 
-from billingctl.adapters.db.tables import audit_log
+from billingctl.adapters.db.tables import alert_outbox, audit_log
 from billingctl.domain import errors as e
 from billingctl.services import orphans
 from tests.integration.test_orphans import build, chat_alerts, orphan, row
@@ -155,9 +155,44 @@ def test_credits_of_a_recorded_orphan_are_reversed_by_its_refunded_amount(world)
     payment = world.settle(co["order_id"])
     record_payment(world.c, payment, "webhook")
     assert world.credits() == 2000
-    world.sandbox.refund(payment["id"], payment["amount"] // 2)
+    refunded = world.sandbox.store.get("payment", payment["id"])  # refunded with no report reaching us
+    refunded["processor"]["amountRefunded"] = payment["amount"] // 2
+    world.sandbox.store.put("payment", payment["id"], refunded)
     orphans._reverse_credits(world.c, payment["id"])
-    assert world.credits() == 2000 - 2000 * (payment["amount"] // 2) // payment["amount"]
+    share = 2000 * (payment["amount"] // 2) // payment["amount"]
+    assert world.credits() == 2000 - share
+    with world.c.uow() as uow:
+        keys = uow.execute(select(alert_outbox.c.payload).where(alert_outbox.c.sink == "analytics")).scalars().all()
+    assert [k["path"] for k in keys if k["event"] == "payment_refunded"] == ["orphan_recovery"]
     with world.c.uow() as uow:
         sources = [r["source_key"] for r in uow.execute(select(audit_log)).mappings()]
     assert sources == []
+
+
+def test_exhaustion_alerts_once_with_the_facts_and_keeps_the_last_error(world):
+    _, payment = orphan(world, "user_e")
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=-1)
+    for _ in range(10):
+        orphans.run_orphans(world.c)
+        due = row(world, payment["id"])["next_attempt_at"]
+        if due is not None:
+            world.c.clock.set(due)
+    state = row(world, payment["id"])
+    assert (state["status"], state["attempts"], state["next_attempt_at"]) == ("exhausted", 10, None)
+    assert state["last_error"].startswith("subscription_provider: POST /api/v2/customers/user_e/")
+    [(key, alert)] = chat_alerts(world)
+    assert key == f"orphan-exhausted:{payment['id']}"
+    fields = {f["title"]: f["value"] for f in alert["attachments"][0]["fields"]}
+    assert fields == {"payment_id": payment["id"], "user_id": "user_e", "attempts": "10",
+                      "last_error": state["last_error"][:200]}
+
+
+def test_a_manual_retry_ahead_of_schedule_counts_its_next_attempt_from_now(world):
+    from billingctl.domain.backoff import orphan_retry_delay
+
+    payment = under_retry(world, "user_m")
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=-1)
+    assert orphans.retry(world.c, payment["id"], "ops")["outcome"] == "retrying"  # its first retry is not due yet
+    state = row(world, payment["id"])
+    assert state["attempts"] == 2
+    assert state["next_attempt_at"] == world.c.clock.now() + orphan_retry_delay(2)

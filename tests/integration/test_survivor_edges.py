@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import insert, select
 
-from billingctl.adapters.db.tables import fraud_event, orphan_recovery, transaction, user_credits, users
+from billingctl.adapters.db.tables import alert_outbox, fraud_event, orphan_recovery, transaction, user_credits, users
 from billingctl.domain import errors as e
 from billingctl.services import orphans
 from billingctl.services import processor_lock as pl
@@ -179,3 +179,73 @@ def test_a_refund_resolution_while_the_orchestrator_is_unreadable_fails_as_unava
     with pytest.raises(e.ExternalError):
         orphans.resolve(world.c, payment["id"], "refund", "customer asked", "ops")
     assert orphans.resolve(world.c, payment["id"], "mark-handled", "refunded by phone", "ops")["state"] == "resolved"
+
+
+def test_a_refund_reported_before_its_settle_names_the_reporting_path_everywhere(world):
+    from billingctl.services.payments import apply_refund_report
+
+    co = world.checkout()
+    paid = world.settle(co["order_id"])
+    stored = world.sandbox.store.get("payment", paid["id"])
+    stored["processor"]["amountRefunded"] = paid["amount"]  # refunded; neither report reached us
+    world.sandbox.store.put("payment", paid["id"], stored)
+    assert apply_refund_report(world.c, paid["id"], paid["amount"], "event_poller")["outcome"] == "recorded"
+    with world.c.uow() as uow:
+        assert uow.purchases.by_payment_id(paid["id"])["recorded_via"] == "event_poller"
+        events = [p for p in uow.execute(select(alert_outbox.c.payload)).scalars() if p.get("event")]
+    assert [(p["event"], p["path"]) for p in events] == [("payment_recorded", "event_poller"),
+                                                         ("payment_refunded", "event_poller")]
+    assert world.credits() == 0
+
+
+def test_dunning_attempts_are_listed_by_user_invoice_and_limit(world):
+    from billingctl.services.renewals import list_attempts
+
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        for n, (user, invoice) in enumerate((("u1", "inv_1"), ("u1", "inv_2"), ("u2", "inv_1"), ("u1", "inv_1"))):
+            uow.dunning.add(invoice_id=invoice, subscription_id="sub", user_id=user, status="declined",
+                            attempt_no=n, created_at=now)
+        uow.commit()
+    assert [a["attempt_no"] for a in list_attempts(world.c, user_id="u1")] == [3, 1, 0]
+    assert [a["attempt_no"] for a in list_attempts(world.c, invoice_id="inv_1")] == [3, 2, 0]
+    assert [a["attempt_no"] for a in list_attempts(world.c, user_id="u1", invoice_id="inv_1")] == [3, 0]
+    assert [a["attempt_no"] for a in list_attempts(world.c, limit=2)] == [3, 2]
+
+
+def test_repair_relocks_only_the_live_row(world):
+    world.settle(world.checkout("user_h", NSFW)["order_id"], processor="NSFW_NMI")
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        uow.execute(insert(user_credits).values(user_id="user_h", created_at=now, deleted_at=now))
+        uow.commit()
+    assert pl.repair(world.c, "user_h", "nsfw")["outcome"] == "locked"
+    with world.c.uow() as uow:
+        rows = uow.execute(select(user_credits.c.nsfw_processor, user_credits.c.deleted_at.is_(None))
+                           .where(user_credits.c.user_id == "user_h").order_by(user_credits.c.id)).all()
+    assert [tuple(r) for r in rows] == [(None, False), ("NSFW_NMI", True)]
+
+
+def test_a_recovered_checkout_payment_moves_with_its_transaction_and_nothing_else_moves(world):
+    from billingctl.services.payments import pending_activations
+
+    stuck = world.checkout("user_p")
+    world.sandbox.store.add_fault("provider", "503", path=f"{stuck['subscription_id']}/update_for_items", count=-1)
+    stuck_payment = world.sandbox.pay(stuck["order_id"])  # another purchase without an invoice, not an orphan
+    co = world.checkout()
+    world.sandbox.cancel(co["subscription_id"])
+    late = world.sandbox.pay(co["order_id"])  # recorded, then handed to recovery
+    assert co["subscription_id"] not in {r["id"] for r in pending_activations(world.c)}
+    assert stuck["subscription_id"] in {r["id"] for r in pending_activations(world.c)}
+    world.advance(16)
+    orphans.run_orphans(world.c)
+    new_sub = row(world, late["id"])["subscription_id"]
+    assert new_sub != co["subscription_id"]
+    with world.c.uow() as uow:
+        placed = {r.transaction_id: (r.subscription_id, r.kind) for r in uow.execute(
+            select(transaction.c.transaction_id, transaction.c.subscription_id,
+                   transaction.c.status.label("kind")))}
+        moved = uow.purchases.by_payment_id(late["id"])["subscription_id"]
+        kept = uow.purchases.by_payment_id(stuck_payment["id"])["subscription_id"]
+    assert (moved, placed[late["id"]][0]) == (new_sub, new_sub)
+    assert (kept, placed[stuck_payment["id"]][0]) == (stuck["subscription_id"], stuck["subscription_id"])
