@@ -129,3 +129,41 @@ def test_an_in_flight_charge_is_read_back_until_final_and_recorded_with_its_atte
                                               pending["amount"], pending["payment_id"])
     assert pending["processor"] == "NSFW_SEGPAY" and pending["amount"] > 0
     assert done["next_attempt_at"] == world.c.clock.now() + timedelta(hours=world.c.settings.renewal_retry_hours[0])
+
+
+def test_a_settled_renewal_is_recorded_by_the_renewals_job_with_its_attempt_and_counts_once(world):
+    """Its webhook held back: the job's own answer records it (path renewal), and the NSFW authorization
+    counts once for the user the invoice names."""
+    from billingctl.adapters.db.tables import fraud_event, purchase
+
+    co = subscribed(world, plan=NSFW)
+    month_passes(world)
+    world.sandbox.hold_webhooks()
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    renewal = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
+    done = rows(world)[-1]
+    assert tuple(done[f] for f in FIELDS) == ("succeeded", None, 1, "nsfw", "NSFW_SEGPAY", renewal[0]["amount"],
+                                              renewal[0]["id"])
+    with world.c.uow() as uow:
+        via = uow.execute(select(purchase.c.recorded_via).where(
+            purchase.c.transaction_id == renewal[0]["id"])).scalar()
+        keys = uow.execute(select(fraud_event.c.dedupe_key, fraud_event.c.created_at).where(
+            fraud_event.c.user_id == "user_a")).all()
+    assert via == "renewal"
+    assert f"payment:{renewal[0]['id']}" in [k for k, _ in keys] and len(keys) == 2
+    assert all(at is not None for _, at in keys)
+    world.sandbox.release_webhooks()
+    assert world.credits() == 6000 and co["subscription_id"]
+
+
+def test_a_declined_renewal_without_a_reason_code_is_recorded_with_its_status(world):
+    subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    run_renewals(world.c)
+    pending = rows(world)[-1]
+    payment = world.sandbox.store.get("payment", pending["payment_id"])
+    payment["status"] = "FAILED"  # no statusReason: the status itself is the code
+    world.sandbox.store.put("payment", payment["id"], payment)
+    assert run_renewals(world.c)["outcomes"] == {"declined": 1}
+    assert rows(world)[-1]["decline_code"] == "FAILED"

@@ -51,6 +51,28 @@ def test_repair_locks_the_first_settled_processor_with_its_merchant_account_and_
     assert repairs(world, "nsfw", "locked") == 2
 
 
+def test_repair_reads_only_the_users_own_history_and_reports_a_failed_write(world):
+    world.settle(world.checkout("user_o", NSFW)["order_id"], processor="NSFW_CCBILL")  # another user's, earlier
+    world.sandbox.store.advance_clock(60)
+    world.settle(world.checkout("user_h", NSFW)["order_id"], processor="NSFW_NMI")
+    with world.c.engine.begin() as conn:  # the lock row cannot be written (the read succeeds: no row yet)
+        conn.execute(text("CREATE TRIGGER no_lock BEFORE INSERT ON user_credits BEGIN SELECT RAISE(ABORT, 'x'); END")
+                     if world.c.engine.dialect.name == "sqlite" else text(
+            "CREATE OR REPLACE FUNCTION no_lock() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION 'x'; END $$ "
+            "LANGUAGE plpgsql; CREATE TRIGGER no_lock BEFORE INSERT ON user_credits EXECUTE FUNCTION no_lock()"))
+    try:
+        failed = pl.repair(world.c, "user_h", "nsfw")
+    finally:
+        with world.c.engine.begin() as conn:
+            conn.execute(text("DROP TRIGGER no_lock" + ("" if world.c.engine.dialect.name == "sqlite"
+                                                        else " ON user_credits")))
+    assert {k: v for k, v in failed.items() if k != "error"} == {"user_id": "user_h", "lane": "nsfw",
+                                                                   "outcome": "unavailable"}
+    assert failed["error"] in ("IntegrityError", "InternalError", "ProgrammingError")  # the driver's class name
+    assert repairs(world, "nsfw", "unavailable") == 1
+    assert pl.repair(world.c, "user_h", "nsfw")["processor"] == "NSFW_NMI"  # its own first payment, not user_o's
+
+
 def test_repair_on_sfw_writes_no_merchant_account(world):
     world.settle(world.checkout("user_s", "credits-pro-USD-monthly")["order_id"], processor="SFW_ADYEN")
     assert pl.repair(world.c, "user_s", "sfw")["processor"] == "SFW_ADYEN"
