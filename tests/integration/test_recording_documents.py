@@ -102,3 +102,15 @@ def test_a_refund_reversal_document_and_its_analytics_event(world):
         "event": "payment_refunded", "payment_id": paid["id"], "user_id": "user_a", "refunded_total": half,
         "credits_reversed": share, "path": "event_poller"}
     assert world.credits() == 2000 - share
+
+
+def test_a_zero_refund_reverses_nothing_and_the_smallest_reversal_is_one_credit(world):
+    co = world.checkout()
+    paid = world.settle(co["order_id"])
+    record_payment(world.c, paid, "webhook")
+    assert reverse_refund(world.c, paid["id"], 0, "webhook")["outcome"] == "already_reversed"
+    assert reverse_refund(world.c, paid["id"], -5, "webhook")["outcome"] == "already_reversed"
+    one = -(-paid["amount"] // 2000)  # the smallest refund worth one of the 2000 credits
+    assert reverse_refund(world.c, paid["id"], one, "webhook") == {
+        "payment_id": paid["id"], "outcome": "reversed", "credits_reversed": 1, "user_id": "user_a"}
+    assert world.credits() == 1999

@@ -51,6 +51,7 @@ def test_every_verdict_and_its_reason(url, now, verdict):
 def test_a_full_url_is_checked_on_its_path_and_query_only():
     signed = media.sign(SECRET, "/a.jpg?w=2", T)
     assert media.verify(SECRET, f"https://media.example.com{signed}", T, TTL).valid
+    assert media.verify(SECRET, f"//media.example.com{signed}", T, TTL).valid  # scheme-relative
     assert not media.verify(SECRET, f"https://media.example.com/x{signed}", T, TTL).valid
 
 
@@ -79,7 +80,7 @@ def test_options_and_origins_are_refused_with_exact_messages():
     assert refused.value.message == "transformation options are malformed: name=value pairs joined by commas"
     media.check_origin(container, "/a.jpg")
     media.check_origin(container, "https://media.example.com/a.jpg")
-    for origin in ("//evil.example/a.jpg", "http://media.example.com/a.jpg", "https://evil.example/a.jpg",
+    for origin in ("//evil.example/a.jpg", "///evil.example/a.jpg", "http://media.example.com/a.jpg", "https://evil.example/a.jpg",
                    "a.jpg", "javascript:alert(1)"):
         with pytest.raises(InvalidInput) as refused:
             media.check_origin(container, origin)
