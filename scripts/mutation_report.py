@@ -24,7 +24,68 @@ SURVIVED, NO_TESTS, NOT_CHECKED, SKIPPED = {0}, {5, 33}, {None}, {34}
 
 
 # (file, function name as mutmut spells it, a piece of the changed line or "", why it is not killed)
-REASONS: list[tuple[str, str, str, str]] = []
+_RACE = ("accepted: a guard against another process changing the row between the read and the write; "
+         "single-threaded tests cannot tell it apart")
+_SQLITE = ("equivalent on SQLite, where identifiers and keywords are case-insensitive (the mutation run uses "
+           "SQLite; the PostgreSQL tests reject it)")
+REASONS: list[tuple[str, str, str, str]] = [
+    ("billingctl/services/media.py", "x_signature", "XX=XX",
+     "equivalent: the unpadded base64 of a 32-byte digest never ends in X (its last character carries four "
+     "bits and two zero bits)"),
+    ("billingctl/services/media.py", "x_check_origin", "parts.scheme and parts.netloc",
+     "equivalent: an origin with only a scheme or only a host never starts with a single /, so the second "
+     "branch refuses it too"),
+    ("billingctl/services/media.py", "x_verify", "or True else url",
+     "accepted: differs only for a relative URL with a #fragment, which no client sends to the edge"),
+    ("billingctl/services/media.py", "x_verify", "(parts.query) or True",
+     "equivalent: without a query there is no verify parameter, and both spellings answer missing"),
+    ("billingctl/services/media.py", "x_verify", '"XXXX"',
+     "equivalent: without a query there is no verify parameter, and both spellings answer missing"),
+    ("billingctl/services/orphans.py", "x__refund_duplicate", "crash_point",
+     "accepted: crash points are named by the crash tests, which run in subprocesses no mutant reaches"),
+    ("billingctl/services/orphans.py", "x__resubscribe", "crash_point",
+     "accepted: crash points are named by the crash tests, which run in subprocesses no mutant reaches"),
+    ("billingctl/services/orphans.py", "x_resolve", "Refused(None)",
+     "accepted: reached only when another runner claims the row between resolve's two statements"),
+    ("billingctl/services/payments.py", "x__first_term_invoice", "",
+     "accepted: a subscription whose first start is read back has exactly one invoice, its first term's, so "
+     "the order of the list cannot matter"),
+    ("billingctl/services/renewals.py", "x__exhaust", "apply_remote_subscription",
+     "equivalent: the source only names a log field, and `force` only matters for an answer older than our "
+     "copy, which the provider's answer to our own cancel never is"),
+    ("billingctl/services/renewals.py", "x__latest_nsfw_checkout_token", "None)",
+     "accepted: the limit bounds the orchestrator reads; without it the same card (or an older checkout's) is found"),
+    ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁlatest_on_lane", "limit(None)",
+     "accepted: the limit bounds the orchestrator reads; without it the same card (or an older checkout's) is found"),
+    ("billingctl/services/payments.py", "x_reverse_refund", "lock(None)",
+     "accepted: the user's row lock serializes concurrent refund reports; single-threaded tests cannot see it"),
+    ("billingctl/services/payments.py", "x_reverse_refund", '["amount"] or 1), 1)',
+     "equivalent: max(…, 1) already turns a missing amount into 1"),
+    ("billingctl/adapters/db/locks.py", "xǁProcessorLocksǁensure", "USER_ID", _SQLITE),
+    ("billingctl/adapters/db/locks.py", "xǁProcessorLocksǁensure", "deleted_at is null", _SQLITE),
+    ("billingctl/adapters/db/locks.py", "xǁProcessorLocksǁensure", "DELETED_AT IS NULL", _SQLITE),
+    ("billingctl/adapters/db/locks.py", "xǁProcessorLocksǁrelock", "where(_live(user_id), )", _RACE),
+    ("billingctl/adapters/db/locks.py", "xǁProcessorLocksǁclear", "where(_live(user_id), )", _RACE),
+    ("billingctl/adapters/db/locks.py", "xǁProcessorLocksǁfill_mid", "", _RACE),
+    ("billingctl/adapters/db/purchases.py", "xǁTransactionsǁcaptured_per_customer_since", "coalesce",
+     "equivalent: the sum runs over at least one row per group and amount is NOT NULL"),
+    ("webhooks_app/session.py", "x__verify", "and False",
+     "equivalent: PyJWT requires the aud (iss) claim whenever an audience (issuer) is passed to decode"),
+    ("webhooks_app/session.py", "x__verify", 'claims["exp"] - now >= max_age',
+     "accepted: differs only when exp - now equals the maximum to the microsecond"),
+    ("billingctl/services/processor_lock.py", "x_repair", "sorted(history",
+     "accepted: the orchestrator lists payments by date; the sort defends against a list in another order"),
+    ("billingctl/services/orphans.py", "x__resubscribe", "rderId",
+     "equivalent: without the new order id the payment's old order finds the old checkout, which supplies the "
+     "same user, plan and (no) invoice; the metadata names the new subscription"),
+    ("billingctl/services/orphans.py", "x__resubscribe", "ORDERID",
+     "equivalent: without the new order id the payment's old order finds the old checkout, which supplies the "
+     "same user, plan and (no) invoice; the metadata names the new subscription"),
+    ("billingctl/services/orphans.py", "x__resubscribe", '"metadata": {**',
+     "equivalent: the plan and the checkout supply the lane and the plan the dropped metadata held"),
+    ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',
+     "equivalent: a payment always carries its amount"),
+]
 
 
 def reason_for(path: str, key: str, change: str) -> str:

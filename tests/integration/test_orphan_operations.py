@@ -196,3 +196,14 @@ def test_a_manual_retry_ahead_of_schedule_counts_its_next_attempt_from_now(world
     state = row(world, payment["id"])
     assert state["attempts"] == 2
     assert state["next_attempt_at"] == world.c.clock.now() + orphan_retry_delay(2)
+
+
+def test_a_resubscribed_orphans_purchase_names_recovery_and_the_new_subscription(world):
+    co, payment = orphan(world, "user_n")
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1}
+    new_sub = row(world, payment["id"])["subscription_id"]
+    with world.c.uow() as uow:
+        bought = uow.purchases.by_payment_id(payment["id"])
+    assert (bought["recorded_via"], bought["subscription_id"], bought["user_id"], bought["item_price_id"]) == (
+        "orphan_recovery", new_sub, "user_n", "credits-pro-USD-monthly")
+    assert new_sub != co["subscription_id"]

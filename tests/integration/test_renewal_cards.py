@@ -36,3 +36,17 @@ def test_an_unreadable_payment_means_no_preference(world):
     paid(world, "user_a", NSFW)
     world.sandbox.store.add_fault("orchestrator", "500", method="GET", path="/payments/", count=-1)
     assert _latest_nsfw_checkout_token(world.c, "user_a") is None
+
+
+def test_substitution_takes_the_latest_checkouts_card_over_a_newer_card(world):
+    """The stored instrument is a wallet; of two usable cards the one vaulted at the latest NSFW checkout is
+    charged, not the newest."""
+    world.sandbox.add_instrument("user_a", "PAYPAL", default=True)
+    world.sandbox.store.add_fault("orchestrator", "500", method="POST", path="/default", count=-1)
+    checkout_card = paid(world, "user_a", NSFW)  # making it primary fails: the wallet stays stored
+    world.sandbox.store.clear_faults()
+    world.sandbox.add_instrument("user_a", "PAYMENT_CARD")  # a newer usable card, not a checkout's
+    month_passes(world)
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    renewal = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
+    assert [p["paymentMethod"]["paymentMethodToken"] for p in renewal] == [checkout_card]
