@@ -47,7 +47,7 @@ simulate: venv servers
 mutation: venv servers
 	rm -rf mutants
 	$(BIN)/mutmut run --max-children 2
-	$(BIN)/mutmut results
+	$(BIN)/python scripts/mutation_report.py
 
 bench: venv servers
 	@command -v wrk >/dev/null && command -v hyperfine >/dev/null || \

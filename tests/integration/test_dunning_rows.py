@@ -167,3 +167,45 @@ def test_a_declined_renewal_without_a_reason_code_is_recorded_with_its_status(wo
     world.sandbox.store.put("payment", payment["id"], payment)
     assert run_renewals(world.c)["outcomes"] == {"declined": 1}
     assert rows(world)[-1]["decline_code"] == "FAILED"
+
+
+def test_an_aborted_attempt_and_a_missing_lock_are_recorded_with_the_invoices_facts(world):
+    from sqlalchemy import text
+
+    co = subscribed(world, plan=NSFW)
+    month_passes(world)
+    with world.c.engine.begin() as conn:
+        conn.execute(text("ALTER TABLE user_credits RENAME TO user_credits_away"))
+    try:
+        assert run_renewals(world.c)["outcomes"] == {"aborted": 1}
+    finally:
+        with world.c.engine.begin() as conn:
+            conn.execute(text("ALTER TABLE user_credits_away RENAME TO user_credits"))
+    invoice = renewal_invoice(world, co)
+    assert tuple(rows(world)[-1][f] for f in FIELDS) == ("aborted", "lock_read_failed", 1, "nsfw", None,
+                                                         invoice["amount_due"], None)
+    with world.c.uow() as uow:  # the lane unlocked (a lock cleared by an operator)
+        uow.locks.clear("user_a", "nsfw_processor", "NSFW_SEGPAY", {"nsfw_processor": None})
+        uow.subscriptions.set(co["subscription_id"], lane=None)  # the lane then comes from the invoice's plan
+        uow.commit()
+    assert run_renewals(world.c)["outcomes"] == {"failed": 1}
+    last = rows(world)[-1]
+    assert tuple(last[f] for f in FIELDS) == ("failed", "no_locked_processor", 1, "nsfw", None,
+                                              invoice["amount_due"], None)
+    assert last["next_attempt_at"] == world.c.clock.now() + timedelta(hours=world.c.settings.renewal_retry_hours[0])
+
+
+def test_invoices_that_are_not_renewals_or_already_paid_are_skipped_by_name(world):
+    from billingctl.services.renewals import attempt_invoice
+
+    co = subscribed(world)
+    with world.c.uow() as uow:
+        first = uow.purchases.first_of_subscription(co["subscription_id"])
+    assert attempt_invoice(world.c, {"id": first.invoice_id, "subscription_id": co["subscription_id"],
+                                     "customer_id": "user_a"}) == "not_a_renewal"  # the checkout's own invoice
+    month_passes(world)
+    world.sandbox.hold_webhooks()
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    renewed = rows(world)[-1]["invoice_id"]
+    assert attempt_invoice(world.c, {"id": renewed, "subscription_id": co["subscription_id"],
+                                     "customer_id": "user_a"}) == "already_paid"
