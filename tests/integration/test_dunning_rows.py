@@ -209,3 +209,21 @@ def test_invoices_that_are_not_renewals_or_already_paid_are_skipped_by_name(worl
     renewed = rows(world)[-1]["invoice_id"]
     assert attempt_invoice(world.c, {"id": renewed, "subscription_id": co["subscription_id"],
                                      "customer_id": "user_a"}) == "already_paid"
+
+
+def test_a_renewal_charges_the_amount_due_and_reserves_its_quota_slot_with_the_invoices_facts(world):
+    from billingctl.adapters.db.tables import fraud_event
+
+    co = subscribed(world, plan=NSFW)
+    month_passes(world)
+    world.sandbox.renew_due()
+    invoice = renewal_invoice(world, co)
+    world.sandbox.store.put("invoice", invoice["id"], {**invoice, "amount_due": invoice["total"] - 100})
+    world.sandbox.hold_webhooks()
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    renewal = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
+    assert renewal[0]["amount"] == invoice["total"] - 100 == rows(world)[-1]["amount"]
+    with world.c.uow() as uow:
+        [meta] = [m for k, m in uow.execute(select(fraud_event.c.dedupe_key, fraud_event.c.metadata))
+                  if k == f"payment:{renewal[0]['id']}"]
+    assert (meta["amount"], meta["initiator"], meta["order_id"]) == (invoice["total"] - 100, "merchant", invoice["id"])
