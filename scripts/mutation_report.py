@@ -83,6 +83,9 @@ REASONS: list[tuple[str, str, str, str]] = [
      "same user, plan and (no) invoice; the metadata names the new subscription"),
     ("billingctl/services/orphans.py", "x__resubscribe", '"metadata": {**',
      "equivalent: the plan and the checkout supply the lane and the plan the dropped metadata held"),
+    ("billingctl/services/renewals.py", "x_attempt_invoice", "count_authorization(",
+     "equivalent: the same authorization is counted again, idempotently by its payment id, when the answer "
+     "is recorded (`_charged`, then recording)"),
     ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',
      "equivalent: a payment always carries its amount"),
 ]

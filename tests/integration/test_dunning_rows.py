@@ -117,7 +117,8 @@ def test_an_in_flight_charge_is_read_back_until_final_and_recorded_with_its_atte
     world.sandbox.async_charges("PENDING")
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}
     pending = rows(world)[-1]
-    assert (pending["status"], pending["attempt_no"], pending["lane"]) == ("pending", 1, "nsfw")
+    assert (pending["status"], pending["attempt_no"], pending["lane"], pending["decline_code"]) == (
+        "pending", 1, "nsfw", "PENDING")
     assert run_renewals(world.c)["outcomes"] == {"in_flight": 1}  # still PENDING at the orchestrator
     world.sandbox.store.add_fault("orchestrator", "500", method="GET", path="/payments/", count=-1)
     assert run_renewals(world.c)["outcomes"] == {"in_flight": 1}  # unreadable: next tick
@@ -218,7 +219,8 @@ def test_a_renewal_charges_the_amount_due_and_reserves_its_quota_slot_with_the_i
     month_passes(world)
     world.sandbox.renew_due()
     invoice = renewal_invoice(world, co)
-    world.sandbox.store.put("invoice", invoice["id"], {**invoice, "amount_due": invoice["total"] - 100})
+    world.sandbox.store.put("invoice", invoice["id"], {**invoice, "amount_due": invoice["total"] - 100,
+                                                       "currency_code": "EUR"})
     world.sandbox.hold_webhooks()
     assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
     renewal = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
@@ -227,3 +229,20 @@ def test_a_renewal_charges_the_amount_due_and_reserves_its_quota_slot_with_the_i
         [meta] = [m for k, m in uow.execute(select(fraud_event.c.dedupe_key, fraud_event.c.metadata))
                   if k == f"payment:{renewal[0]['id']}"]
     assert (meta["amount"], meta["initiator"], meta["order_id"]) == (invoice["total"] - 100, "merchant", invoice["id"])
+    with world.c.uow() as uow:
+        mid = uow.locks.read("user_a")["nsfw_processor_mid"]
+    assert mid and renewal[0]["metadata"]["processor_merchant_id"] == mid
+    assert renewal[0]["currencyCode"] == "EUR"
+
+
+def test_an_answer_lost_between_ticks_is_replayed_by_the_same_request_not_charged_again(world):
+    subscribed(world, plan=NSFW)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")  # in flight: the provider's invoice stays unpaid
+    world.sandbox.store.add_fault("orchestrator", "error_after_effect", method="POST", path="/payments",
+                                  count=world.c.settings.http_max_attempts)
+    assert run_renewals(world.c)["outcomes"] == {"error": 1}
+    world.c.clock.advance(600)
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    renewals = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
+    assert len(renewals) == 1 and rows(world)[-1]["payment_id"] == renewals[0]["id"]
