@@ -86,6 +86,16 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/renewals.py", "x_attempt_invoice", "count_authorization(",
      "equivalent: the same authorization is counted again, idempotently by its payment id, when the answer "
      "is recorded (`_charged`, then recording)"),
+    ("billingctl/services/orphans.py", "x__recorded_on", "autocommit",
+     "equivalent: one read answers the same inside a transaction or outside one"),
+    ("billingctl/services/orphans.py", "x__active_same_plan", "holding_plan(user_id, plan, None)",
+     "equivalent: the orphan's own subscription is cancelled (that is what makes it an orphan), so the "
+     "query's active-or-non-renewing filter leaves it out anyway"),
+    ("billingctl/services/orphans.py", "x__recover", "exclude=None",
+     "equivalent: the orphan's own subscription is cancelled (that is what makes it an orphan), so the "
+     "query's active-or-non-renewing filter leaves it out anyway"),
+    ("billingctl/services/orphans.py", "x_attempt", "item_failed(",
+     "equivalent: the arguments of the failure's log line (its counter is asserted through the outcome)"),
     ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',
      "equivalent: a payment always carries its amount"),
 ]

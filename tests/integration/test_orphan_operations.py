@@ -207,3 +207,54 @@ def test_a_resubscribed_orphans_purchase_names_recovery_and_the_new_subscription
     assert (bought["recorded_via"], bought["subscription_id"], bought["user_id"], bought["item_price_id"]) == (
         "orphan_recovery", new_sub, "user_n", "credits-pro-USD-monthly")
     assert new_sub != co["subscription_id"]
+
+
+def test_an_orphan_found_by_the_settled_poller_is_opened_with_the_payments_facts(world):
+    from billingctl.domain.clock import parse_time
+
+    co, payment = orphan(world, "user_o")
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=1)
+    orphans.run_orphans(world.c)
+    state = row(world, payment["id"])
+    assert (state["user_id"], state["subscription_id"], state["item_price_id"], state["amount"],
+            state["currency_code"]) == ("user_o", co["subscription_id"], "credits-pro-USD-monthly",
+                                        payment["amount"], "USD")
+    assert state["settled_at"] == parse_time(payment["date"])
+
+
+def test_an_unexpected_error_in_recovery_is_kept_on_the_row_and_retried(world, monkeypatch):
+    payment = under_retry(world, "user_u")
+
+    def broken(container, row, payment):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(orphans, "_recover", broken)
+    assert orphans.retry(world.c, payment["id"], "ops")["outcome"] == "retrying"
+    state = row(world, payment["id"])
+    assert (state["status"], state["attempts"], state["last_error"]) == ("retrying", 2, "RuntimeError: boom")
+
+
+def test_a_frozen_users_orphan_waits_for_review_with_one_alert(world):
+    from billingctl.services.users import freeze
+
+    _, payment = orphan(world, "user_z")
+    freeze(world.c, "user_z", "fraud review", "ops")
+    assert orphans.run_orphans(world.c)["outcomes"] == {"needs_review": 1}
+    state = row(world, payment["id"])
+    assert (state["status"], state["last_error"]) == ("needs_review", "user is frozen")
+    [(key, alert)] = chat_alerts(world)
+    assert key == f"frozen-payment:{payment['id']}"
+    assert {f["title"]: f["value"] for f in alert["attachments"][0]["fields"]} == {
+        "payment_id": payment["id"], "user_id": "user_z"}
+
+
+def test_a_non_renewing_subscription_of_the_plan_makes_the_orphan_a_duplicate(world):
+    held = world.checkout()
+    world.sandbox.pay(held["order_id"])
+    remote = world.sandbox.subscription(held["subscription_id"])
+    world.sandbox.store.put("subscription", held["subscription_id"], {**remote, "status": "non_renewing"})
+    with world.c.uow() as uow:
+        uow.subscriptions.set(held["subscription_id"], status="non_renewing")
+        uow.commit()
+    _, payment = orphan(world)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1, "duplicate_refunded": 1}
