@@ -258,3 +258,17 @@ def test_a_non_renewing_subscription_of_the_plan_makes_the_orphan_a_duplicate(wo
         uow.commit()
     _, payment = orphan(world)
     assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1, "duplicate_refunded": 1}
+
+
+def test_a_resubscription_whose_activation_fails_says_so_and_completes_on_the_next_attempt(world):
+    _, payment = orphan(world, "user_y")
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"retrying": 1}
+    state = row(world, payment["id"])
+    created = [s["id"] for s in world.sandbox.store.all("subscription") if s["customer_id"] == "user_y"][-1]
+    assert state["last_error"].startswith(f"re-subscribed {created} but activation is pending: subscription_provider")
+    world.sandbox.store.clear_faults()
+    assert orphans.retry(world.c, payment["id"], "ops")["outcome"] == "recovered"
+    assert (row(world, payment["id"])["resolution"], row(world, payment["id"])["subscription_id"]) == (
+        "resubscribed", created)
+    assert world.sandbox.subscription(created)["status"] == "active" and world.credits("user_y") == 2000
