@@ -272,3 +272,15 @@ def test_a_resubscription_whose_activation_fails_says_so_and_completes_on_the_ne
     assert (row(world, payment["id"])["resolution"], row(world, payment["id"])["subscription_id"]) == (
         "resubscribed", created)
     assert world.sandbox.subscription(created)["status"] == "active" and world.credits("user_y") == 2000
+
+
+def test_the_settled_poller_reads_only_settled_payments_and_only_once(world):
+    for user in ("user_1", "user_2"):
+        world.sandbox.pay(world.checkout(user)["order_id"])
+        world.advance(5)
+    world.sandbox.decline_checkout(world.checkout("user_3")["order_id"])
+    world.advance(16)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 2}
+    world.advance(60)
+    # The cursor moved to the newest (the list's from_date is inclusive): only that one is read again.
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1}
