@@ -83,6 +83,9 @@ REASONS: list[tuple[str, str, str, str]] = [
      "same user, plan and (no) invoice; the metadata names the new subscription"),
     ("billingctl/services/orphans.py", "x__resubscribe", '"metadata": {**',
      "equivalent: the plan and the checkout supply the lane and the plan the dropped metadata held"),
+    ("billingctl/services/renewals.py", "x__charged", "count_authorization(",
+     "equivalent: the same authorization is counted again, idempotently by its payment id, when the answer "
+     "is recorded"),
     ("billingctl/services/renewals.py", "x_attempt_invoice", "count_authorization(",
      "equivalent: the same authorization is counted again, idempotently by its payment id, when the answer "
      "is recorded (`_charged`, then recording)"),

@@ -284,3 +284,25 @@ def test_the_settled_poller_reads_only_settled_payments_and_only_once(world):
     world.advance(60)
     # The cursor moved to the newest (the list's from_date is inclusive): only that one is read again.
     assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1}
+
+
+def test_the_settled_pollers_result_counts_done_failed_and_waiting_and_names_its_cursor(world):
+    from billingctl.domain.clock import parse_time
+
+    older = world.sandbox.pay(world.checkout("user_1")["order_id"])
+    world.advance(5)
+    _, stuck = orphan(world, "user_2")  # an orphan whose recovery will fail: it holds the cursor
+    third = world.checkout("user_3")
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=1)
+    world.advance(1)
+    fresh = world.sandbox.pay(third["order_id"])  # settled 0 s ago: too recent to judge
+    result = orphans.run_orphans(world.c)
+    assert result["outcomes"] == {"recorded": 1, "retrying": 1, "too_recent": 1}
+    assert result["cursor"] == parse_time(stuck["date"]) < parse_time(fresh["date"])
+    assert (result.outcome.done, result.outcome.failed, result.outcome.skipped) == (2, 0, 1)
+    assert parse_time(older["date"]) < result["cursor"]
+    world.sandbox.store.add_fault("orchestrator", "500", method="GET", path="/payments/", count=-1)
+    world.advance(15 * 60)
+    failing = orphans.run_orphans(world.c)
+    assert failing["outcomes"].get("error", 0) >= 1
+    assert failing.outcome.failed == failing["outcomes"]["error"]
