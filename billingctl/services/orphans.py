@@ -94,7 +94,7 @@ def handle_payment(container, payment: dict) -> str:
             # Not an orphan: an ordinary settled payment the webhook and the event poller missed.
             return record_payment(container, payment, "settled_poller")["outcome"]
         _open(container, payment)
-    return attempt(container, payment_id, payment)
+    return attempt(container, payment_id)
 
 
 def _subscription_status(container, sub_id: str) -> str | None:
@@ -136,7 +136,7 @@ def _claim(container, payment_id: str, force: bool = False) -> dict | None:
     return dict(row) if claimed else None
 
 
-def attempt(container, payment_id: str, payment: dict | None = None, force: bool = False) -> str:
+def attempt(container, payment_id: str, force: bool = False) -> str:
     row = _claim(container, payment_id, force)
     if row is None:
         return "waiting"

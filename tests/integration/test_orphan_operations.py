@@ -306,3 +306,27 @@ def test_the_settled_pollers_result_counts_done_failed_and_waiting_and_names_its
     failing = orphans.run_orphans(world.c)
     assert failing["outcomes"].get("error", 0) >= 1
     assert failing.outcome.failed == failing["outcomes"]["error"]
+
+
+def test_the_settled_poller_reads_each_payment_whole_before_recording_it(world):
+    """The list holds summaries without the refunded amount: a payment refunded with no report reaching us
+    is recorded with its refund reversed, by the settled poller's path."""
+    co = world.checkout("user_s")
+    paid = world.settle(co["order_id"])
+    stored = world.sandbox.store.get("payment", paid["id"])
+    stored["processor"]["amountRefunded"] = paid["amount"] // 2
+    world.sandbox.store.put("payment", paid["id"], stored)
+    world.advance(16)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1}
+    with world.c.uow() as uow:
+        assert uow.purchases.by_payment_id(paid["id"])["recorded_via"] == "settled_poller"
+    assert world.credits("user_s") == 2000 - 2000 * (paid["amount"] // 2) // paid["amount"]
+
+
+def test_a_payment_for_a_checkout_cancelled_only_at_the_provider_is_an_orphan_for_the_settled_poller(world):
+    co = world.checkout("user_c")
+    world.sandbox.cancel(co["subscription_id"])  # our copy still says future
+    paid = world.settle(co["order_id"])
+    world.advance(16)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1}
+    assert row(world, paid["id"])["resolution"] == "resubscribed"
