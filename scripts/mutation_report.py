@@ -115,9 +115,13 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/adapters/db/fraud.py", "xǁFraudEventsǁexists", "select(None)", _EXISTS),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁexists_for_payment", "select(None)", _EXISTS),
     ("billingctl/adapters/db/orphans.py", "xǁOrphansǁopen", "PAYMENT_ID", _SQLITE),
+    ("billingctl/adapters/db/purchases.py", "xǁTransactionsǁsuccesses_on", "select(None)",
+     "equivalent: `select(None)` returns one row per matching transaction, and only their number is read"),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁpaying_invoice", "order_by(None)",
      "accepted: one purchase pays an invoice (reconcile reports a second as invoice_paid_twice); the order "
      "only picks among such violations"),
+    ("billingctl/services/renewals.py", "x_run_renewals", "started >= limit",
+     "accepted: differs only when the tick's elapsed time equals its budget to the clock's resolution"),
     ("billingctl/services/renewals.py", "x_run_renewals", "progress(",
      "accepted: the progress bar's arguments, checked by the CLI's pseudo-terminal tests, which run in "
      "subprocesses no mutant reaches"),

@@ -246,3 +246,27 @@ def test_an_answer_lost_between_ticks_is_replayed_by_the_same_request_not_charge
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}
     renewals = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
     assert len(renewals) == 1 and rows(world)[-1]["payment_id"] == renewals[0]["id"]
+
+
+def test_the_renewals_tick_documents_its_dry_run_and_its_failures(world, monkeypatch):
+    from billingctl.services import renewals
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.renew_due()
+    invoice = renewal_invoice(world, co)
+    dry = run_renewals(world.c, dry_run=True)
+    assert dict(dry) == {"dry_run": True, "outcomes": {"would_charge": 1}, "errors": [],
+                         "invoices": [{"invoice_id": invoice["id"], "outcome": "would_charge"}]}
+    assert (dry.outcome.done, dry.outcome.failed) == (1, 0)
+    assert rows(world) == []  # a dry run writes nothing
+
+    def broken(container, invoice, dry_run=False):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(renewals, "attempt_invoice", broken)
+    result = run_renewals(world.c)
+    assert dict(result) == {"outcomes": {"error": 1},
+                            "errors": [{"invoice_id": invoice["id"], "error": "boom"}]}
+    assert (result.outcome.done, result.outcome.failed, result.outcome.errors) == (
+        0, 1, ({"invoice_id": invoice["id"], "error": "boom"},))
