@@ -66,3 +66,17 @@ def test_payments_record_by_id_records_the_orchestrators_payment(world):
     assert record_payment_by_id(world.c, paid["id"], "webhook")["outcome"] == "duplicate"
     with pytest.raises(e.InvalidInput):
         record_payment_by_id(world.c, "")
+
+
+def test_a_user_without_payments_shows_zero_and_no_lock(world):
+    world.checkout("user_new")  # creates the user, pays nothing
+    shown = show_user(world.c, "user_new")
+    assert (shown["ledger_sum"], shown["purchases"], shown["recent_payments"]) == (0, 0, [])
+    with world.c.uow() as uow:
+        uow.locks.ensure("user_new", world.c.clock.now())
+        uow.commit()
+    assert pl.show(world.c, "user_new") == {"user_id": "user_new", "sfw_processor": None, "nsfw_processor": None,
+                                            "nsfw_processor_mid": None}
+    with pytest.raises(e.InvalidInput) as bad:
+        record_payment_by_id(world.c, "not an id!")
+    assert "payment_id" in bad.value.message

@@ -330,3 +330,16 @@ def test_a_payment_for_a_checkout_cancelled_only_at_the_provider_is_an_orphan_fo
     world.advance(16)
     assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1}
     assert row(world, paid["id"])["resolution"] == "resubscribed"
+
+
+def test_a_partly_refunded_orphan_waits_for_review_with_one_alert(world):
+    _, payment = orphan(world, "user_p")
+    stored = world.sandbox.store.get("payment", payment["id"])
+    stored["processor"]["amountRefunded"] = 100  # part of it refunded at the console; no report reached us
+    world.sandbox.store.put("payment", payment["id"], stored)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"needs_review": 1}
+    state = row(world, payment["id"])
+    assert (state["status"], state["last_error"]) == ("needs_review", "partially refunded (100)")
+    [(key, alert)] = chat_alerts(world)
+    assert key == f"orphan-partial:{payment['id']}"
+    assert alert["text"] == f"Orphaned payment {payment['id']} is partially refunded - manual review required"
