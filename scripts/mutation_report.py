@@ -182,6 +182,9 @@ def main() -> None:
     print(f"mutation score: {score:.1f} % ({totals['killed']} killed, {totals['survived']} survived, "
           f"{totals['no_tests']} reached by no test, of {checked}; {totals['not_checked']} not checked)")
     if "--markdown" in sys.argv:
+        explained = sum(1 for path, key, _, change in rows if reason_for(path, key, change) != "UNEXPLAINED")
+        print(f"\n{len(rows)} survivors: {explained} with a reason (equivalent or accepted), {len(rows) - explained} "
+              "UNEXPLAINED (a test to write, or a mutant not yet re-run against the tests written for it).")
         print("\n| file | mutant | state | the changed line | why it is not killed |\n|---|---|---|---|---|")
         for path, key, state, change in rows:
             cell = change.replace("|", "\\|")
