@@ -8,16 +8,10 @@ from sqlalchemy import select
 from billingctl.adapters.db.tables import alert_outbox, audit_log
 from billingctl.domain import errors as e
 from billingctl.services import orphans
-from tests.integration.test_orphans import build, chat_alerts, orphan, row
+from tests.integration.test_orphans import chat_alerts, orphan, row
+from tests.integration.test_orphans import world as world  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def world(make_settings, db_url):
-    w = build(make_settings, db_url)
-    yield w
-    w.c.close()
 
 
 def audits(world):

@@ -14,18 +14,12 @@ from billingctl.services import orphans
 from billingctl.services import processor_lock as pl
 from billingctl.services.payments import record_payment, update_transaction_status
 from billingctl.services.users import freeze, unfreeze, velocity_watch
-from tests.integration.test_orphans import build, orphan, row
+from tests.integration.test_orphans import orphan, row
+from tests.integration.test_orphans import world as world  # noqa: F401 - the fixture
 from tests.integration.test_processor_lock import NOW, lock_row
 
 pytestmark = pytest.mark.integration
 NSFW, PRO = "credits-pro-nsfw-USD-monthly", "credits-pro-USD-monthly"
-
-
-@pytest.fixture
-def world(make_settings, db_url):
-    w = build(make_settings, db_url)
-    yield w
-    w.c.close()
 
 
 def counted(world, user):
