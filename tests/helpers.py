@@ -105,6 +105,20 @@ def billingctl(args, env, **kw):
 
 
 @contextmanager
+def table_away(engine, table: str):
+    """The table cannot be read inside the block (renamed away), as when its storage fails; it comes back after."""
+    from sqlalchemy import text
+
+    with engine.begin() as conn:
+        conn.execute(text(f"ALTER TABLE {table} RENAME TO {table}_away"))
+    try:
+        yield
+    finally:
+        with engine.begin() as conn:
+            conn.execute(text(f"ALTER TABLE {table}_away RENAME TO {table}"))
+
+
+@contextmanager
 def sandbox_served(env: dict):
     """`billingctl sandbox serve` in its own process on a free loopback port; yields its base URL."""
     import os

@@ -7,13 +7,14 @@ import time
 
 import jwt
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 
 from billingctl.adapters.db.tables import checkout_session, fraud_event, users
 from billingctl.bootstrap import Container
 from billingctl.domain.clock import ManualClock
 from billingctl.services.checkout import cleanup_expired
 from billingctl.services.payments import record_payment
+from tests.helpers import table_away
 from webhooks_app import create_public_app
 
 pytestmark = pytest.mark.e2e
@@ -162,13 +163,8 @@ def test_an_unknown_item_price_is_a_400(api):
 
 def test_a_lock_read_failure_aborts_and_creates_nothing(api):
     api.client.get("/api/billing/products", headers=api.headers("alice"))  # user exists, catalog warm
-    with api.c.engine.begin() as conn:
-        conn.execute(text("ALTER TABLE user_credits RENAME TO user_credits_away"))
-    try:
+    with table_away(api.c.engine, "user_credits"):
         response = api.checkout("alice")
-    finally:
-        with api.c.engine.begin() as conn:
-            conn.execute(text("ALTER TABLE user_credits_away RENAME TO user_credits"))
     assert response.status_code == 503 and response.get_json()["error"] == "lock_unavailable"
     assert _nothing_created(api, "alice")
 

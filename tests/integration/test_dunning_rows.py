@@ -9,6 +9,7 @@ from sqlalchemy import select
 
 from billingctl.adapters.db.tables import alert_outbox, dunning_attempt
 from billingctl.services.renewals import run_renewals
+from tests.helpers import table_away
 from tests.integration.test_renewals import NSFW, month_passes, subscribed
 from tests.integration.test_renewals import world as world  # noqa: F401 - the fixture
 
@@ -171,17 +172,11 @@ def test_a_declined_renewal_without_a_reason_code_is_recorded_with_its_status(wo
 
 
 def test_an_aborted_attempt_and_a_missing_lock_are_recorded_with_the_invoices_facts(world):
-    from sqlalchemy import text
 
     co = subscribed(world, plan=NSFW)
     month_passes(world)
-    with world.c.engine.begin() as conn:
-        conn.execute(text("ALTER TABLE user_credits RENAME TO user_credits_away"))
-    try:
+    with table_away(world.c.engine, "user_credits"):
         assert run_renewals(world.c)["outcomes"] == {"aborted": 1}
-    finally:
-        with world.c.engine.begin() as conn:
-            conn.execute(text("ALTER TABLE user_credits_away RENAME TO user_credits"))
     invoice = renewal_invoice(world, co)
     assert tuple(rows(world)[-1][f] for f in FIELDS) == ("aborted", "lock_read_failed", 1, "nsfw", None,
                                                          invoice["amount_due"], None)

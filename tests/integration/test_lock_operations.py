@@ -8,6 +8,7 @@ from sqlalchemy import insert, select, text, update
 from billingctl.adapters.db.tables import audit_log, transaction, user_credits, users
 from billingctl.domain import errors as e
 from billingctl.services import processor_lock as pl
+from tests.helpers import table_away
 from tests.integration.test_processor_lock import NOW, lock_row, settle
 
 pytestmark = pytest.mark.integration
@@ -86,13 +87,8 @@ def test_repair_without_history_or_orchestrator_or_database_says_so_exactly(worl
     assert pl.repair(world.c, "user_x", "nsfw") == {"user_id": "user_x", "lane": "nsfw", "outcome": "unavailable",
                                                     "error": "orchestrator: internal error"}
     world.sandbox.store.clear_faults()
-    with world.c.engine.begin() as conn:
-        conn.execute(text("ALTER TABLE user_credits RENAME TO user_credits_away"))
-    try:
+    with table_away(world.c.engine, "user_credits"):
         result = pl.repair(world.c, "user_y", "sfw")
-    finally:
-        with world.c.engine.begin() as conn:
-            conn.execute(text("ALTER TABLE user_credits_away RENAME TO user_credits"))
     assert result == {"user_id": "user_y", "lane": "sfw", "outcome": "unavailable", "error": "OperationalError"
                       if world.c.engine.dialect.name == "sqlite" else "ProgrammingError"}
     assert [repairs(world, lane, o) for lane, o in (("sfw", "no_history"), ("nsfw", "unavailable"),

@@ -6,12 +6,13 @@ import threading
 from datetime import UTC, datetime
 
 import pytest
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import insert, select, update
 
 from billingctl.adapters.db.tables import audit_log, transaction, user_credits, users
 from billingctl.domain import errors as e
 from billingctl.services import processor_lock as pl
 from billingctl.services.payments import record_payment
+from tests.helpers import table_away
 
 pytestmark = pytest.mark.integration
 NOW = datetime(2026, 11, 21, tzinfo=UTC)
@@ -258,13 +259,8 @@ def test_rule_11_every_repair_records_one_outcome_even_refused_or_without_a_data
     with pytest.raises(e.Refused):
         pl.repair(world.c, "user_h", "nsfw")
 
-    with world.c.engine.begin() as conn:  # the lock table cannot be read
-        conn.execute(text("ALTER TABLE user_credits RENAME TO user_credits_away"))
-    try:
+    with table_away(world.c.engine, "user_credits"):  # the lock table cannot be read
         assert pl.repair(world.c, "user_h", "sfw")["outcome"] == "unavailable"
-    finally:
-        with world.c.engine.begin() as conn:
-            conn.execute(text("ALTER TABLE user_credits_away RENAME TO user_credits"))
     m = world.c.metrics
     assert [m.sample("billing_processor_repair_outcome_total", {"lane": lane, "outcome": o}) for lane, o in
             (("nsfw", "locked"), ("sfw", "unavailable"))] == [2, 1]

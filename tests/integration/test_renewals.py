@@ -5,13 +5,14 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from sqlalchemy import insert, select, text
+from sqlalchemy import insert, select
 
 from billingctl.adapters.db.tables import alert_outbox, audit_log, dunning_attempt, fraud_event, transaction
 from billingctl.bootstrap import Container
 from billingctl.domain.clock import ManualClock
 from billingctl.services.renewals import list_attempts, run_renewals
 from billingctl.services.users import freeze, velocity_watch
+from tests.helpers import table_away
 from tests.integration.conftest import World
 
 pytestmark = pytest.mark.integration
@@ -104,13 +105,8 @@ def test_a_lock_read_failure_aborts_without_charging_then_the_next_tick_charges(
     subscribed(world, plan=plan)
     month_passes(world)
     before = charges(world)
-    with world.c.engine.begin() as conn:
-        conn.execute(text("ALTER TABLE user_credits RENAME TO user_credits_away"))
-    try:
+    with table_away(world.c.engine, "user_credits"):
         assert run_renewals(world.c)["outcomes"] == {"aborted": 1}
-    finally:
-        with world.c.engine.begin() as conn:
-            conn.execute(text("ALTER TABLE user_credits_away RENAME TO user_credits"))
     assert charges(world) == before
     assert attempts(world) == [("aborted", "lock_read_failed")]
     assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
