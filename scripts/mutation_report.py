@@ -30,6 +30,16 @@ _SQLITE = ("equivalent on SQLite, where identifiers and keywords are case-insens
            "SQLite; the PostgreSQL tests reject it)")
 _EXISTS = ("equivalent: `select(None)` renders SELECT NULL … WHERE …, which returns a row exactly when one "
            "matches, and only the row's existence is read")
+_CRASH = "accepted: crash points are named by the crash tests, which run in subprocesses no mutant reaches"
+_PROGRESS = ("accepted: the progress bar's arguments, checked by the CLI's pseudo-terminal tests, which run in "
+             "subprocesses no mutant reaches")
+_OWN_CANCELLED = ("equivalent: the orphan's own subscription is cancelled (that is what makes it an orphan), "
+                  "so the query's active-or-non-renewing filter leaves it out anyway")
+_OLD_ORDER = ("equivalent: without the new order id the payment's old order finds the old checkout, which "
+              "supplies the same user, plan and (no) invoice; the metadata names the new subscription")
+_NO_QUERY = "equivalent: without a query there is no verify parameter, and both spellings answer missing"
+_LIMIT = ("accepted: the limit bounds the orchestrator reads; without it the same card (or an older checkout's) "
+          "is found")
 REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/media.py", "x_signature", "XX=XX",
      "equivalent: the unpadded base64 of a 32-byte digest never ends in X (its last character carries four "
@@ -40,13 +50,13 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/media.py", "x_verify", "or True else url",
      "accepted: differs only for a relative URL with a #fragment, which no client sends to the edge"),
     ("billingctl/services/media.py", "x_verify", "(parts.query) or True",
-     "equivalent: without a query there is no verify parameter, and both spellings answer missing"),
+     _NO_QUERY),
     ("billingctl/services/media.py", "x_verify", '"XXXX"',
-     "equivalent: without a query there is no verify parameter, and both spellings answer missing"),
+     _NO_QUERY),
     ("billingctl/services/orphans.py", "x__refund_duplicate", "crash_point",
-     "accepted: crash points are named by the crash tests, which run in subprocesses no mutant reaches"),
+     _CRASH),
     ("billingctl/services/orphans.py", "x__resubscribe", "crash_point",
-     "accepted: crash points are named by the crash tests, which run in subprocesses no mutant reaches"),
+     _CRASH),
     ("billingctl/services/orphans.py", "x_resolve", "Refused(None)",
      "accepted: reached only when another runner claims the row between resolve's two statements"),
     ("billingctl/services/payments.py", "x__first_term_invoice", "",
@@ -56,9 +66,9 @@ REASONS: list[tuple[str, str, str, str]] = [
      "equivalent: the source only names a log field, and `force` only matters for an answer older than our "
      "copy, which the provider's answer to our own cancel never is"),
     ("billingctl/services/renewals.py", "x__latest_nsfw_checkout_token", "None)",
-     "accepted: the limit bounds the orchestrator reads; without it the same card (or an older checkout's) is found"),
+     _LIMIT),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁlatest_on_lane", "limit(None)",
-     "accepted: the limit bounds the orchestrator reads; without it the same card (or an older checkout's) is found"),
+     _LIMIT),
     ("billingctl/services/payments.py", "x_reverse_refund", "lock(None)",
      "accepted: the user's row lock serializes concurrent refund reports; single-threaded tests cannot see it"),
     ("billingctl/services/payments.py", "x_reverse_refund", '["amount"] or 1), 1)',
@@ -78,11 +88,9 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/processor_lock.py", "x_repair", "sorted(history",
      "accepted: the orchestrator lists payments by date; the sort defends against a list in another order"),
     ("billingctl/services/orphans.py", "x__resubscribe", "rderId",
-     "equivalent: without the new order id the payment's old order finds the old checkout, which supplies the "
-     "same user, plan and (no) invoice; the metadata names the new subscription"),
+     _OLD_ORDER),
     ("billingctl/services/orphans.py", "x__resubscribe", "ORDERID",
-     "equivalent: without the new order id the payment's old order finds the old checkout, which supplies the "
-     "same user, plan and (no) invoice; the metadata names the new subscription"),
+     _OLD_ORDER),
     ("billingctl/services/orphans.py", "x__resubscribe", '"metadata": {**',
      "equivalent: the plan and the checkout supply the lane and the plan the dropped metadata held"),
     ("billingctl/services/renewals.py", "x__charged", "count_authorization(",
@@ -94,11 +102,9 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/orphans.py", "x__recorded_on", "autocommit",
      "equivalent: one read answers the same inside a transaction or outside one"),
     ("billingctl/services/orphans.py", "x__active_same_plan", "holding_plan(user_id, plan, None)",
-     "equivalent: the orphan's own subscription is cancelled (that is what makes it an orphan), so the "
-     "query's active-or-non-renewing filter leaves it out anyway"),
+     _OWN_CANCELLED),
     ("billingctl/services/orphans.py", "x__recover", "exclude=None",
-     "equivalent: the orphan's own subscription is cancelled (that is what makes it an orphan), so the "
-     "query's active-or-non-renewing filter leaves it out anyway"),
+     _OWN_CANCELLED),
     ("billingctl/services/orphans.py", "x_attempt", "item_failed(",
      "equivalent: the arguments of the failure's log line (its counter is asserted through the outcome)"),
     ("billingctl/adapters/db/orphans.py", "xǁOrphansǁclaim", "",
@@ -108,8 +114,7 @@ REASONS: list[tuple[str, str, str, str]] = [
      "IS NULL, and every path after a claim writes updated_at again"),
     ("billingctl/services/orphans.py", "x__claim", "or True", _RACE),
     ("billingctl/services/orphans.py", "x_run_orphans", "progress(",
-     "accepted: the progress bar's arguments, checked by the CLI's pseudo-terminal tests, which run in "
-     "subprocesses no mutant reaches"),
+     _PROGRESS),
     ("billingctl/services/orphans.py", "x__read_cursor", "or True",
      "equivalent: parse_time(None) is None"),
     ("billingctl/adapters/db/fraud.py", "xǁFraudEventsǁexists", "select(None)", _EXISTS),
@@ -123,8 +128,7 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/renewals.py", "x_run_renewals", "started >= limit",
      "accepted: differs only when the tick's elapsed time equals its budget to the clock's resolution"),
     ("billingctl/services/renewals.py", "x_run_renewals", "progress(",
-     "accepted: the progress bar's arguments, checked by the CLI's pseudo-terminal tests, which run in "
-     "subprocesses no mutant reaches"),
+     _PROGRESS),
     ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',
      "equivalent: a payment always carries its amount"),
 ]
