@@ -23,7 +23,8 @@ from pathlib import Path
 SURVIVED, NO_TESTS, NOT_CHECKED, SKIPPED = {0}, {5, 33}, {None}, {34}
 
 
-# (file, function name as mutmut spells it, a piece of the changed line or "", why it is not killed)
+# (file, function name as mutmut spells it, a piece of the changed line or "" or "== " and the whole changed
+# line, why it is not killed)
 _RACE = ("accepted: a guard against another process changing the row between the read and the write; "
          "single-threaded tests cannot tell it apart")
 _SQLITE = ("equivalent on SQLite, where identifiers and keywords are case-insensitive (the mutation run uses "
@@ -129,6 +130,11 @@ REASONS: list[tuple[str, str, str, str]] = [
      "accepted: differs only when the tick's elapsed time equals its budget to the clock's resolution"),
     ("billingctl/services/renewals.py", "x_run_renewals", "progress(",
      _PROGRESS),
+    ("billingctl/services/fraud_quota.py", "x_show", "now, )",
+     "equivalent: CUSTOMER is authorization_quota's default initiator"),
+    ("billingctl/adapters/db/purchases.py", "xǁTransactionsǁfirst_merchant_id",
+     '== transaction.c.processor_merchant_id != "",',
+     "equivalent: in SQL, NULL != '' is NULL, so the other condition already leaves a NULL merchant id out"),
     ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',
      "equivalent: a payment always carries its amount"),
 ]
@@ -137,7 +143,8 @@ REASONS: list[tuple[str, str, str, str]] = [
 def reason_for(path: str, key: str, change: str) -> str:
     function = key.rpartition(".")[2].rpartition("__mutmut_")[0]
     for file, name, piece, why in REASONS:
-        if path == file and function == name and piece in change:
+        matches = change == piece[3:] if piece.startswith("== ") else piece in change
+        if path == file and function == name and matches:
             return why
     return "UNEXPLAINED"
 

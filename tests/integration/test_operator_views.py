@@ -43,6 +43,8 @@ def test_lock_show_and_fraud_quota_show(world):
     assert pl.show(world.c, "user_a") == {"user_id": "user_a", "sfw_processor": None,
                                           "nsfw_processor": "NSFW_SEGPAY",
                                           "nsfw_processor_mid": paid["processor"]["processorMerchantId"]}
+    world.sandbox.pay(world.checkout("user_a")["order_id"])
+    assert pl.show(world.c, "user_a")["sfw_processor"] == "SFW_STRIPE"
     with pytest.raises(e.NotFound) as missing:
         pl.show(world.c, "user_none")
     assert missing.value.message == "user user_none has no lane record"
@@ -64,8 +66,9 @@ def test_payments_record_by_id_records_the_orchestrators_payment(world):
     with world.c.uow() as uow:
         assert uow.purchases.by_payment_id(paid["id"])["recorded_via"] == "cli"
     assert record_payment_by_id(world.c, paid["id"], "webhook")["outcome"] == "duplicate"
-    with pytest.raises(e.InvalidInput):
+    with pytest.raises(e.InvalidInput) as bad:
         record_payment_by_id(world.c, "")
+    assert bad.value.message == "payment_id is not a valid id"
 
 
 def test_a_user_without_payments_shows_zero_and_no_lock(world):

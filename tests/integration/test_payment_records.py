@@ -73,6 +73,21 @@ def test_a_checkout_cancelled_at_the_provider_opens_its_payment_for_review_with_
         "subscription_id": co["subscription_id"], "outcome": "cancelled_at_provider", "status": "cancelled"}
 
 
+def test_a_failed_activation_then_a_cancel_at_the_provider_leaves_no_activation_error(world):
+    co = world.checkout()
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    payment = world.sandbox.pay(co["order_id"])  # recorded; its activation fails
+    world.sandbox.store.clear_faults()
+    with world.c.uow() as uow:
+        assert uow.subscriptions.get(co["subscription_id"])["activation_error"] is not None
+    world.sandbox.cancel(co["subscription_id"])
+    assert activate_subscription(world.c, co["subscription_id"])["outcome"] == "cancelled_at_provider"
+    with world.c.uow() as uow:
+        local = uow.subscriptions.get(co["subscription_id"])
+        assert uow.orphans.status(payment["id"]) == "retrying"
+    assert (local["status"], local["activation_pending_since"], local["activation_error"]) == ("cancelled", None, None)
+
+
 def test_the_activations_job_counts_what_it_completed_and_what_still_fails(world):
     first, second = world.checkout("user_1"), world.checkout("user_2")
     world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)

@@ -1,13 +1,15 @@
 """The repositories' contracts on SQLite and PostgreSQL, where a service's tests cannot tell a wrong
 filter from a right one (the in-memory fakes of tests/fakes.py keep the same contracts)."""
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from billingctl.domain.quota import LONGEST
 
 pytestmark = pytest.mark.integration
+
+NOW = datetime(2026, 11, 1, 12, tzinfo=UTC)
 
 
 def test_fraud_events_since_filters_on_user_type_and_strictly_after(container):
@@ -45,3 +47,79 @@ def test_orphan_status_is_the_rows_own(container):
                               "settled_at": now, "created_at": now, "updated_at": now})
         uow.commit()
         assert [uow.orphans.status(p) for p in ("pay_a", "pay_b", "pay_c")] == ["retrying", "exhausted", None]
+
+
+def _purchase(uow, payment_id, user="u1", subscription="sub_1", invoice=None, at=NOW):
+    uow.purchases.add({"transaction_id": payment_id, "subscription_id": subscription, "user_id": user,
+                       "invoice_id": invoice, "amount": 500, "credits": 100, "created_at": at})
+
+
+@pytest.fixture
+def uow(container):
+    with container.uow() as uow:
+        for user in ("u1", "u2"):
+            uow.users.ensure(user, NOW)
+        yield uow
+
+
+def test_successful_transactions_on_a_processor_are_the_users_own(uow):
+    now = NOW
+    for tid, status, user, processor in (("t1", "captured", "u1", "NMI"), ("t2", "settled", "u1", "NMI"),
+                                         ("t3", "failed", "u1", "NMI"), ("t4", "captured", "u2", "NMI"),
+                                         ("t5", "captured", "u1", "SEGPAY")):
+        uow.transactions.save(tid, status, now, customer_id=user, processor=processor, amount=500)
+    assert sorted(r[0] for r in uow.transactions.successes_on("u1", "NMI")) == ["t1", "t2"]
+
+
+def test_the_first_merchant_id_is_the_earliest_success_on_that_processor_that_names_one(uow):
+    now = NOW
+    for minutes, tid, status, user, processor, mid in (
+            (0, "t1", "captured", "u1", "SEGPAY", "mid_other_processor"),
+            (1, "t2", "failed", "u1", "NMI", "mid_failed"),
+            (2, "t3", "captured", "u1", "NMI", ""),
+            (3, "t4", "captured", "u1", "NMI", None),
+            (4, "t5", "captured", "u2", "NMI", "mid_other_user"),
+            (5, "t6", "settled", "u1", "NMI", "mid_first"),
+            (6, "t7", "captured", "u1", "NMI", "mid_second")):
+        uow.transactions.save(tid, status, now + timedelta(minutes=minutes), customer_id=user, processor=processor,
+                              processor_merchant_id=mid, amount=500)
+    assert uow.transactions.first_merchant_id("u1", "NMI") == "mid_first"
+    assert uow.transactions.first_merchant_id("u2", "SEGPAY") is None
+
+
+def test_a_users_recent_purchases_are_the_newest_first_up_to_the_limit(uow):
+    for pid, user in (("p1", "u1"), ("p2", "u2"), ("p3", "u1"), ("p4", "u1")):
+        _purchase(uow, pid, user=user)
+    assert [p["transaction_id"] for p in uow.purchases.recent_of_user("u1", 2)] == ["p4", "p3"]
+    assert [p["transaction_id"] for p in uow.purchases.recent_of_user("u1", 10)] == ["p4", "p3", "p1"]
+    assert uow.purchases.count_of_user("u1") == 3
+
+
+def test_purchases_without_an_invoice_and_moving_them_leave_invoiced_ones_alone(uow):
+    now = NOW
+    for pid, invoice in (("p1", None), ("p2", "inv_1"), ("p3", None)):
+        _purchase(uow, pid, invoice=invoice)
+        uow.transactions.save(pid, "captured", now, customer_id="u1", subscription_id="sub_1", invoice_id=invoice,
+                              amount=500)
+    _purchase(uow, "p4", subscription="sub_other")
+    assert sorted(p["transaction_id"] for p in uow.purchases.without_invoice("sub_1")) == ["p1", "p3"]
+    uow.purchases.move_to("p1", "sub_2")
+    uow.purchases.move_to("p2", "sub_2")  # on an invoice: stays
+    assert [uow.purchases.by_payment_id(p)["subscription_id"] for p in ("p1", "p2", "p3")] == \
+        ["sub_2", "sub_1", "sub_1"]
+    from billingctl.adapters.db.tables import transaction
+
+    found = dict(uow.execute(transaction.select().with_only_columns(transaction.c.transaction_id,
+                                                                    transaction.c.subscription_id)).all())
+    assert found == {"p1": "sub_2", "p2": "sub_1", "p3": "sub_1"}
+
+
+def test_the_ledger_sums_per_user_and_counts_only_a_payments_refunds_as_reversed(uow):
+    now = NOW
+    for user, amount, key, reason, payment in (("u1", 100, "k1", "purchase", "p1"), ("u1", -30, "k2", "refund", "p1"),
+                                               ("u1", -20, "k3", "refund", "p2"), ("u1", -5, "k4", "adjustment", "p1"),
+                                               ("u2", 70, "k5", "purchase", "p3")):
+        assert uow.ledger.apply(user, amount, key, reason, payment, now)
+    assert not uow.ledger.apply("u1", 100, "k1", "purchase", "p1", now)  # the same source key: nothing
+    assert (uow.ledger.sum_of_user("u1"), uow.ledger.sum_of_user("u2"), uow.ledger.sum_of_user("u3")) == (45, 70, 0)
+    assert (uow.ledger.reversed_for("p1"), uow.ledger.reversed_for("p2"), uow.ledger.reversed_for("p9")) == (30, 20, 0)

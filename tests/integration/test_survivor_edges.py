@@ -14,6 +14,7 @@ from billingctl.services import orphans
 from billingctl.services import processor_lock as pl
 from billingctl.services.payments import record_payment, update_transaction_status
 from billingctl.services.users import freeze, unfreeze, velocity_watch
+from tests.integration.test_lock_operations import audits
 from tests.integration.test_orphans import orphan, row
 from tests.integration.test_orphans import world as world  # noqa: F401 - the fixture
 from tests.integration.test_processor_lock import NOW, lock_row
@@ -82,7 +83,7 @@ def test_clear_and_backfill_leave_soft_deleted_rows_alone_and_read_successes_on_
                                                created_at=NOW, customer_id="user_d", processor="NSFW_SEGPAY"))
         uow.execute(insert(transaction).values(transaction_id="pay_failed", amount=1, status="failed",
                                                created_at=NOW, customer_id="user_d", processor="NSFW_CCBILL"))
-        for uid, deleted in (("old_1", NOW), ("none_2", None), ("legacy_3", None)):
+        for uid, deleted in (("old_1", NOW), ("legacy_0", None), ("legacy_3", None)):
             uow.execute(insert(users).values(id=uid, created_at=NOW))
             uow.execute(insert(user_credits).values(user_id=uid, nsfw_processor=legacy, created_at=NOW,
                                                     deleted_at=deleted))
@@ -99,10 +100,11 @@ def test_clear_and_backfill_leave_soft_deleted_rows_alone_and_read_successes_on_
     assert rows == ["NSFW_CCBILL", None]  # the soft-deleted row keeps its value
     result = pl.backfill_mid(world.c)
     assert result["filled"] == [{"user_id": "legacy_3", "nsfw_processor_mid": "mid_first"}]
-    assert result["without_history"] == ["none_2"]  # and the users after it are still filled
+    assert result["without_history"] == ["legacy_0"]  # and the users after it are still filled
     with world.c.uow() as uow:
         old = uow.execute(select(user_credits.c.nsfw_processor_mid).where(user_credits.c.user_id == "old_1")).scalar()
     assert old is None and lock_row(world, "legacy_3")["nsfw_processor_mid"] == "mid_first"
+    assert [a[0] for a in audits(world)] == ["ops", "operator"]  # the backfill's actor when none is named
 
 
 def test_the_velocity_window_is_the_last_minute_exclusive_of_its_start(world):
@@ -124,6 +126,9 @@ def test_orphans_are_listed_by_when_they_were_found(world):
         uow.commit()
     assert [o["payment_id"] for o in orphans.list_orphans(world.c)] == ["pay_early", "pay_late"]
 
+PENDING = ("recorded {} but activation is pending: subscription_provider: POST /api/v2/subscriptions/{}/"
+           "update_for_items failed but may have taken effect (subscription_provider: internal error)")
+
 
 def test_a_payment_held_while_frozen_is_recorded_on_its_own_subscription_after_unfreeze(world):
     """Found through `make mutation`: once recorded on its own subscription, a failed activation made the
@@ -135,7 +140,7 @@ def test_a_payment_held_while_frozen_is_recorded_on_its_own_subscription_after_u
     unfreeze(world.c, "user_f", "cleared", "ops")
     world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
     assert orphans.retry(world.c, first["id"], "ops")["outcome"] == "retrying"
-    assert row(world, first["id"])["last_error"].startswith(f"recorded {first['id']} but activation is pending: ")
+    assert row(world, first["id"])["last_error"] == PENDING.format(first["id"], co["subscription_id"])
     world.sandbox.store.clear_faults()
     assert orphans.retry(world.c, first["id"], "ops")["outcome"] == "recovered"
     state = row(world, first["id"])
@@ -243,3 +248,24 @@ def test_a_recovered_checkout_payment_moves_with_its_transaction_and_nothing_els
         kept = uow.purchases.by_payment_id(stuck_payment["id"])["subscription_id"]
     assert (moved, placed[late["id"]][0]) == (new_sub, new_sub)
     assert (kept, placed[stuck_payment["id"]][0]) == (stuck["subscription_id"], stuck["subscription_id"])
+
+
+def test_a_held_payment_whose_subscription_an_operator_activated_meanwhile_is_recovered(world):
+    """The orphan's retry finds its payment recorded and its subscription already active (`billingctl activate`
+    ran between two attempts): that is a recovery, not an error."""
+    from billingctl.services.payments import activate_subscription
+
+    co = world.checkout("user_f")
+    freeze(world.c, "user_f", "fraud review", "ops")
+    first = world.sandbox.pay(co["order_id"])
+    unfreeze(world.c, "user_f", "cleared", "ops")
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    assert orphans.retry(world.c, first["id"], "ops")["outcome"] == "retrying"
+    assert row(world, first["id"])["last_error"] == PENDING.format(first["id"], co["subscription_id"])
+    world.sandbox.store.clear_faults()
+    assert activate_subscription(world.c, co["subscription_id"])["outcome"] == "activated"
+    assert orphans.retry(world.c, first["id"], "ops")["outcome"] == "recovered"
+    state = row(world, first["id"])
+    assert (state["status"], state["resolution"], state["subscription_id"]) == (
+        "recovered", "recorded", co["subscription_id"])
+    assert len(world.sandbox.store.all("subscription")) == 1 and world.credits("user_f") == 2000
