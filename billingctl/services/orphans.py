@@ -162,7 +162,14 @@ def _recover(container, row: dict, payment: dict) -> str:
             review.alert_frozen(uow, container.clock, row["payment_id"], user_id)
             uow.commit()
         return "needs_review"
-    if (row["last_error"] == review.FROZEN or _recorded_on(container, row["payment_id"], row["subscription_id"])) \
+    recorded_on = _recorded_on(container, row["payment_id"])
+    if recorded_on is not None and recorded_on != row["subscription_id"] \
+            and _subscription_status(container, recorded_on) != "cancelled":
+        # An earlier attempt re-subscribed the user and moved the payment there; its activation failed, and
+        # may have been completed since (the activations job, an operator). That subscription is this
+        # payment's own: finish there, never a same-plan duplicate to refund.
+        return _finish_resubscription(container, row, payment, recorded_on)
+    if (row["last_error"] == review.FROZEN or (recorded_on is not None and recorded_on == row["subscription_id"])) \
             and _subscription_status(container, row["subscription_id"]) != "cancelled":
         # Held because the account was frozen, now unfrozen: the payment pays its own subscription. Once
         # recorded there (its activation may have failed since), it stays there: never a resubscription.
@@ -185,18 +192,22 @@ def _recover(container, row: dict, payment: dict) -> str:
 
 
 def _record_on_own_subscription(container, row: dict, payment: dict) -> str:
-    result = record_payment(container, payment, "orphan_recovery")
-    if result.get("activation") not in ("activated", "already_active"):
-        raise e.ExternalError(f"recorded {row['payment_id']} but activation is pending: "
-                              f"{result.get('activation_error', 'unknown')}")
+    _require_activation(record_payment(container, payment, "orphan_recovery"), f"recorded {row['payment_id']}")
     _finish(container, row["payment_id"], "recovered", resolution="recorded")
     return "recovered"
 
 
-def _recorded_on(container, payment_id: str, subscription_id: str | None) -> bool:
+def _require_activation(recorded: dict, what: str) -> None:
+    """A recorded payment whose subscription is not active yet is a failed attempt: the next one finishes."""
+    if recorded.get("activation") not in ("activated", "already_active"):
+        raise e.ExternalError(f"{what} but activation is pending: {recorded.get('activation_error', 'unknown')}")
+
+
+def _recorded_on(container, payment_id: str) -> str | None:
+    """The subscription the payment's purchase is on (None: not recorded)."""
     with container.uow(autocommit=True) as uow:
         bought = uow.purchases.by_payment_id(payment_id)
-    return bought is not None and bought["subscription_id"] == subscription_id
+    return bought["subscription_id"] if bought is not None else None
 
 
 def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -> str | None:
@@ -244,15 +255,16 @@ def _resubscribe(container, row: dict, payment: dict) -> str:
 
     crash_point(container.settings, "orphan.after_subscription_created")
     _move_purchase(container, row["payment_id"], sub["id"])
+    return _finish_resubscription(container, row, payment, sub["id"])
+
+
+def _finish_resubscription(container, row: dict, payment: dict, sub_id: str) -> str:
     # Like a checkout: the payment pays the first invoice of the new subscription, which activation
     # starts (and so invoices); nothing is left payment_due for the renewals job to charge again.
-    recovered = {**payment, "orderId": sub["id"],
-                 "metadata": {**(payment.get("metadata") or {}), "subscription_id": sub["id"]}}
-    result = record_payment(container, recovered, "orphan_recovery")
-    if result.get("activation") not in ("activated", "already_active"):
-        raise e.ExternalError(f"re-subscribed {sub['id']} but activation is pending: "
-                              f"{result.get('activation_error', 'unknown')}")
-    _finish(container, row["payment_id"], "recovered", resolution="resubscribed", new_subscription=sub["id"])
+    recovered = {**payment, "orderId": sub_id,
+                 "metadata": {**(payment.get("metadata") or {}), "subscription_id": sub_id}}
+    _require_activation(record_payment(container, recovered, "orphan_recovery"), f"re-subscribed {sub_id}")
+    _finish(container, row["payment_id"], "recovered", resolution="resubscribed", new_subscription=sub_id)
     return "recovered"
 
 

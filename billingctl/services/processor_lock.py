@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from billingctl.domain.errors import InvalidInput, NotFound, Refused
+from billingctl.domain.errors import BillingError, InvalidInput, NotFound, Refused
 from billingctl.domain.plans import LANES, is_unlocked, lane_of_processor, processor_column
 
 log = logging.getLogger("billingctl.processor_lock")
@@ -167,12 +167,17 @@ def repair(container, user_id: str, lane: str, actor: str = "operator") -> dict:
     def outcome(value: str) -> None:
         container.metrics.processor_repair_outcome.labels(lane=lane, outcome=value).inc()
 
+    def unavailable(exc: Exception) -> dict:
+        """Our own error says what failed; of anything else only the class (a driver's message has internals)."""
+        outcome("unavailable")
+        error = exc.message if isinstance(exc, BillingError) else type(exc).__name__
+        return {"user_id": user_id, "lane": lane, "outcome": "unavailable", "error": error}
+
     try:
         with container.uow() as uow:
             row = uow.locks.read(user_id)
     except Exception as exc:  # the database is failing: one outcome, as for the orchestrator
-        outcome("unavailable")
-        return {"user_id": user_id, "lane": lane, "outcome": "unavailable", "error": type(exc).__name__}
+        return unavailable(exc)
     if row is not None and not is_unlocked(row[column]):
         outcome("locked")  # refused, but the lane is locked: every repair records one outcome
         raise Refused(f"user {user_id} is already locked on {lane} to {row[column]}")
@@ -180,8 +185,7 @@ def repair(container, user_id: str, lane: str, actor: str = "operator") -> dict:
         history = [p for p in container.orchestrator.list_payments("SETTLED", customer_id=user_id)
                    if lane_of_processor(processor_of(p)[0], container.settings.processor_lanes) == lane]
     except Exception as exc:
-        outcome("unavailable")
-        return {"user_id": user_id, "lane": lane, "outcome": "unavailable", "error": getattr(exc, "message", str(exc))}
+        return unavailable(exc)
     if not history:
         outcome("no_history")
         return {"user_id": user_id, "lane": lane, "outcome": "no_history"}
@@ -197,8 +201,7 @@ def repair(container, user_id: str, lane: str, actor: str = "operator") -> dict:
                              details=details, now=container.clock.now())
             uow.commit()
     except Exception as exc:
-        outcome("unavailable")
-        return {"user_id": user_id, "lane": lane, "outcome": "unavailable", "error": type(exc).__name__}
+        return unavailable(exc)
     outcome("locked")  # by this repair, or by the settle that won the race while it ran
     if not won:
         raise Refused(f"user {user_id} was locked on {lane} while repairing")

@@ -79,6 +79,7 @@ def test_repair_on_sfw_writes_no_merchant_account(world):
     assert pl.repair(world.c, "user_s", "sfw")["processor"] == "SFW_ADYEN"
     row = lock_row(world, "user_s")
     assert (row["sfw_processor"], row["nsfw_processor"], row["nsfw_processor_mid"]) == ("SFW_ADYEN", None, None)
+    assert [a[0] for a in audits(world)] == ["operator"]  # the repair's actor when none is named
 
 
 def test_repair_without_history_or_orchestrator_or_database_says_so_exactly(world):

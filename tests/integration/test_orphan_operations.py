@@ -268,6 +268,34 @@ def test_a_resubscription_whose_activation_fails_says_so_and_completes_on_the_ne
     assert world.sandbox.subscription(created)["status"] == "active" and world.credits("user_y") == 2000
 
 
+@pytest.mark.parametrize("by", ["activations job", "operator"])
+def test_a_resubscription_activated_by_another_path_between_attempts_is_recovered_not_refunded(world, by):
+    """The orphan's new subscription failed to activate; the activations job (or `billingctl activate`) then
+    activated it, paid by the orphan's payment. The next orphan attempt must see its own work, not a
+    same-plan duplicate to refund."""
+    from billingctl.services.payments import activate_subscription, retry_pending
+
+    _, payment = orphan(world, "user_y")
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"retrying": 1}
+    created = [s["id"] for s in world.sandbox.store.all("subscription") if s["customer_id"] == "user_y"][-1]
+    assert row(world, payment["id"])["last_error"] == (
+        f"re-subscribed {created} but activation is pending: subscription_provider: POST /api/v2/subscriptions/"
+        f"{created}/update_for_items failed but may have taken effect (subscription_provider: internal error)")
+    world.sandbox.store.clear_faults()
+    if by == "operator":
+        assert activate_subscription(world.c, created)["outcome"] == "activated"
+    else:
+        assert retry_pending(world.c) == {"completed": 1, "failed": 0}
+    world.advance(3600)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1}
+    state = row(world, payment["id"])
+    assert (state["status"], state["resolution"], state["subscription_id"]) == ("recovered", "resubscribed", created)
+    assert world.sandbox.store.get("payment", payment["id"])["processor"]["amountRefunded"] == 0  # not refunded
+    assert world.sandbox.subscription(created)["status"] == "active" and world.credits("user_y") == 2000
+    assert not [a for a in chat_alerts(world) if "duplicate" in a[0]]
+
+
 def test_the_settled_poller_reads_only_settled_payments_and_only_once(world):
     for user in ("user_1", "user_2"):
         world.sandbox.pay(world.checkout(user)["order_id"])

@@ -123,3 +123,18 @@ def test_the_ledger_sums_per_user_and_counts_only_a_payments_refunds_as_reversed
     assert not uow.ledger.apply("u1", 100, "k1", "purchase", "p1", now)  # the same source key: nothing
     assert (uow.ledger.sum_of_user("u1"), uow.ledger.sum_of_user("u2"), uow.ledger.sum_of_user("u3")) == (45, 70, 0)
     assert (uow.ledger.reversed_for("p1"), uow.ledger.reversed_for("p2"), uow.ledger.reversed_for("p9")) == (30, 20, 0)
+
+
+def test_subscriptions_with_followups_leave_out_a_checkout_payment_handed_to_orphan_recovery(uow):
+    for pid, subscription, invoice, orphaned, reported in (
+            ("p_invoiced", "sub_a", "inv_a", False, False), ("p_plain", "sub_b", None, False, False),
+            ("p_orphan", "sub_c", None, True, False), ("p_orphan_invoiced", "sub_d", "inv_d", True, False),
+            ("p_reported", "sub_e", "inv_e", False, True)):
+        _purchase(uow, pid, subscription=subscription, invoice=invoice)
+        if orphaned:
+            uow.orphans.open({"payment_id": pid, "user_id": "u1", "status": "retrying", "attempts": 0,
+                              "settled_at": NOW, "created_at": NOW, "updated_at": NOW})
+        if reported:
+            uow.purchases.mark_reported(uow.purchases.by_payment_id(pid)["id"], NOW)
+    found = uow.execute(uow.purchases.with_followups_subquery()).scalars().all()
+    assert sorted(found) == ["sub_a", "sub_b", "sub_d"]

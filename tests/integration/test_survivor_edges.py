@@ -15,7 +15,7 @@ from billingctl.services import processor_lock as pl
 from billingctl.services.payments import record_payment, update_transaction_status
 from billingctl.services.users import freeze, unfreeze, velocity_watch
 from tests.integration.test_lock_operations import audits
-from tests.integration.test_orphans import orphan, row
+from tests.integration.test_orphans import chat_alerts, orphan, row
 from tests.integration.test_orphans import world as world  # noqa: F401 - the fixture
 from tests.integration.test_processor_lock import NOW, lock_row
 
@@ -269,3 +269,26 @@ def test_a_held_payment_whose_subscription_an_operator_activated_meanwhile_is_re
     assert (state["status"], state["resolution"], state["subscription_id"]) == (
         "recovered", "recorded", co["subscription_id"])
     assert len(world.sandbox.store.all("subscription")) == 1 and world.credits("user_f") == 2000
+
+
+def test_an_orphans_failure_stores_its_own_error_cut_to_the_columns_and_the_alerts_length(world):
+    from billingctl.services.orphans import ORPHAN_MAX_ATTEMPTS, _failed
+
+    _, payment = orphan(world)
+    world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=-1)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"retrying": 1}
+    world.c.clock.advance(90)
+    assert _failed(world.c, dict(row(world, payment["id"])), "E" * 600) == "retrying"
+    state = row(world, payment["id"])
+    assert (state["attempts"], state["last_error"], state["updated_at"]) == (2, "E" * 500, world.c.clock.now())
+    with world.c.uow() as uow:
+        uow.orphans.set(payment["id"], attempts=ORPHAN_MAX_ATTEMPTS - 1)
+        uow.commit()
+    world.c.clock.advance(90)
+    assert _failed(world.c, dict(row(world, payment["id"])), "F" * 600) == "exhausted"
+    state = row(world, payment["id"])
+    assert (state["status"], state["attempts"], state["last_error"], state["updated_at"]) == (
+        "exhausted", ORPHAN_MAX_ATTEMPTS, "F" * 500, world.c.clock.now())
+    [(_, alert)] = [a for a in chat_alerts(world) if a[0] == f"orphan-exhausted:{payment['id']}"]
+    fields = {f["title"]: f["value"] for f in alert["attachments"][0]["fields"]}
+    assert (fields["last_error"], fields["attempts"]) == ("F" * 200, str(ORPHAN_MAX_ATTEMPTS))
