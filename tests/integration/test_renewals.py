@@ -130,10 +130,16 @@ def test_the_mit_quota_blocks_in_production(make_settings, db_url, tmp_path, cap
         before = charges(world)
         with caplog.at_level(logging.WARNING, logger="billingctl.renewals"):
             assert run_renewals(world.c)["outcomes"] == {"quota_blocked": 1}
-        assert "MIT blocked: authorization count quota exhausted" in [r.getMessage() for r in caplog.records]
+        [blocked] = [r for r in caplog.records if r.getMessage() == "MIT blocked: authorization count quota exhausted"]
+        invoice = [i for i in world.sandbox.store.all("invoice") if i["status"] == "payment_due"][0]
+        assert (blocked.invoice_id, blocked.user_id, blocked.window) == (invoice["id"], "user_a", "daily")
         assert charges(world) == before
         row = list_attempts(world.c, user_id="user_a")[0]
-        assert row["status"] == "quota_blocked"
+        with world.c.uow() as uow:
+            processor = uow.locks.read("user_a")["nsfw_processor"]
+        assert (row["status"], row["decline_code"], row["attempt_no"], row["lane"], row["processor"], row["amount"]) \
+            == ("quota_blocked", "authorization_quota", 1, "nsfw", processor, invoice["amount_due"])
+        assert processor
         assert row["next_attempt_at"] == now - timedelta(hours=5) + timedelta(days=1)  # the oldest leaves
         assert run_renewals(world.c)["outcomes"] == {"not_due": 1}
 
