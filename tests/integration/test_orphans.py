@@ -221,7 +221,8 @@ def test_an_orphan_refunded_before_recovery_is_not_resubscribed(world):
     world.sandbox.refund(payment["id"])
     assert orphans.run_orphans(world.c)["outcomes"] == {"refunded_elsewhere": 1}
     assert world.purchases() == 0 and len(world.sandbox.store.all("subscription")) == 1
-    assert row(world, payment["id"])["resolution"] == "refunded_elsewhere"
+    state = row(world, payment["id"])
+    assert (state["status"], state["resolution"], state["next_attempt_at"]) == ("resolved", "refunded_elsewhere", None)
 
 
 def test_a_duplicate_report_follows_up_on_the_purchases_own_subscription(world):

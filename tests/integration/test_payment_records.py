@@ -104,8 +104,8 @@ def test_the_activations_job_counts_what_it_completed_and_what_still_fails(world
 
 
 def test_the_activations_job_counts_each_kind_of_failure_and_success(world):
-    """Every count of the activations job: a subscription pending with no purchase (its activation
-    refuses), an active one whose purchase the provider refuses to record, and two that complete."""
+    """Every count of the activations job: subscriptions pending with no purchase (their activation
+    refuses), active ones whose purchase the provider refuses to record, and three that complete."""
     from billingctl.services.payments import pending_activations
 
     done = [world.checkout(f"user_{n}") for n in range(2)]
@@ -117,16 +117,17 @@ def test_the_activations_job_counts_each_kind_of_failure_and_success(world):
     world.sandbox.store.add_fault("provider", "503", path="record_payment", count=-1)
     world.sandbox.pay(recorded["order_id"])  # activated; its payment not yet on the provider's invoice
     world.sandbox.store.clear_faults()
-    orphaned = world.checkout("user_x")
+    orphaned = [world.checkout(f"user_x{n}") for n in range(2)]  # two of each failure: each is counted
     with world.c.uow() as uow:
-        uow.subscriptions.set(orphaned["subscription_id"], activation_pending_since=world.c.clock.now())
+        for co in orphaned:
+            uow.subscriptions.set(co["subscription_id"], activation_pending_since=world.c.clock.now())
         uow.commit()
-    refused = world.checkout("user_v")
-    world.sandbox.pay(refused["order_id"], drop_webhook=True)
-    invoice = world.sandbox.start_future_subscription(refused["subscription_id"], world.sandbox.now())["invoice"]
-    world.sandbox.void_invoice(invoice["id"])  # the provider will refuse to record the payment on it
-    assert record_payment(world.c, world.sandbox.store.all("payment")[-1], "cli")["provider_recorded"] is False
+    refused = [world.checkout(f"user_v{n}") for n in range(2)]
+    for co in refused:
+        world.sandbox.pay(co["order_id"], drop_webhook=True)
+        invoice = world.sandbox.start_future_subscription(co["subscription_id"], world.sandbox.now())["invoice"]
+        world.sandbox.void_invoice(invoice["id"])  # the provider will refuse to record the payment on it
+        assert record_payment(world.c, world.sandbox.store.all("payment")[-1], "cli")["provider_recorded"] is False
     assert {r["id"] for r in pending_activations(world.c)} == {
-        *(co["subscription_id"] for co in done), recorded["subscription_id"], orphaned["subscription_id"],
-        refused["subscription_id"]}
-    assert retry_pending(world.c) == {"completed": 3, "failed": 2}
+        *(co["subscription_id"] for co in done + orphaned + refused), recorded["subscription_id"]}
+    assert retry_pending(world.c) == {"completed": 3, "failed": 4}

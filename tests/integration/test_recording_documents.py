@@ -114,3 +114,12 @@ def test_a_zero_refund_reverses_nothing_and_the_smallest_reversal_is_one_credit(
     assert reverse_refund(world.c, paid["id"], one, "webhook") == {
         "payment_id": paid["id"], "outcome": "reversed", "credits_reversed": 1, "user_id": "user_a"}
     assert world.credits() == 1999
+
+
+def test_a_refund_report_names_the_path_it_came_by(world):
+    from billingctl.services.payments import apply_refund_report
+
+    paid = world.settle(world.checkout()["order_id"])
+    record_payment(world.c, paid, "webhook")
+    assert apply_refund_report(world.c, paid["id"], paid["amount"], "event_poller")["outcome"] == "reversed"
+    assert analytics(world)[f"analytics:refund:{paid['id']}:{paid['amount']}"]["path"] == "event_poller"

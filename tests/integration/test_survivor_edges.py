@@ -292,3 +292,49 @@ def test_an_orphans_failure_stores_its_own_error_cut_to_the_columns_and_the_aler
     [(_, alert)] = [a for a in chat_alerts(world) if a[0] == f"orphan-exhausted:{payment['id']}"]
     fields = {f["title"]: f["value"] for f in alert["attachments"][0]["fields"]}
     assert (fields["last_error"], fields["attempts"]) == ("F" * 200, str(ORPHAN_MAX_ATTEMPTS))
+
+
+def test_a_payment_refunded_in_full_is_not_refunded_again(world):
+    paid = world.settle(world.checkout("user_r")["order_id"])
+    world.sandbox.refund(paid["id"])
+    before = world.sandbox.store.count_requests("orchestrator", "POST", "/refund")
+    assert orphans.refund(world.c, paid["id"])["processor"]["amountRefunded"] == paid["amount"]
+    assert world.sandbox.store.count_requests("orchestrator", "POST", "/refund") == before
+
+
+def test_a_run_that_lists_nothing_keeps_and_names_its_cursor(world):
+    from billingctl.domain.clock import parse_time
+    from billingctl.services.cursors import read_value, write_value
+
+    world.settle(world.checkout("user_r")["order_id"])
+    ahead = world.c.clock.now() + timedelta(hours=1)
+    write_value(world.c, orphans.CURSOR, ahead.isoformat())
+    result = orphans.run_orphans(world.c)
+    assert (result["outcomes"], result["cursor"]) == ({}, ahead)
+    assert parse_time(read_value(world.c, orphans.CURSOR)) == ahead
+
+
+@pytest.mark.parametrize("missing", ["customerId", "metadata"])
+def test_an_orphan_takes_its_user_from_the_payments_customer_or_else_its_metadata(world, missing):
+    """The orchestrator's customerId is optional; our checkout's metadata names the user too."""
+    co = world.checkout("user_m")
+    payment = world.settle(co["order_id"])
+    shown = {**payment, "customerId": None} if missing == "customerId" else {**payment, "metadata": None}
+    orphans._open(world.c, shown)
+    assert row(world, payment["id"])["user_id"] == "user_m"
+
+
+def test_an_error_after_a_decline_waits_the_first_backoff_step(world):
+    from billingctl.services.renewals import list_attempts, run_renewals
+    from tests.integration.test_renewals import month_passes, subscribed
+
+    subscribed(world, "user_e")
+    world.sandbox.decline_customer("user_e")
+    month_passes(world)
+    assert run_renewals(world.c)["outcomes"] == {"declined": 1}
+    world.sandbox.decline_customer("user_e", decline=False)
+    world.c.clock.advance(world.c.settings.renewal_retry_hours[0] * 3600)
+    world.sandbox.store.add_fault("orchestrator", "503", method="POST", path="/payments", count=-1)
+    assert run_renewals(world.c)["outcomes"] == {"error": 1}
+    last = list_attempts(world.c, user_id="user_e")[0]
+    assert (last["status"], last["next_attempt_at"]) == ("error", world.c.clock.now() + timedelta(minutes=10))
