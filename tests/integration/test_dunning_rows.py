@@ -265,3 +265,8 @@ def test_the_renewals_tick_documents_its_dry_run_and_its_failures(world, monkeyp
                             "errors": [{"invoice_id": invoice["id"], "error": "boom"}]}
     assert (result.outcome.done, result.outcome.failed, result.outcome.errors) == (
         0, 1, ({"invoice_id": invoice["id"], "error": "boom"},))
+    dry = run_renewals(world.c, dry_run=True)
+    assert (dry["outcomes"], dry["invoices"], dry["errors"]) == (
+        {"error": 1}, [], [{"invoice_id": invoice["id"], "error": "boom"}])
+    assert (dry.outcome.done, dry.outcome.failed, dry.outcome.errors) == (
+        0, 1, ({"invoice_id": invoice["id"], "error": "boom"},))

@@ -83,7 +83,9 @@ def test_the_exact_schedule_and_exhaustion(world):
             gap = state["next_attempt_at"] - world.c.clock.now()
             gaps.append(int(gap.total_seconds() // 60))
             world.c.clock.advance(gap.total_seconds() - 1)
-            assert orphans.run_orphans(world.c)["outcomes"] == {"waiting": 1}  # not a second early
+            waiting = orphans.run_orphans(world.c)
+            assert waiting["outcomes"] == {"waiting": 1}  # not a second early
+            assert (waiting.outcome.done, waiting.outcome.failed, waiting.outcome.skipped) == (0, 0, 1)
             world.c.clock.advance(1)
         else:
             assert outcome == {"exhausted": 1}

@@ -338,3 +338,53 @@ def test_an_error_after_a_decline_waits_the_first_backoff_step(world):
     assert run_renewals(world.c)["outcomes"] == {"error": 1}
     last = list_attempts(world.c, user_id="user_e")[0]
     assert (last["status"], last["next_attempt_at"]) == ("error", world.c.clock.now() + timedelta(minutes=10))
+
+
+def test_the_cursor_holds_at_the_oldest_payment_too_recent_to_judge(world):
+    from billingctl.domain.clock import parse_time
+
+    first = world.sandbox.pay(world.checkout("user_1")["order_id"])
+    world.advance(5)
+    second = world.sandbox.pay(world.checkout("user_2")["order_id"])
+    result = orphans.run_orphans(world.c)
+    assert result["outcomes"] == {"too_recent": 2}
+    assert result["cursor"] == parse_time(first["date"]) < parse_time(second["date"])
+
+
+def test_a_payment_settled_exactly_the_grace_period_ago_is_judged(world):
+    from billingctl.domain.clock import parse_time
+
+    paid = world.sandbox.pay(world.checkout("user_1")["order_id"])
+    world.c.clock.advance((orphans.TOO_RECENT - (world.c.clock.now() - parse_time(paid["date"]))).total_seconds())
+    assert world.c.clock.now() - parse_time(paid["date"]) == orphans.TOO_RECENT
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1}
+
+
+def test_a_first_run_that_lists_nothing_writes_no_cursor_even_with_an_orphan_open(world):
+    from billingctl.services.cursors import read_value
+
+    now = world.c.clock.now()
+    with world.c.uow() as uow:  # held for review by another path; the orchestrator lists no payment
+        uow.orphans.open({"payment_id": "pay_held", "user_id": "u", "status": "retrying", "attempts": 0,
+                          "settled_at": now, "created_at": now, "updated_at": now})
+        uow.commit()
+    result = orphans.run_orphans(world.c)
+    assert (result["outcomes"], result["cursor"]) == ({}, None)
+    assert read_value(world.c, orphans.CURSOR) is None
+
+
+def test_a_held_payment_whose_subscription_was_cancelled_meanwhile_is_resubscribed(world):
+    co = world.checkout("user_f")
+    freeze(world.c, "user_f", "fraud review", "ops")
+    held = world.sandbox.pay(co["order_id"])
+    assert row(world, held["id"])["status"] == "needs_review"
+    world.sandbox.cancel(co["subscription_id"])
+    with world.c.uow() as uow:
+        uow.subscriptions.set(co["subscription_id"], status="cancelled")
+        uow.commit()
+    unfreeze(world.c, "user_f", "cleared", "ops")
+    assert orphans.retry(world.c, held["id"], "ops")["outcome"] == "recovered"
+    state = row(world, held["id"])
+    assert state["resolution"] == "resubscribed" and state["subscription_id"] != co["subscription_id"]
+    assert world.sandbox.subscription(state["subscription_id"])["status"] == "active"
+    assert world.credits("user_f") == 2000
