@@ -157,7 +157,7 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/renewals.py", "x__resolve_token", "(cards) or True",
      "equivalent: without a usable card the preferred token matches none; only the orchestrator reads it "
      "saves differ"),
-    ("billingctl/services/renewals.py", "x_attempt_invoice", 'invoice.get("total")',
+    ("billingctl/services/renewals.py", "x_attempt_invoice", 'amount = int(invoice.get("amount_due") or invoice.get(',
      "accepted: the provider's invoice always names amount_due (the sandbox, like Chargebee, cannot record a "
      "payment on one without it); the fallback to total is defensive"),
     ("billingctl/services/renewals.py", "x_attempt_invoice", 'invoice.get("currency_code"',
@@ -180,6 +180,22 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/orphans.py", "x__subscription_status", 'if local == "',
      "equivalent: a subscription cancelled in our copy is cancelled at the provider too; the local read only "
      "saves the provider's"),
+    ("billingctl/services/orphans.py", "x_handle_payment", "not in payment",
+     "equivalent: the list's summaries lack both fields and a payment read whole has both, so every spelling "
+     "reads a summary whole; only the number of reads of a whole payment differs"),
+    ("billingctl/services/orphans.py", "x_handle_payment", '"customerId" in payment or',
+     "equivalent: the list's summaries lack both fields and a payment read whole has both, so every spelling "
+     "reads a summary whole; only the number of reads of a whole payment differs"),
+    ("billingctl/adapters/db/fraud.py", "xǁFraudEventsǁadd", "DEDUPE_KEY", _SQLITE),
+    ("webhooks_app/signatures.py", "x_verify_timestamped", "rsplit(",
+     "equivalent: a set's fields are t=<digits> and v1=<hex>, with no second '=' for the split to differ on"),
+    ("webhooks_app/signatures.py", "x_verify_timestamped", 'ts, sig = fields.get(',
+     "equivalent: a missing t or v1 is refused whatever it defaults to (no number; no signature a secret "
+     "makes)"),
+    ("webhooks_app/signatures.py", "x_verify_standard_webhook", "verified = None",
+     "equivalent: None and False are both false"),
+    ("webhooks_app/signatures.py", "x_verify_standard_webhook", "json_parse=None",
+     "equivalent: None and False are both false"),
     ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',
      "equivalent: a payment always carries its amount"),
 ]

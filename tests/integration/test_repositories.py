@@ -30,6 +30,7 @@ def test_fraud_event_keys_rename_and_remove_one_event(container):
     now = container.clock.now()
     with container.uow() as uow:
         uow.users.ensure("u1", now)
+        assert uow.fraud.add("u1", "authorization_attempt", now, {})  # no key: always a new event
         assert uow.fraud.add("u1", "authorization_attempt", now, {}, "order:1")
         assert not uow.fraud.add("u1", "authorization_attempt", now, {}, "order:1")
         assert uow.fraud.add("u1", "authorization_attempt", now, {}, "order:2")

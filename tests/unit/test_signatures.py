@@ -105,3 +105,21 @@ def test_standard_webhooks_with_either_header_names_and_a_rotation():
         "missing webhook signature headers"
     assert rejected(sig.verify_standard_webhook, body, headers, secret_old) == "invalid signature"
     assert rejected(sig.verify_standard_webhook, body, headers, "not base64!") == "invalid signature"
+
+
+def test_a_timestamped_rotation_skips_unreadable_or_stale_sets_and_any_secret_may_sign():
+    sig.verify_timestamped(BODY, f"t=bad,v1=abc {stamped('s1', NOW)}", ["s1"], NOW)  # an unreadable set first
+    sig.verify_timestamped(BODY, f"{stamped('s1', NOW - 301)} {stamped('s1', NOW)}", ["s1"], NOW)  # a stale one
+    sig.verify_timestamped(BODY, stamped("s1", NOW), ["s1", "s2"], NOW)  # the first secret of a rotation
+
+
+def test_a_standard_webhook_body_that_is_not_json_is_still_authenticated():
+    """Verifying a signature says nothing about the body's shape: reading it is the endpoint's job (a 400)."""
+    from datetime import UTC, datetime
+
+    secret = "whsec_" + base64.b64encode(b"new-secret-bytes-0123456789").decode()
+    stamp = datetime.now(UTC)
+    body = b"not json"
+    headers = {"webhook-id": "msg_2", "webhook-timestamp": str(int(stamp.timestamp())),
+               "webhook-signature": Webhook(secret).sign("msg_2", stamp, body.decode())}
+    assert sig.verify_standard_webhook(body, headers, secret) == "msg_2"
