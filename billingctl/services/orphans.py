@@ -92,9 +92,24 @@ def handle_payment(container, payment: dict) -> str:
         status = _subscription_status(container, sub_id) if sub_id else None
         if status != "cancelled":
             # Not an orphan: an ordinary settled payment the webhook and the event poller missed.
-            return record_payment(container, payment, "settled_poller")["outcome"]
+            try:
+                return record_payment(container, payment, "settled_poller")["outcome"]
+            except e.InvalidInput as exc:  # not ours to record: a person decides, the cursor moves on
+                return _hold_unattributed(container, payment, exc.message)
         _open(container, payment)
     return attempt(container, payment_id)
+
+
+def _hold_unattributed(container, payment: dict, reason: str) -> str:
+    metadata = payment.get("metadata") or {}
+    with container.uow() as uow:
+        review.hold_unattributed(uow, container.clock, payment_id=payment["id"],
+                                 user_id=payment.get("customerId") or metadata.get("user_id"), reason=reason,
+                                 subscription_id=None, item_price_id=None, amount=payment.get("amount"),
+                                 currency_code=payment.get("currencyCode"), settled_at=parse_time(payment.get("date")))
+        uow.commit()
+    log.warning("settled payment names none of our subscriptions: held for review", extra={"payment_id": payment["id"]})
+    return "needs_review"
 
 
 def _subscription_status(container, sub_id: str) -> str | None:

@@ -28,6 +28,16 @@ def hold_frozen(uow, clock, *, payment_id: str, user_id: str, **facts) -> None:
     alert_frozen(uow, clock, payment_id, user_id)
 
 
+def hold_unattributed(uow, clock, *, payment_id: str, user_id: str | None, reason: str, **facts) -> None:
+    """A settled payment that names none of our subscriptions or invoices (a charge made at the
+    orchestrator's console, or by another integration on the account): nothing to credit or activate,
+    and nothing for the poller to retry for ever; one chat alert."""
+    open_row(uow, clock.now(), payment_id=payment_id, user_id=user_id, status="needs_review", last_error=reason,
+             **facts)
+    alerts.raise_alert(uow, clock, f"Payment {payment_id} names none of our subscriptions - manual review required",
+                       f"unattributed-payment:{payment_id}", payment_id=payment_id, user_id=user_id, reason=reason)
+
+
 def alert_frozen(uow, clock, payment_id: str, user_id: str) -> None:
     alerts.raise_alert(uow, clock, f"Payment {payment_id} settled for frozen user {user_id} - manual review required "
                                    "(refund it, or unfreeze and retry)", f"frozen-payment:{payment_id}",

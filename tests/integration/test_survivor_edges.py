@@ -388,3 +388,40 @@ def test_a_held_payment_whose_subscription_was_cancelled_meanwhile_is_resubscrib
     assert state["resolution"] == "resubscribed" and state["subscription_id"] != co["subscription_id"]
     assert world.sandbox.subscription(state["subscription_id"])["status"] == "active"
     assert world.credits("user_f") == 2000
+
+
+def test_an_orphan_whose_webhook_was_lost_is_recovered_on_the_pollers_first_run(world):
+    from billingctl.services.checkout import cleanup_expired
+
+    co = world.checkout("user_w")
+    world.advance(2 * 86400)
+    assert co["subscription_id"] in cleanup_expired(world.c)["cancelled"]
+    payment = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    world.advance(16)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1}
+    assert row(world, payment["id"])["resolution"] == "resubscribed" and world.credits("user_w") == 2000
+
+
+def test_a_settled_payment_without_our_subscription_is_held_for_review_once_and_the_cursor_moves_on(world):
+    """Found through `make mutation`: a payment made outside our checkout (at the orchestrator's console)
+    failed the settled poller's every run, held its cursor for ever and made each run a failed job."""
+    from billingctl.domain.clock import parse_time
+
+    card = world.sandbox.add_instrument("user_z", "PAYMENT_CARD")
+    paid = world.sandbox.charge({"paymentMethodToken": card["token"], "customerId": "user_z", "amount": 999,
+                                 "metadata": {"psp": "SFW_STRIPE"}}, drop_webhook=True)
+    world.advance(16)
+    later = world.sandbox.pay(world.checkout("user_l")["order_id"], drop_webhook=True)
+    world.advance(16)
+    result = orphans.run_orphans(world.c)
+    assert result["outcomes"] == {"needs_review": 1, "recorded": 1}
+    assert result["cursor"] == parse_time(later["date"])  # the cursor moves on: nothing is looked at for ever
+    state = row(world, paid["id"])
+    assert (state["status"], state["user_id"], state["amount"], state["subscription_id"], state["last_error"]) == (
+        "needs_review", "user_z", 999, None, f"payment {paid['id']} names no subscription or invoice")
+    assert [p["text"] for k, p in chat_alerts(world) if k == f"unattributed-payment:{paid['id']}"] == [
+        f"Payment {paid['id']} names none of our subscriptions - manual review required"]
+    assert world.purchases(paid["id"]) == 0
+    world.advance(60)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1}  # only the newest is listed again
+    assert len(chat_alerts(world)) == 1
