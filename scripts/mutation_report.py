@@ -95,7 +95,7 @@ REASONS: list[tuple[str, str, str, str]] = [
      _OLD_ORDER),
     ("billingctl/services/orphans.py", "x__resubscribe", "ORDERID",
      _OLD_ORDER),
-    ("billingctl/services/orphans.py", "x__resubscribe", '"metadata": {**',
+    ("billingctl/services/orphans.py", "x__finish_resubscription", '"metadata": {**',
      "equivalent: the plan and the checkout supply the lane and the plan the dropped metadata held"),
     ("billingctl/services/renewals.py", "x__charged", "count_authorization(",
      "equivalent: the same authorization is counted again, idempotently by its payment id, when the answer "
@@ -196,6 +196,18 @@ REASONS: list[tuple[str, str, str, str]] = [
      "equivalent: None and False are both false"),
     ("webhooks_app/signatures.py", "x_verify_standard_webhook", "json_parse=None",
      "equivalent: None and False are both false"),
+    ("billingctl/services/orphans.py", "x__failed", "due < now",
+     "equivalent: when the attempt was due exactly now, both bases are now"),
+    ("billingctl/services/orphans.py", "x__recover", '!= "XXcancelledXX"',
+     "equivalent: for a re-subscription cancelled between attempts both paths reach _finish_resubscription on "
+     "it (re-subscribing replays its creation by the attempt's idempotency key), which fails the attempt"),
+    ("billingctl/services/orphans.py", "x__recover", '!= "CANCELLED"',
+     "equivalent: for a re-subscription cancelled between attempts both paths reach _finish_resubscription on "
+     "it (re-subscribing replays its creation by the attempt's idempotency key), which fails the attempt"),
+    ("billingctl/services/orphans.py", "x__recover", "(recorded_on is not None or recorded_on ==",
+     "equivalent: a payment recorded on another subscription than its row's was moved there by a "
+     "re-subscription, which happens only when the row's own subscription is cancelled, so the next "
+     "condition fails either way"),
     ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',
      "equivalent: a payment always carries its amount"),
 ]

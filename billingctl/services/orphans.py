@@ -214,8 +214,11 @@ def _record_on_own_subscription(container, row: dict, payment: dict) -> str:
 
 def _require_activation(recorded: dict, what: str) -> None:
     """A recorded payment whose subscription is not active yet is a failed attempt: the next one finishes."""
-    if recorded.get("activation") not in ("activated", "already_active"):
-        raise e.ExternalError(f"{what} but activation is pending: {recorded.get('activation_error', 'unknown')}")
+    activation = recorded.get("activation")
+    if activation == "pending":
+        raise e.ExternalError(f"{what} but activation is pending: {recorded['activation_error']}")
+    if activation not in ("activated", "already_active"):  # cancelled at the provider meanwhile
+        raise e.ExternalError(f"{what} but its subscription was not activated: {activation}")
 
 
 def _recorded_on(container, payment_id: str) -> str | None:

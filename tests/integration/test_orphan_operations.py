@@ -369,3 +369,17 @@ def test_a_partly_refunded_orphan_waits_for_review_with_one_alert(world):
     [(key, alert)] = chat_alerts(world)
     assert key == f"orphan-partial:{payment['id']}"
     assert alert["text"] == f"Orphaned payment {payment['id']} is partially refunded - manual review required"
+
+
+def test_a_resubscription_cancelled_between_attempts_fails_each_attempt_saying_so(world):
+    _, payment = orphan(world, "user_y")
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"retrying": 1}
+    created = [s["id"] for s in world.sandbox.store.all("subscription") if s["customer_id"] == "user_y"][-1]
+    world.sandbox.store.clear_faults()
+    world.sandbox.cancel(created)
+    assert orphans.retry(world.c, payment["id"], "ops")["outcome"] == "retrying"
+    state = row(world, payment["id"])
+    assert (state["attempts"], state["last_error"]) == (
+        2, f"re-subscribed {created} but its subscription was not activated: cancelled_at_provider")
+    assert world.sandbox.store.get("payment", payment["id"])["processor"]["amountRefunded"] == 0
