@@ -402,6 +402,24 @@ def test_an_orphan_whose_webhook_was_lost_is_recovered_on_the_pollers_first_run(
     assert row(world, payment["id"])["resolution"] == "resubscribed" and world.credits("user_w") == 2000
 
 
+def test_two_orphans_of_one_user_re_subscribed_in_one_run_each_get_their_own_subscription(world):
+    """The provider replays the answer to a repeated idempotency key: each re-subscription's key names
+    its payment, or the second plan would be handed the first plan's new subscription."""
+    from billingctl.services.checkout import cleanup_expired
+
+    basic, pro = world.checkout("user_a", "credits-basic-USD-monthly"), world.checkout("user_a")
+    world.advance(2 * 86400)
+    assert set(cleanup_expired(world.c)["cancelled"]) == {basic["subscription_id"], pro["subscription_id"]}
+    paid = [world.sandbox.pay(co["order_id"], drop_webhook=True) for co in (basic, pro)]
+    world.advance(16)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 2}
+    new_subs = [row(world, p["id"])["subscription_id"] for p in paid]
+    assert len(set(new_subs)) == 2 and not set(new_subs) & {basic["subscription_id"], pro["subscription_id"]}
+    plans = [world.sandbox.subscription(sub_id)["subscription_items"][0]["item_price_id"] for sub_id in new_subs]
+    assert plans == ["credits-basic-USD-monthly", "credits-pro-USD-monthly"]
+    assert all(world.sandbox.subscription(sub_id)["status"] == "active" for sub_id in new_subs)
+
+
 def test_a_settled_payment_without_our_subscription_is_held_for_review_once_and_the_cursor_moves_on(world):
     """Found through `make mutation`: a payment made outside our checkout (at the orchestrator's console)
     failed the settled poller's every run, held its cursor for ever and made each run a failed job."""
@@ -409,19 +427,26 @@ def test_a_settled_payment_without_our_subscription_is_held_for_review_once_and_
 
     card = world.sandbox.add_instrument("user_z", "PAYMENT_CARD")
     paid = world.sandbox.charge({"paymentMethodToken": card["token"], "customerId": "user_z", "amount": 999,
-                                 "metadata": {"psp": "SFW_STRIPE"}}, drop_webhook=True)
+                                 "currencyCode": "EUR", "metadata": {"psp": "SFW_STRIPE"}}, drop_webhook=True)
+    world.advance(16)
+    # another integration's charge names its user only in its metadata
+    other = world.sandbox.charge({"paymentMethodToken": card["token"], "amount": 500,
+                                  "metadata": {"psp": "SFW_STRIPE", "user_id": "user_m"}}, drop_webhook=True)
     world.advance(16)
     later = world.sandbox.pay(world.checkout("user_l")["order_id"], drop_webhook=True)
     world.advance(16)
     result = orphans.run_orphans(world.c)
-    assert result["outcomes"] == {"needs_review": 1, "recorded": 1}
+    assert result["outcomes"] == {"needs_review": 2, "recorded": 1}
     assert result["cursor"] == parse_time(later["date"])  # the cursor moves on: nothing is looked at for ever
     state = row(world, paid["id"])
-    assert (state["status"], state["user_id"], state["amount"], state["subscription_id"], state["last_error"]) == (
-        "needs_review", "user_z", 999, None, f"payment {paid['id']} names no subscription or invoice")
+    assert (state["status"], state["user_id"], state["amount"], state["currency_code"], state["subscription_id"],
+            state["last_error"]) == ("needs_review", "user_z", 999, "EUR", None,
+                                     f"payment {paid['id']} names no subscription or invoice")
+    assert state["settled_at"] == parse_time(paid["date"])
+    assert (row(world, other["id"])["user_id"], row(world, other["id"])["amount"]) == ("user_m", 500)
     assert [p["text"] for k, p in chat_alerts(world) if k == f"unattributed-payment:{paid['id']}"] == [
         f"Payment {paid['id']} names none of our subscriptions - manual review required"]
     assert world.purchases(paid["id"]) == 0
     world.advance(60)
     assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1}  # only the newest is listed again
-    assert len(chat_alerts(world)) == 1
+    assert len(chat_alerts(world)) == 2
