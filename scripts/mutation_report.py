@@ -159,6 +159,9 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/renewals.py", "x_attempt_invoice", 'amount = int(invoice.get("amount_due") or invoice.get(',
      "accepted: the provider's invoice always names amount_due (the sandbox, like Chargebee, cannot record a "
      "payment on one without it); the fallback to total is defensive"),
+    ("billingctl/services/renewals.py", "x_attempt_invoice", "w.window == decision.blocking), )",
+     "equivalent: a refused decision's blocking window is always one of its windows (domain/quota.py names it "
+     "from the windows it builds), so the default is never reached"),
     ("billingctl/services/renewals.py", "x_attempt_invoice", 'invoice.get("currency_code"',
      "accepted: the provider's invoice always names its currency_code; the fallback is defensive"),
     ("billingctl/services/renewals.py", "x_attempt_invoice", 'invoice.get(None, "USD")',

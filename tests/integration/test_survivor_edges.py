@@ -402,6 +402,21 @@ def test_an_orphan_whose_webhook_was_lost_is_recovered_on_the_pollers_first_run(
     assert row(world, payment["id"])["resolution"] == "resubscribed" and world.credits("user_w") == 2000
 
 
+def test_a_payment_for_a_subscription_deleted_at_the_provider_is_recovered_as_an_orphan(world):
+    """A subscription deleted in the provider's console is gone (404), not cancelled: its late payment is
+    an orphan all the same, re-subscribed, never recorded on a subscription that no longer exists."""
+    co = world.checkout("user_d")
+    with world.sandbox.store.tx() as db:
+        db.execute("DELETE FROM objects WHERE kind='subscription' AND id=?", (co["subscription_id"],))
+    payment = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    world.advance(16)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1}
+    state = row(world, payment["id"])
+    assert state["resolution"] == "resubscribed" and state["subscription_id"] != co["subscription_id"]
+    assert world.sandbox.subscription(state["subscription_id"])["status"] == "active"
+    assert world.credits("user_d") == 2000
+
+
 def test_two_orphans_of_one_user_re_subscribed_in_one_run_each_get_their_own_subscription(world):
     """The provider replays the answer to a repeated idempotency key: each re-subscription's key names
     its payment, or the second plan would be handed the first plan's new subscription."""
