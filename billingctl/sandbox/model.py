@@ -270,7 +270,8 @@ class Sandbox:
     def record_payment(self, invoice_id: str, amount: int, reference_number: str,
                        payment_method: str = "other") -> dict:
         """An offline payment on a payable invoice. Like the real provider it does not look at the
-        reference number: a paid, void or pending invoice is refused (invalid_state_for_request)."""
+        reference number: a paid, void or pending invoice is refused (invalid_state_for_request); an amount
+        short of the amount due is a partial payment, which leaves the invoice payable for the rest."""
         invoice = self.invoice(invoice_id)
         if invoice["status"] not in PAYABLE_INVOICE_STATUSES:
             raise SandboxError(400, f"The invoice is in {invoice['status']} state. Payments can be recorded only "
@@ -289,9 +290,15 @@ class Sandbox:
                                     "invoice_status": "paid"}]}
         self.store.put("transaction", txn["id"], txn)
         self.store.put("transaction_by_ref", reference_number, {"id": txn["id"]})
-        invoice.update(status="paid", amount_paid=int(amount), amount_due=0, paid_at=now, updated_at=now)
+        # A payment short of the amount due is a partial payment: the invoice stays payable for the rest.
+        due = int(invoice["amount_due"]) - int(amount)
+        invoice.update(amount_paid=int(invoice.get("amount_paid") or 0) + int(amount), amount_due=due,
+                       updated_at=now)
+        if due == 0:
+            invoice.update(status="paid", paid_at=now)
         # The real invoice links the transaction by id only: the gateway reference is on the transaction.
-        invoice["linked_payments"] = [{"txn_id": txn["id"], "applied_amount": int(amount), "applied_at": now,
+        invoice["linked_payments"] = [*(invoice.get("linked_payments") or []),
+                                      {"txn_id": txn["id"], "applied_amount": int(amount), "applied_at": now,
                                        "txn_status": "success", "txn_date": now, "txn_amount": int(amount)}]
         self.store.put("invoice", invoice_id, invoice)
         sub = self.store.get("subscription", invoice["subscription_id"]) or {}

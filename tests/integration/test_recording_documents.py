@@ -123,3 +123,46 @@ def test_a_refund_report_names_the_path_it_came_by(world):
     record_payment(world.c, paid, "webhook")
     assert apply_refund_report(world.c, paid["id"], paid["amount"], "event_poller")["outcome"] == "reversed"
     assert analytics(world)[f"analytics:refund:{paid['id']}:{paid['amount']}"]["path"] == "event_poller"
+
+
+def test_the_purchase_is_recorded_on_its_invoice_for_its_whole_amount(world):
+    """The provider takes a payment short of the amount due as a partial payment and leaves the invoice
+    payable (a renewal would charge it again): the purchase's whole amount is what is recorded."""
+    co = world.checkout()
+    paid = world.settle(co["order_id"])
+    record_payment(world.c, paid, "webhook")
+    with world.c.uow() as uow:
+        invoice_id = uow.purchases.by_payment_id(paid["id"])["invoice_id"]
+    document = world.sandbox.invoice(invoice_id)
+    assert (document["status"], document["amount_paid"], document["amount_due"]) == ("paid", paid["amount"], 0)
+    assert [p["txn_amount"] for p in document["linked_payments"]] == [paid["amount"]]
+
+
+def test_a_partial_payment_recorded_at_the_provider_leaves_the_invoice_payable(world):
+    co = world.checkout()
+    invoice = world.sandbox.start_future_subscription(co["subscription_id"], world.sandbox.now())["invoice"]
+    world.sandbox.record_payment(invoice["id"], 500, "ref_1")
+    part = world.sandbox.invoice(invoice["id"])
+    assert (part["status"], part["amount_paid"]) == ("payment_due", 500)
+    assert part["amount_due"] == invoice["amount_due"] - 500
+    world.sandbox.record_payment(invoice["id"], part["amount_due"], "ref_2")
+    whole = world.sandbox.invoice(invoice["id"])
+    assert (whole["status"], whole["amount_paid"], whole["amount_due"]) == ("paid", invoice["amount_due"], 0)
+    assert len(whole["linked_payments"]) == 2
+
+
+def test_a_recording_the_provider_could_not_take_now_says_so_and_is_retried(world):
+    """A provider outage while recording: the document says provider_recorded false (the purchase is
+    still to report), and the activations job records it once the provider is back."""
+    from billingctl.services.payments import retry_pending
+
+    co = world.checkout()
+    paid = world.settle(co["order_id"])
+    world.sandbox.store.add_fault("provider", "503", path="record_payment", count=-1)
+    assert record_payment(world.c, paid, "webhook")["provider_recorded"] is False
+    with world.c.uow() as uow:
+        row = uow.purchases.by_payment_id(paid["id"])
+    assert row["provider_recorded_at"] is None
+    world.sandbox.store.clear_faults()
+    assert retry_pending(world.c) == {"completed": 1, "failed": 0}
+    assert world.sandbox.invoice(row["invoice_id"])["status"] == "paid"
