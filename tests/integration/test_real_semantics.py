@@ -12,7 +12,7 @@ from billingctl.adapters.db.tables import checkout_session, dunning_attempt, fra
 from billingctl.domain import errors as e
 from billingctl.services import catalog, orphans
 from billingctl.services.checkout import checkout_status
-from billingctl.services.payments import pending_activations, record_payment, retry_pending
+from billingctl.services.payments import activate_subscription, pending_activations, record_payment, retry_pending
 from billingctl.services.renewals import run_renewals
 
 pytestmark = pytest.mark.integration
@@ -202,8 +202,12 @@ def test_activation_with_our_clock_ahead_of_the_providers_completes_once_it_catc
     co = world.checkout()
     world.c.clock.advance(120)  # our clock two minutes ahead of the provider's
     result = record_payment(world.c, world.sandbox.pay(co["order_id"], drop_webhook=True), "cli")
-    assert result["activation"] == "pending"
+    said = f"the provider kept {co['subscription_id']} future: the start date is ahead of its clock"
+    assert (result["activation"], result["activation_error"]) == ("pending", said)
     assert world.sandbox.subscription(co["subscription_id"])["status"] == "future"
+    with pytest.raises(e.ExternalError) as refused:  # what `billingctl activate` reports
+        activate_subscription(world.c, co["subscription_id"])
+    assert (refused.value.message, refused.value.details) == (said, {"dependency": "subscription_provider"})
     world.sandbox.store.advance_clock(180)  # the provider's clock passes ours
     world.c.clock.advance(60)
     assert retry_pending(world.c) == {"completed": 1, "failed": 0}
