@@ -126,6 +126,8 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/adapters/db/fraud.py", "xǁFraudEventsǁexists", "select(None)", _EXISTS),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁexists_for_payment", "select(None)", _EXISTS),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁexists_for_subscription", "select(None)", _EXISTS),
+    ("billingctl/adapters/db/purchases.py", "xǁLedgerǁapply", '["SOURCE_KEY"]', _SQLITE),
+    ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁadd", '["TRANSACTION_ID"]', _SQLITE),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁassign_invoice", "== )",
      "equivalent: the only invoice ever assigned for a checkout's subscription is its first term's (activation "
      "looks that one up), so writing it over an assigned one writes the same value"),

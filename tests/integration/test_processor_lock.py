@@ -93,7 +93,8 @@ def test_rule_9_cross_lane_settle_on_a_locked_user_is_a_debug_line(world, caplog
     with caplog.at_level(logging.DEBUG, logger="billingctl.processor_lock"):
         result = settle(world, plan="credits-basic-USD-monthly", processor="NSFW_SEGPAY")
     record = [r for r in caplog.records if r.getMessage() == "cross-lane settle on a locked user"]
-    assert [r.levelname for r in record] == ["DEBUG"]
+    assert [(r.levelname, r.user_id, r.lane, r.processor) for r in record] == [
+        ("DEBUG", "user_a", "sfw", "NSFW_SEGPAY")]
     row = lock_row(world)
     assert row["sfw_processor"] == "SFW_STRIPE" and row["nsfw_processor"] in (None, "")
     assert result["lock"]["outcome"] == "already_locked"
@@ -244,7 +245,8 @@ def test_rule_9_cross_lane_settle_on_an_unlocked_user_is_a_debug_line_not_a_writ
     with caplog.at_level(logging.DEBUG, logger="billingctl.processor_lock"):
         result = settle(world, plan="credits-basic-USD-monthly", processor="NSFW_SEGPAY")
     record = [r for r in caplog.records if r.getMessage() == "cross-lane settle on an unlocked user; not locked"]
-    assert [r.levelname for r in record] == ["DEBUG"]
+    assert [(r.levelname, r.user_id, r.lane, r.processor) for r in record] == [
+        ("DEBUG", "user_a", "sfw", "NSFW_SEGPAY")]
     assert result["lock"]["outcome"] == "cross_lane"
     assert outcome(world, "sfw", "NSFW_SEGPAY", "assign_error") == 0
     assert outcome(world, "sfw", "NSFW_SEGPAY", "cross_lane") == 1

@@ -117,6 +117,8 @@ def test_purchases_without_an_invoice_and_moving_them_leave_invoiced_ones_alone(
 
 def test_the_ledger_sums_per_user_and_counts_only_a_payments_refunds_as_reversed(uow):
     now = NOW
+    for user in ("u1", "u2"):
+        uow.users.ensure(user, now)
     for user, amount, key, reason, payment in (("u1", 100, "k1", "purchase", "p1"), ("u1", -30, "k2", "refund", "p1"),
                                                ("u1", -20, "k3", "refund", "p2"), ("u1", -5, "k4", "adjustment", "p1"),
                                                ("u2", 70, "k5", "purchase", "p3")):
@@ -124,6 +126,8 @@ def test_the_ledger_sums_per_user_and_counts_only_a_payments_refunds_as_reversed
     assert not uow.ledger.apply("u1", 100, "k1", "purchase", "p1", now)  # the same source key: nothing
     assert (uow.ledger.sum_of_user("u1"), uow.ledger.sum_of_user("u2"), uow.ledger.sum_of_user("u3")) == (45, 70, 0)
     assert (uow.ledger.reversed_for("p1"), uow.ledger.reversed_for("p2"), uow.ledger.reversed_for("p9")) == (30, 20, 0)
+    # the balance moves with each new entry only: the repeated source key added nothing to it
+    assert (uow.users.get("u1")["credits"], uow.users.get("u2")["credits"]) == (45, 70)
 
 
 def test_subscriptions_with_followups_leave_out_a_checkout_payment_handed_to_orphan_recovery(uow):
