@@ -97,7 +97,9 @@ def test_rule_9_cross_lane_settle_on_a_locked_user_is_a_debug_line(world, caplog
         ("DEBUG", "user_a", "sfw", "NSFW_SEGPAY")]
     row = lock_row(world)
     assert row["sfw_processor"] == "SFW_STRIPE" and row["nsfw_processor"] in (None, "")
-    assert result["lock"]["outcome"] == "already_locked"
+    assert result["lock"] == {"lane": "sfw", "outcome": "already_locked", "psp": "NSFW_SEGPAY",
+                              "locked_processor": "SFW_STRIPE"}
+    assert outcome(world, "sfw", "NSFW_SEGPAY", "already_locked") == 1
 
 
 def test_rule_10_unknown_processor_logs_an_error_and_locks_nothing(world, caplog):
@@ -247,7 +249,7 @@ def test_rule_9_cross_lane_settle_on_an_unlocked_user_is_a_debug_line_not_a_writ
     record = [r for r in caplog.records if r.getMessage() == "cross-lane settle on an unlocked user; not locked"]
     assert [(r.levelname, r.user_id, r.lane, r.processor) for r in record] == [
         ("DEBUG", "user_a", "sfw", "NSFW_SEGPAY")]
-    assert result["lock"]["outcome"] == "cross_lane"
+    assert result["lock"] == {"lane": "sfw", "outcome": "cross_lane", "psp": "NSFW_SEGPAY", "locked_processor": None}
     assert outcome(world, "sfw", "NSFW_SEGPAY", "assign_error") == 0
     assert outcome(world, "sfw", "NSFW_SEGPAY", "cross_lane") == 1
     assert lock_row(world)["sfw_processor"] in (None, "")
