@@ -47,12 +47,7 @@ _ONE_CENT = ("accepted: differs only for a payment of zero or one cent or withou
 _RANDOM_KEY = ("equivalent: without a key the HTTP client draws one per call, which the call's retries reuse; "
                "the start-date key differs between attempts too, so no test (nor the provider) can tell them "
                "apart")
-_LOST_RACE = ("accepted: a lost race needs two transactions locking one lane at once, which SQLite (the mutation "
-              "run's database) serializes; `test_two_concurrent_first_settles_one_locked_one_lost_race` proves "
-              "the branch on PostgreSQL")
 REASONS: list[tuple[str, str, str, str]] = [
-    ("billingctl/services/processor_lock.py", "x__gate", "winner = ", _LOST_RACE),
-    ("billingctl/services/processor_lock.py", "x__gate", '_count(None, lane, processor, "lost_race")', _LOST_RACE),
     ("billingctl/services/media.py", "x_signature", "XX=XX",
      "equivalent: the unpadded base64 of a 32-byte digest never ends in X (its last character carries four "
      "bits and two zero bits)"),

@@ -173,6 +173,33 @@ def test_two_concurrent_first_settles_one_locked_one_lost_race(world, monkeypatc
         "lane": "nsfw", "locked_psp": "NSFW_SEGPAY", "settled_psp": "NSFW_CCBILL"}) == 1
 
 
+def test_a_lock_read_before_another_settle_locked_the_lane_loses_the_race(world, monkeypatch, caplog):
+    """The lost race on either database: this settle read the lane unlocked (before the other settle's
+    commit, which the threaded test above interleaves on PostgreSQL); its conditional write then finds
+    the lane locked. It reports the winner, counts lost_race, and the other processor is drift."""
+    settle(world, processor="NSFW_SEGPAY")
+    real_read, reads = pl.read_lock, []
+
+    def read_before_the_other_commit(uow, user_id):
+        reads.append(user_id)
+        return None if len(reads) == 1 else real_read(uow, user_id)
+
+    monkeypatch.setattr(pl, "read_lock", read_before_the_other_commit)
+    with caplog.at_level(logging.WARNING, logger="billingctl.processor_lock"), world.c.uow() as uow:
+        result = pl.lock_after_settle(uow, world.c, user_id="user_a", payment_lane="nsfw", processor="NSFW_CCBILL",
+                                      merchant_id="m2")
+        uow.commit()
+    assert result == pl.LockResult("nsfw", "lost_race", "NSFW_CCBILL", "NSFW_SEGPAY")
+    assert reads == ["user_a", "user_a"]  # the winner is read again after the refused write
+    assert outcome(world, "nsfw", "NSFW_CCBILL", "lost_race") == 1
+    assert world.c.metrics.sample("billing_processor_lock_drift_total", {
+        "lane": "nsfw", "locked_psp": "NSFW_SEGPAY", "settled_psp": "NSFW_CCBILL"}) == 1
+    [drift] = [r for r in caplog.records if r.getMessage() == "settled processor differs from locked psp"]
+    assert (drift.user_id, drift.lane, drift.locked_psp, drift.settled_psp) == (
+        "user_a", "nsfw", "NSFW_SEGPAY", "NSFW_CCBILL")
+    assert lock_row(world)["nsfw_processor"] == "NSFW_SEGPAY"
+
+
 def test_concurrent_first_settles_leave_exactly_one_winner(world):
     """On either database, whatever the interleaving: one lock, the winner's."""
     cos = [world.checkout("user_c", "credits-pro-nsfw-USD-monthly") for _ in range(2)]
