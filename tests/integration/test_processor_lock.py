@@ -122,7 +122,7 @@ def test_no_processor_is_psp_none(world):
     with world.c.uow() as uow:
         result = pl.lock_after_settle(uow, world.c, user_id="user_z", payment_lane="sfw", processor=None,
                                       merchant_id=None)
-    assert result.psp == "none"
+    assert result == pl.LockResult("sfw", "assign_error", "none", None)
     assert outcome(world, "sfw", "none", "assign_error") == 1
 
 
