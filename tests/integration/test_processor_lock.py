@@ -105,8 +105,9 @@ def test_rule_9_cross_lane_settle_on_a_locked_user_is_a_debug_line(world, caplog
 def test_rule_10_unknown_processor_logs_an_error_and_locks_nothing(world, caplog):
     with caplog.at_level(logging.ERROR, logger="billingctl.processor_lock"):
         result = settle(world, processor="MYSTERY_PSP")
-    assert [r.levelname for r in caplog.records if r.getMessage() == "settled processor is unknown to every lane"] == [
-        "ERROR"]
+    assert [(r.levelname, r.user_id, r.processor, r.lane) for r in caplog.records
+            if r.getMessage() == "settled processor is unknown to every lane"] == [
+        ("ERROR", "user_a", "MYSTERY_PSP", "nsfw")]
     assert result["lock"]["outcome"] == "unknown_processor"
     assert outcome(world, "nsfw", "other", "unknown_processor") == 1
     row = lock_row(world)
