@@ -39,6 +39,17 @@ def raise_alert(uow, clock, text: str, dedupe_key: str | None = None, **fields) 
     return enqueue(uow, clock, "chat", chat_message(text, **fields), dedupe_key)
 
 
+def raise_alert_every(uow, clock, text: str, family: str, period: timedelta, **fields) -> bool:
+    """A chat alert for a condition that lasts: at most one in any `period` (a rolling window, so an outage
+    that starts before midnight pages once, not once on each side of it)."""
+    now = clock.now()
+    last = uow.outbox.newest_created(f"{family}:")
+    if last is not None and now - last < period:
+        log.info("outbox chat (paged %s ago): %s", now - last, text, extra={"sink": "chat", "family": family})
+        return False
+    return raise_alert(uow, clock, text, f"{family}:{now.isoformat()}", **fields)
+
+
 def send_alert(container, message: str, user_id: str | None = None, dedupe_key: str | None = None) -> dict:
     """POST /internal/notifications/alert and `billingctl alerts send`: a chat alert, or a user
     notification when a user is named. Queued, then one delivery attempt."""

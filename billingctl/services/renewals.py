@@ -188,7 +188,7 @@ MAX_ERROR_BACKOFF = timedelta(hours=12)
 
 def _charge_error(container, invoice, exc, attempt_no, lane, processor, amount, history) -> str:
     """A charge that returned no payment. A refused request counts toward exhaustion like a decline;
-    refused credentials page once a day (our fault, not the customer's); anything else (an outcome
+    refused credentials page once in any 24 hours (our fault, not the customer's); anything else (an outcome
     unknown, the breaker open, a 429) is retried with the same key, backing off while it repeats."""
     if isinstance(exc, PERMANENT):
         code = (exc.details or {}).get("api_error_code") or exc.code
@@ -196,8 +196,8 @@ def _charge_error(container, invoice, exc, attempt_no, lane, processor, amount, 
     now = container.clock.now()
     if isinstance(exc, e.ExternalAuthError):
         with container.uow() as uow:
-            alerts.raise_alert(uow, container.clock, "Renewals cannot charge: the payment orchestrator refused our "
-                               f"credentials ({exc.message})", f"renewals-auth:{now.strftime('%Y%m%d')}")
+            alerts.raise_alert_every(uow, container.clock, "Renewals cannot charge: the payment orchestrator refused "
+                                     f"our credentials ({exc.message})", "renewals-auth", timedelta(days=1))
             uow.commit()
     streak = 0
     for h in reversed(history):

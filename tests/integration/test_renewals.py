@@ -274,6 +274,31 @@ def test_charges_that_never_reached_a_processor_are_not_authorization_attempts(w
     assert len(quota_rows(world)) == 2  # the one real authorization counts
 
 
+def test_refused_credentials_page_once_in_any_24_hours_even_across_midnight(world):
+    """The page for refused credentials was keyed on the calendar day: an outage that began at 23:00 paged at
+    23:00 and again after midnight (CI caught it when it ran late in the day). Once in any 24 hours."""
+    subscribed(world, plan=NSFW)
+    month_passes(world)
+    now = world.c.clock.now()
+    to_late_evening = (now.replace(hour=23, minute=0, second=0, microsecond=0) - now) % timedelta(days=1)
+    world.sandbox.store.advance_clock(to_late_evening.total_seconds())
+    world.c.clock.advance(to_late_evening.total_seconds())
+    world.sandbox.store.add_fault("orchestrator", "401", method="POST", path="/payments", count=-1)
+
+    def pages():
+        return [p["text"] for p in chat_payloads(world) if p["text"].startswith("Renewals cannot charge")]
+
+    started = world.c.clock.now()
+    seen = []  # (hours since the first page, pages so far) at each tick: 10, 20, 40 ... minutes, then 12 hours
+    while not seen or seen[-1][0] < 24:
+        assert run_renewals(world.c)["outcomes"] == {"error": 1}
+        seen.append(((world.c.clock.now() - started) / timedelta(hours=1), len(pages())))
+        due = list_attempts(world.c, user_id="user_a")[0]["next_attempt_at"]
+        world.c.clock.advance((due - world.c.clock.now()).total_seconds())
+    assert {n for hours, n in seen[:-1]} == {1}  # across midnight: still the one page
+    assert seen[-1][1] == 2  # a day on, the outage still on: paged again
+
+
 def chat_payloads(world):
     with world.c.uow() as uow:
         return uow.execute(select(alert_outbox.c.payload).where(alert_outbox.c.sink == "chat")).scalars().all()

@@ -22,6 +22,11 @@ class Outbox(Repository):
         return insert_ignore(self.uow, alert_outbox, {"sink": sink, "dedupe_key": dedupe_key, "payload": payload,
                                                       "status": "pending", "created_at": now}, ["dedupe_key"])
 
+    def newest_created(self, key_prefix: str):
+        """When the newest message whose dedupe key starts with this prefix was queued (None: never)."""
+        return self.execute(select(func.max(alert_outbox.c.created_at))
+                            .where(alert_outbox.c.dedupe_key.startswith(key_prefix, autoescape=True))).scalar_one()
+
     def due(self, now, sinks: list[str], limit: int) -> list:
         return self.execute(select(alert_outbox).where(_due(now), alert_outbox.c.sink.in_(sinks))
                             .order_by(alert_outbox.c.id).limit(limit)).mappings().all()
