@@ -80,6 +80,17 @@ def sqlite_template(tmp_path_factory) -> Path:
     return path
 
 
+def advance_with_sandbox(container, seconds: float) -> None:
+    """Move the in-process sandbox's clock, and the container's manual clock to the same instant. The
+    sandbox's clock is real time plus an offset, so it runs on between steps: advancing both by the same
+    amount leaves ours behind by the real time elapsed, and on a slow machine a payment 16 s old looked
+    14 s old, so orphan recovery called it too recent (CI failed on it)."""
+    from datetime import UTC, datetime
+
+    container.sandbox.store.advance_clock(seconds)
+    container.clock.set(datetime.fromtimestamp(container.sandbox.store.now(), UTC))
+
+
 def _truncate_postgres(url: str) -> None:
     engine = make_engine(url)
     names = ", ".join(f'"{t.name}"' for t in metadata.sorted_tables)

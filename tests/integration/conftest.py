@@ -6,6 +6,7 @@ from sqlalchemy import func, select
 
 from billingctl.adapters.db.tables import credit_ledger, purchase, users
 from billingctl.services.checkout import create_checkout
+from tests.conftest import advance_with_sandbox
 
 
 class World:
@@ -14,13 +15,7 @@ class World:
         self.sandbox = container.sandbox
 
     def advance(self, seconds):
-        """Move the sandbox's clock, and a manual clock of ours to the same instant: the sandbox's runs on
-        with real time, so a slow machine must not leave ours behind it (a payment 16 s old looked 14 s
-        old under load, and orphan recovery called it too recent)."""
-        from datetime import UTC, datetime
-
-        self.sandbox.store.advance_clock(seconds)
-        self.c.clock.set(datetime.fromtimestamp(self.sandbox.store.now(), UTC))
+        advance_with_sandbox(self.c, seconds)
 
     def checkout(self, user_id="user_a", item_price_id="credits-pro-USD-monthly"):
         return create_checkout(self.c, user_id, item_price_id)

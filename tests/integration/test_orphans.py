@@ -71,6 +71,20 @@ def test_a_typical_orphan_clears_on_the_first_attempt(world):
     assert world.credits() == 2000
 
 
+def test_a_payment_older_than_the_grace_is_recovered_however_long_the_steps_took(world):
+    """The harness's clocks: the sandbox's runs on with real time, so a model that moved our manual clock by
+    the same seconds as the sandbox's fell behind on a slow machine, and a payment 16 s old looked too recent
+    (the interleavings test failed on it in CI). Our clock must land on the sandbox's instant."""
+    import time
+
+    co, payment = orphan(world)
+    time.sleep(1.5)  # a slow step: real time passes between the payment and the next tick
+    advance(world, 0)
+    skew = world.sandbox.store.now() - world.c.clock.now().timestamp()
+    assert 0 <= skew < 0.5, skew
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1}
+
+
 def test_the_exact_schedule_and_exhaustion(world):
     _, payment = orphan(world)
     world.sandbox.store.add_fault("provider", "500", path="subscription_for_items", count=-1)

@@ -22,7 +22,7 @@ from billingctl.services import events, orphans
 from billingctl.services.checkout import create_checkout
 from billingctl.services.payments import record_payment, retry_pending
 from billingctl.services.sync import cancel_subscription, sync_subscription
-from tests.conftest import _truncate_postgres
+from tests.conftest import _truncate_postgres, advance_with_sandbox
 
 pytestmark = pytest.mark.reliability
 USERS = ("ada", "bo", "cy")
@@ -53,8 +53,7 @@ class Billing(RuleBasedStateMachine):
         self.c.close()
 
     def tick(self, seconds=1):
-        self.c.clock.advance(seconds)
-        self.sandbox.store.advance_clock(seconds)
+        advance_with_sandbox(self.c, seconds)
 
     # ---- rules ---------------------------------------------------------------------------------
     @rule(target=checkouts, user=st.sampled_from(USERS), plan=st.sampled_from(PLANS))

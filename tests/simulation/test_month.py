@@ -26,6 +26,7 @@ from billingctl.domain.clock import ManualClock
 from billingctl.services import alerts, checkout, events, orphans, payments, reconcile, renewals
 from billingctl.services.orphans import OWNED
 from billingctl.services.users import freeze
+from tests.conftest import advance_with_sandbox
 
 pytestmark = pytest.mark.simulation
 
@@ -53,8 +54,7 @@ class Model:
         self.trace.append(f"{self.c.clock.now():%m-%d %H:%M} {text}")
 
     def advance(self, seconds: int) -> None:
-        self.c.clock.advance(seconds)
-        self.sandbox.store.advance_clock(seconds)
+        advance_with_sandbox(self.c, seconds)
 
     # ---- the customers ------------------------------------------------------------------------------
 
