@@ -42,3 +42,24 @@ def authorization_quota(attempts: list[datetime], now: datetime, initiator: str 
         if not allowed_here and blocking is None:
             blocking = name
     return QuotaDecision(blocking is None, initiator, tuple(states), blocking)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    at: datetime
+    initiator: str
+    start: bool  # a checkout's or a renewal's reservation, which the quota admitted; not a further try in a form
+
+
+def starts_over_limit(attempts: list[Attempt]) -> list[tuple[Attempt, WindowState]]:
+    """The starts the quota should have refused, judged as the gate judges (`authorization_quota` over the
+    attempts before each start): `attempts` are one user's, in the order they were written. A further try
+    in the same payment form counts toward the next start but is no start itself: the quota cannot stop
+    it, so a window that holds more than its limit because of such tries is no violation."""
+    found = []
+    for index, attempt in enumerate(attempts):
+        if attempt.start:
+            decision = authorization_quota([a.at for a in attempts[:index]], attempt.at, attempt.initiator)
+            if not decision.allowed:
+                found.append((attempt, next(w for w in decision.windows if w.window == decision.blocking)))
+    return found

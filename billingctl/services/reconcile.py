@@ -21,10 +21,12 @@ From the orchestrator's and the provider's books:
 from __future__ import annotations
 
 from datetime import timedelta
+from itertools import groupby
 
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
-from billingctl.domain.quota import WINDOWS
+from billingctl.domain.quota import CUSTOMER, LONGEST, Attempt, starts_over_limit
+from billingctl.services.fraud_quota import FULL
 from billingctl.services.orphans import OWNED as OWNED_BY_RECOVERY
 
 TOO_RECENT = timedelta(seconds=15)
@@ -44,10 +46,10 @@ def reconcile(container, since=None, progress=None) -> dict:
             violations.append({"check": check.split(":")[0], **violation})
 
     with container.uow() as uow:
-        # Outside production the quota is not enforced, so its windows are not checked.
-        windows = WINDOWS if container.settings.is_production else ()
-        for check, violation in uow.books.violations(now, GRACE, windows, LIMIT):
+        for check, violation in uow.books.violations(now, GRACE, LIMIT):
             add(check, violation)
+        if container.settings.is_production:  # outside production the quota is not enforced
+            _check_quota(uow, now, add)
         ledger_entries = uow.ledger.count()
         user_count = uow.books.count_users()
 
@@ -109,6 +111,20 @@ def reconcile(container, since=None, progress=None) -> dict:
                                     "users": user_count, "active_subscriptions": active},
                         "violations": violations, "counts": counts, "ok": not counts},
                        done=checked_payments, failed=len(violations), errors=violations)
+
+
+def _check_quota(uow, now, add) -> None:
+    """Spec section 3's quota: no attempt started (a checkout, a renewal charge) while a window was full,
+    over the starts of the longest window (the attempts of two, so each start sees all before it)."""
+    for user_id, rows in groupby(uow.books.attempts_since(now - 2 * LONGEST), key=lambda row: row.user_id):
+        attempts = [Attempt(row.created_at, (row.metadata or {}).get("initiator") or CUSTOMER,
+                            "payment_id" not in (row.metadata or {}))
+                    for row in rows if (row.metadata or {}).get("merchant_context") == FULL]
+        for attempt, window in starts_over_limit(attempts):
+            if attempt.at > now - LONGEST:
+                add(f"quota_over_limit:{window.window}", {
+                    "user_id": user_id, "detail": f"a {attempt.initiator}-initiated attempt started with "
+                    f"{window.used} attempts in the {window.window} window (limit {window.limit})"})
 
 
 def _check_provider_transactions(container, since, add) -> None:

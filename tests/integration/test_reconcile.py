@@ -166,6 +166,39 @@ def test_checks_from_the_providers_books(world, plant, check):
     assert check in {v["check"] for v in report["violations"]} and report["ok"] is False
 
 
+def test_tries_in_one_payment_form_over_the_limit_are_no_violation_but_a_start_after_them_is(
+        make_settings, db_url, tmp_path, redis_url):
+    """Found by the production month of the simulation: a customer declined five times in one checkout's
+    payment form, then paid, holds six attempts in the daily window. The quota counts them (the next
+    checkout is refused) but could not stop them, so reconcile called a false alarm every day; what it
+    checks now is that no attempt started while a window was full."""
+    from billingctl.domain.errors import QuotaExhausted
+    from billingctl.services.checkout import create_checkout
+    from tests.helpers import ProductionStack
+
+    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock(), redis_url=redis_url) as stack:
+        c, sandbox = stack.container, stack.sandbox
+        c.clock.set(__import__("datetime").datetime.fromtimestamp(sandbox.store.now(), __import__("datetime").UTC))
+        co = create_checkout(c, "user_q", "credits-pro-nsfw-USD-monthly")
+        for _ in range(5):
+            sandbox.decline_checkout(co["order_id"])
+        sandbox.pay(co["order_id"])
+        with c.uow() as uow:
+            assert len(uow.fraud.since("user_q", "authorization_attempt", c.clock.now() - timedelta(days=1))) == 6
+        with pytest.raises(QuotaExhausted):  # the tries count toward the next start
+            create_checkout(c, "user_q", "credits-pro-nsfw-USD-monthly")
+        assert "quota_over_limit" not in {v["check"] for v in reconcile(c)["violations"]}
+        with c.uow() as uow:  # a start admitted although the window was full (a gate that let it through)
+            uow.execute(insert(fraud_event).values(user_id="user_q", event_type="authorization_attempt",
+                                                   created_at=c.clock.now() + timedelta(minutes=1),
+                                                   metadata={"merchant_context": "full", "initiator": "merchant",
+                                                             "order_id": "inv_q"}))
+            uow.commit()
+        [violation] = [v for v in reconcile(c)["violations"] if v["check"] == "quota_over_limit"]
+        assert violation == {"check": "quota_over_limit", "user_id": "user_q", "detail":
+                             "a merchant-initiated attempt started with 6 attempts in the daily window (limit 5)"}
+
+
 def test_a_quota_window_over_its_limit_is_a_violation_where_the_quota_is_enforced(make_settings, db_url, tmp_path,
                                                                                 redis_url):
     from tests.helpers import ProductionStack

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from billingctl.domain.quota import CUSTOMER, MERCHANT, authorization_quota
+from billingctl.domain.quota import CUSTOMER, MERCHANT, Attempt, authorization_quota, starts_over_limit
 
 pytestmark = pytest.mark.unit
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
@@ -63,3 +63,23 @@ def test_customer_never_exceeds_limit_minus_one_in_any_window(offsets, now_offse
         assert all(w.used < w.customer_limit for w in decision.windows)
     else:
         assert any(w.used >= w.customer_limit for w in decision.windows)
+
+
+def test_only_a_start_the_gate_would_refuse_is_over_the_limit():
+    """Reconcile's reading of the quota: further tries in one payment form count toward the next start
+    but are never violations themselves; a customer start needs a free customer slot (4 of 5 a day), a
+    merchant start a free slot (5 of 5)."""
+    hour = timedelta(hours=1)
+    form = [Attempt(T0 + i * timedelta(minutes=1), CUSTOMER, i == 0) for i in range(6)]
+    assert starts_over_limit(form) == []  # six attempts in a day, one start: nothing the quota could stop
+    merchant = Attempt(T0 + hour, MERCHANT, True)
+    [(attempt, window)] = starts_over_limit([*form, merchant])
+    assert (attempt, window.window, window.used, window.limit) == (merchant, "daily", 6, 5)
+    three = [Attempt(T0 + i * hour, CUSTOMER, i == 0) for i in range(3)]
+    assert starts_over_limit([*three, Attempt(T0 + 3 * hour, MERCHANT, True)]) == []
+    assert starts_over_limit([*three, Attempt(T0 + 3 * hour, CUSTOMER, True)]) == []  # 3 before: the 4th slot
+    four = [*three, Attempt(T0 + 3 * hour, CUSTOMER, False)]
+    assert [a for a, _ in starts_over_limit([*four, Attempt(T0 + 4 * hour, CUSTOMER, True)])] == [
+        Attempt(T0 + 4 * hour, CUSTOMER, True)]
+    assert starts_over_limit([*four, Attempt(T0 + 4 * hour, MERCHANT, True)]) == []  # the slot kept for renewals
+    assert starts_over_limit([*four, Attempt(T0 + 3 * hour + timedelta(days=1), CUSTOMER, True)]) == []  # slid

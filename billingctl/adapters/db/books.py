@@ -20,7 +20,7 @@ from billingctl.adapters.db.tables import (
 )
 
 
-def _checks(now, grace, windows) -> list[tuple[str, object, callable]]:
+def _checks(now, grace) -> list[tuple[str, object, callable]]:
     """(check name, query, row -> violation) for every check of our own books."""
     payments = select(credit_ledger.c.id, credit_ledger.c.payment_id, credit_ledger.c.user_id, credit_ledger.c.amount
                       ).outerjoin(purchase, purchase.c.transaction_id == credit_ledger.c.payment_id)
@@ -29,15 +29,6 @@ def _checks(now, grace, windows) -> list[tuple[str, object, callable]]:
     sums = (select(credit_ledger.c.user_id, func.sum(credit_ledger.c.amount).label("total"))
             .group_by(credit_ledger.c.user_id).subquery())
     handed_to_recovery = select(orphan_recovery.c.payment_id)
-    attempts = []
-    for name, length, limit in windows:
-        attempts.append((f"quota_over_limit:{name}", select(fraud_event.c.user_id, func.count().label("n"))
-                         .where(fraud_event.c.event_type == "authorization_attempt",
-                                fraud_event.c.created_at > now - length)
-                         .group_by(fraud_event.c.user_id).having(func.count() > limit),
-                         lambda r, name=name, limit=limit: {"user_id": r.user_id,
-                                                            "detail": f"{r.n} attempts in the {name} window "
-                                                                      f"(limit {limit})"}))
     return [
         ("ledger_without_purchase",
          payments.where(credit_ledger.c.reason == "payment", or_(
@@ -74,17 +65,23 @@ def _checks(now, grace, windows) -> list[tuple[str, object, callable]]:
                 credit_ledger.c.created_at > users.c.frozen_at),
          lambda r: {"ledger_id": r.id, "user_id": r.user_id, "payment_id": r.payment_id,
                     "detail": "credits applied after the account was frozen"}),
-        *attempts,
     ]
 
 
 class Books(Repository):
-    def violations(self, now, grace, windows, limit: int):
-        """(check, violation) for at most `limit` violations of each check of our own books; `windows`
-        are the quota windows to check, (name, length, limit) each."""
-        for check, query, describe in _checks(now, grace, windows):
+    def violations(self, now, grace, limit: int):
+        """(check, violation) for at most `limit` violations of each check of our own books."""
+        for check, query, describe in _checks(now, grace):
             for row in self.execute(query.limit(limit)):
                 yield check, describe(row)
+
+    def attempts_since(self, since):
+        """(user id, created at, metadata) of the authorization attempts written since `since`, by user and
+        in the order they were written, streamed (a user's rows are few: the quota bounds them)."""
+        query = (select(fraud_event.c.user_id, fraud_event.c.created_at, fraud_event.c.metadata)
+                 .where(fraud_event.c.event_type == "authorization_attempt", fraud_event.c.created_at > since)
+                 .order_by(fraud_event.c.user_id, fraud_event.c.created_at, fraud_event.c.id))
+        yield from self.execute(query.execution_options(yield_per=1000))
 
     def count_users(self) -> int:
         return self.execute(select(func.count()).select_from(users)).scalar_one()
