@@ -1,9 +1,10 @@
 """A month of traffic (issue "A month of traffic"): a seeded model of customers and of the outside world
 drives the real system through every job of `jobs/schedule.py` at its interval, with webhooks lost,
 duplicated and reordered, cancellations at the provider, expired checkouts paid late, declines, refunds,
-freezes and provider outages. After every simulated day the outside world's books (the sandbox's
-provider and orchestrator) and ours are checked; `reconcile` must agree. On failure the seed and the
-steps of the day are printed.
+freezes, disputes, wallet-only customers, expired cards, renewal charges left in flight, cancellations by
+an operator through the CLI, 429 storms and provider outages. After every simulated day the outside
+world's books (the sandbox's provider and orchestrator) and ours are checked; `reconcile` must agree.
+On failure the seed and the steps of the day are printed.
 
 SIM_DAYS and SIM_SEEDS make it larger (`make simulate`); the default runs in `make test`."""
 
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import os
 import random
+from collections import Counter
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -19,21 +22,27 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from billingctl.adapters.db.tables import credit_ledger, orphan_recovery, purchase, users
+from billingctl.adapters.db.tables import alert_outbox, credit_ledger, fraud_event, orphan_recovery, purchase, users
 from billingctl.bootstrap import Container
 from billingctl.domain import errors as e
+from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS
 from billingctl.domain.clock import ManualClock
+from billingctl.domain.quota import CUSTOMER, MERCHANT, WINDOWS
+from billingctl.sandbox.model import IN_FLIGHT
 from billingctl.services import alerts, checkout, events, orphans, payments, reconcile, renewals
-from billingctl.services.orphans import OWNED
+from billingctl.services.fraud_quota import AUTHORIZED_STATUSES
+from billingctl.services.orphans import OPEN, OWNED
 from billingctl.services.users import freeze
 from tests.conftest import advance_with_sandbox
 
 pytestmark = pytest.mark.simulation
 
 DAYS = int(os.environ.get("SIM_DAYS", 40))  # the first renewals fall due after a month
+PRODUCTION_DAYS = int(os.environ.get("SIM_PRODUCTION_DAYS", 20))
 SEEDS = [int(s) for s in os.environ.get("SIM_SEEDS", "7").split(",")]
 TICK = 4 * 3600  # the model's step; every job of the table runs at least once per tick
 PLANS = ["credits-pro-USD-monthly", "credits-basic-USD-monthly", "credits-pro-nsfw-USD-monthly"]
+WALLET_USERS = ("sim_wallet_0", "sim_wallet_1")  # they pay with a wallet only: no card to renew an NSFW plan on
 
 
 @dataclass
@@ -42,8 +51,9 @@ class Model:
     c: Container
     trace: list[str] = field(default_factory=list)
     open_checkouts: list[dict] = field(default_factory=list)
-    users: list[str] = field(default_factory=lambda: [f"sim_{n}" for n in range(6)])
+    users: list[str] = field(default_factory=lambda: [f"sim_{n}" for n in range(6)] + list(WALLET_USERS))
     frozen: set[str] = field(default_factory=set)
+    disputes: list[str] = field(default_factory=list)  # the dispute ids the orchestrator delivered
     tick: int = TICK
 
     @property
@@ -73,16 +83,17 @@ class Model:
             return
         co = self.open_checkouts.pop(self.rng.randrange(len(self.open_checkouts)))
         mode = self.rng.choice(["deliver", "deliver", "drop", "duplicate", "reorder"])
+        method = "PAYPAL" if self._customer(co) in WALLET_USERS else "PAYMENT_CARD"
         if self.rng.random() < 0.15:
             self.sandbox.decline_checkout(co["order_id"])  # a declined try first
         if mode == "reorder":
             self.sandbox.hold_webhooks()
-            payment = self.sandbox.pay(co["order_id"])
+            payment = self.sandbox.pay(co["order_id"], method=method)
             if self.rng.random() < 0.5:
                 self.sandbox.refund(payment["id"], payment["amount"] // 2)  # refund reported before its settle
             self.sandbox.release_webhooks(order="reverse")
         else:
-            payment = self.sandbox.pay(co["order_id"], drop_webhook=mode == "drop",
+            payment = self.sandbox.pay(co["order_id"], method=method, drop_webhook=mode == "drop",
                                        duplicates=2 if mode == "duplicate" else 1)
         self.note(f"pay {co['subscription_id']} ({mode}) -> {payment['id']}")
 
@@ -97,7 +108,8 @@ class Model:
     def pay_late(self) -> None:
         if self.late and self.rng.random() < 0.5:
             co = self.late.pop(0)
-            payment = self.sandbox.pay(co["order_id"])
+            method = "PAYPAL" if self._customer(co) in WALLET_USERS else "PAYMENT_CARD"
+            payment = self.sandbox.pay(co["order_id"], method=method)
             self.note(f"late pay {co['subscription_id']} -> {payment['id']}")
 
     def cancel_at_provider(self) -> None:
@@ -134,8 +146,62 @@ class Model:
 
     def outage(self) -> None:
         system = self.rng.choice(["provider", "orchestrator"])
-        self.sandbox.store.add_fault(system, self.rng.choice(["500", "503", "timeout"]), count=self.rng.randint(1, 6))
-        self.note(f"outage {system}")
+        kind = self.rng.choice(["500", "503", "timeout", "429"])
+        count = self.rng.randint(10, 30) if kind == "429" else self.rng.randint(1, 6)  # a 429 comes as a storm
+        self.sandbox.store.add_fault(system, kind, count=count)
+        self.note(f"outage {system} {kind} x{count}")
+
+    def _customer(self, co: dict) -> str:
+        return self.sandbox.store.get("client_session", co["order_id"])["customerId"]
+
+    def dispute(self) -> None:
+        settled = self.sandbox.payments("SETTLED")
+        if settled:
+            payment = self.rng.choice(settled)
+            result = self.sandbox.open_dispute(payment["id"])
+            dispute_id = result["dispute"]["processorDisputeId"]
+            if result["delivered"] == 200:
+                self.disputes.append(dispute_id)
+            self.note(f"dispute {payment['id']} {dispute_id} -> {result['delivered']}")
+
+    def expire_card(self) -> None:
+        """A customer's vaulted cards pass their expiry date: the next renewal declines (or finds no card)."""
+        user = self.rng.choice(self.users)
+        for card in self.sandbox.instruments(user):
+            if card["paymentMethodType"] == "PAYMENT_CARD":
+                card["paymentMethodData"]["expirationYear"] = "2020"
+                self.sandbox.store.put("instrument", card["token"], card)
+        self.note(f"cards of {user} expired")
+
+    def charges_in_flight(self) -> None:
+        """Renewal charges answer an asynchronous status for a while, then settle or decline."""
+        status = self.rng.choice(["PENDING", "AUTHORIZED", "SETTLING", None])
+        self.sandbox.async_charges(status)
+        self.note(f"renewal charges answer {status or 'their final status'}")
+
+    def finish_charges(self, everything: bool = False) -> None:
+        for payment in self.sandbox.payments():
+            if payment["status"] in IN_FLIGHT and (everything or self.rng.random() < 0.5):
+                settle = everything or self.rng.random() < 0.8
+                drop = not everything and self.rng.random() < 0.2
+                self.sandbox.finish_payment(payment["id"], settle=settle, drop_webhook=drop)
+                self.note(f"in flight {payment['id']} -> {'settled' if settle else 'declined'}"
+                          f"{' (webhook lost)' if drop else ''}")
+
+    def cancel_by_operator(self) -> None:
+        subs = [s for s in self.sandbox.store.all("subscription") if s["status"] in ("active", "future")]
+        if subs:
+            sub = self.rng.choice(subs)
+            self.note(f"operator cancels {sub['id']}: {self.operator_cancel(sub['id'])}")
+
+    def operator_cancel(self, subscription_id: str) -> str:
+        """What `billingctl subscriptions cancel` runs (the processes' model runs the command itself)."""
+        from billingctl.services.sync import cancel_subscription
+
+        try:
+            return cancel_subscription(self.c, subscription_id, "simulated customer request", "sim-operator")["status"]
+        except e.ExternalError as exc:  # an outage: the operator sees it and tries again later
+            return f"failed ({exc.code})"
 
     # ---- the jobs, as the table runs them -------------------------------------------------------------
 
@@ -150,10 +216,15 @@ class Model:
                     raise AssertionError(f"{name} failed without any fault: {exc.message}") from exc
                 self.note(f"job {name}: {exc.code}")
 
+    def actions(self) -> list[tuple[object, float]]:
+        """What the customers and the outside world do, with each action's weight."""
+        return [(self.checkout, 12), (self.pay, 12), (self.abandon, 2), (self.pay_late, 2), (self.refund, 2),
+                (self.cancel_at_provider, 1), (self.declines, 1), (self.outage, 1), (self.freeze, 0.3),
+                (self.dispute, 0.5), (self.expire_card, 0.3), (self.charges_in_flight, 0.5),
+                (self.finish_charges, 2), (self.cancel_by_operator, 0.5)]
+
     def day(self) -> None:
-        actions = [self.checkout, self.checkout, self.pay, self.pay, self.abandon, self.pay_late, self.refund,
-                   self.cancel_at_provider, self.declines, self.outage, self.freeze]
-        weights = [6, 6, 6, 6, 2, 2, 2, 1, 1, 1, 0.3]
+        actions, weights = zip(*self.actions(), strict=True)
         for _ in range(86400 // self.tick):
             for action in self.rng.choices(actions, weights, k=self.rng.randint(0, 3)):
                 action()
@@ -181,16 +252,31 @@ class Model:
     def settle_quietly(self) -> None:
         """End of day: faults clear and the jobs run until nothing moves (what the next hours would do)."""
         self.sandbox.store.clear_faults()
+        self.sandbox.async_charges(None)
+        self.finish_charges(everything=True)
         self.sandbox.release_webhooks(order="forward")
         for _ in range(3):
             self.advance(61)
             self.jobs(quiet=True)
 
     def check(self) -> None:
+        """The day's books, from the outside world (the sandbox's orchestrator and provider) and ours; then
+        `reconcile` must agree: it reports nothing when these find nothing (no false alarm), and names a
+        violation when these find one (no false clean)."""
+        violations = self.violations()
+        report = reconcile.reconcile(self.c)
+        if violations:
+            verdict = ("reconcile names them too" if not report["ok"] else
+                       "and reconcile reports clean (a false clean)")
+            raise AssertionError(f"{'; '.join(violations[:5])} ({verdict})")
+        assert report["ok"], f"reconcile reports what the books do not show (a false alarm): {report['violations'][:5]}"
+
+    def violations(self) -> list[str]:
         c, sandbox = self.c, self.sandbox
+        found: list[str] = []
         with c.uow() as uow:
             purchases = {r.transaction_id: r for r in uow.execute(select(purchase))}
-            owned = dict(uow.execute(select(orphan_recovery.c.payment_id, orphan_recovery.c.status)).all())
+            orphan_rows = uow.execute(select(orphan_recovery)).mappings().all()
             balances = dict(uow.execute(select(users.c.id, users.c.credits)).all())
             sums = dict(uow.execute(select(credit_ledger.c.user_id, func.sum(credit_ledger.c.amount))
                                     .group_by(credit_ledger.c.user_id)).all())
@@ -198,32 +284,69 @@ class Model:
                 users.c.frozen_at.is_not(None))).all())
             late_credits = uow.execute(select(credit_ledger.c.user_id, credit_ledger.c.created_at).where(
                 credit_ledger.c.amount > 0)).all()
+            chat = Counter(uow.execute(select(alert_outbox.c.dedupe_key).where(
+                alert_outbox.c.sink == "chat")).scalars())
+            disputes = Counter(m.get("dispute_id") for m in uow.execute(select(fraud_event.c.metadata).where(
+                fraud_event.c.event_type == "dispute_opened")).scalars())
+        owned = {row["payment_id"]: row["status"] for row in orphan_rows}
         settled = sandbox.payments("SETTLED")
         for p in settled:  # every settled charge recorded once, or owned by recovery or a person
             refunded = p["processor"].get("amountRefunded", 0) >= p["amount"]
-            assert p["id"] in purchases or owned.get(p["id"]) in OWNED or refunded, f"settled, unaccounted: {p['id']}"
+            if not (p["id"] in purchases or owned.get(p["id"]) in OWNED or refunded):
+                found.append(f"settled, unaccounted: {p['id']}")
         for user, balance in balances.items():  # credits equal the ledger
-            assert int(balance) == int(sums.get(user) or 0), f"credits differ from the ledger for {user}"
+            if int(balance) != int(sums.get(user) or 0):
+                found.append(f"credits differ from the ledger for {user}")
         live = {}
         for p in settled:  # no period charged twice (a charge refunded in full no longer counts)
             if p["processor"].get("amountRefunded", 0) < p["amount"]:
                 live.setdefault(p["orderId"], []).append(p["id"])
-        assert all(len(ids) == 1 for ids in live.values()), f"charged twice: {[v for v in live.values() if len(v) > 1]}"
+        found += [f"charged twice: {ids}" for ids in live.values() if len(ids) > 1]
         for row in purchases.values():  # what we recorded, the provider holds as paid
-            if row.invoice_id and row.provider_recorded_at:
-                status = sandbox.invoice(row.invoice_id)["status"]
-                assert status == "paid", f"not paid at the provider: {row.invoice_id}"
+            if row.invoice_id and row.provider_recorded_at and sandbox.invoice(row.invoice_id)["status"] != "paid":
+                found.append(f"not paid at the provider: {row.invoice_id}")
         for user, created in late_credits:  # nothing credited after a freeze
-            assert user not in frozen_at or created <= frozen_at[user], f"credited after the freeze: {user}"
-        with c.uow() as uow:  # an exhausted orphan pages exactly once
-            from billingctl.adapters.db.tables import alert_outbox
+            if user in frozen_at and created > frozen_at[user]:
+                found.append(f"credited after the freeze: {user}")
+        # Every orphan is resolved within its schedule (ten attempts, each at most one run of the orphans
+        # job after the last) or exhausted with exactly one alert.
+        now, budget = c.clock.now(), ORPHAN_MAX_ATTEMPTS * max(timedelta(seconds=self.tick), timedelta(minutes=30))
+        for row in orphan_rows:
+            if row["status"] == "exhausted" and chat[f"orphan-exhausted:{row['payment_id']}"] != 1:
+                found.append(f"exhausted orphan with {chat['orphan-exhausted:' + row['payment_id']]} alerts: "
+                             f"{row['payment_id']}")
+            if row["status"] in OPEN and (row["attempts"] >= ORPHAN_MAX_ATTEMPTS or now - row["created_at"] > budget):
+                found.append(f"orphan past its schedule: {row['payment_id']} ({row['attempts']} attempts)")
+        for dispute_id in self.disputes:  # a dispute: one fraud signal and one chat alert
+            if disputes[dispute_id] != 1 or chat[f"dispute:{dispute_id}"] != 1:
+                found.append(f"dispute {dispute_id}: {disputes[dispute_id]} signals, {chat[f'dispute:{dispute_id}']} "
+                             "alerts")
+        return found + self.quota_violations()
 
-            keys = set(uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "chat")).scalars())
-        for payment_id, status in owned.items():
-            if status == "exhausted":
-                assert f"orphan-exhausted:{payment_id}" in keys, f"exhausted orphan without its alert: {payment_id}"
-        report = reconcile.reconcile(c)
-        assert report["ok"], f"reconcile disagrees: {report['violations'][:5]}"
+    def quota_violations(self) -> list[str]:
+        """No NSFW authorization started (a checkout session, a renewal charge) while a window of its
+        customer was full, judged from the orchestrator's books: the authorizations it holds for the
+        customer before the start. In production only, where the quota is enforced."""
+        if not self.c.settings.is_production:
+            return []
+        sandbox, found = self.sandbox, []
+        payments = [p for p in sandbox.payments() if (p.get("metadata") or {}).get("lane") == "nsfw"]
+        tries: dict[str, list[float]] = {}
+        for p in payments:
+            if p["status"] in AUTHORIZED_STATUSES:
+                tries.setdefault(p["customerId"], []).append(p["date"])
+        starts = [(s["customerId"], s["clientExpirationDate"] - 86400, CUSTOMER)
+                  for s in sandbox.store.all("client_session") if (s["metadata"] or {}).get("lane") == "nsfw"]
+        starts += [(p["customerId"], p["date"], MERCHANT) for p in payments
+                   if (p.get("paymentMethod") or {}).get("paymentType") == "SUBSCRIPTION"]
+        for user, at, initiator in starts:
+            for name, length, limit in WINDOWS:
+                # our clock and the sandbox's differ by the real seconds of a step: a minute of tolerance
+                before = [t for t in tries.get(user, []) if at - length.total_seconds() + 60 < t < at - 1]
+                if len(before) >= (limit - 1 if initiator == CUSTOMER else limit):
+                    found.append(f"{initiator} start for {user} with {len(before)} authorizations in the {name} "
+                                 f"window (limit {limit})")
+        return found
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -245,6 +368,64 @@ def test_a_month_with_a_seed_hypothesis_chooses(make_settings, db_url, seed):
 
     _truncate_postgres(db_url)  # each example starts from empty books
     run_month(make_settings, db_url, seed, sandbox_db=str(Path(tempfile.mkdtemp(prefix="sim-")) / "sandbox.db"))
+
+
+class ProductionModel(Model):
+    """The same customers on a production container (the quota enforced, real secrets, the sandbox reached
+    over HTTP as a real provider and orchestrator would be), with one more: a customer who keeps starting
+    NSFW checkouts, declined in the payment form again and again (quota pressure)."""
+
+    HEAVY = "sim_heavy"
+    production_sandbox = None
+
+    @property
+    def sandbox(self):
+        return self.production_sandbox
+
+    def advance(self, seconds: int) -> None:
+        from datetime import UTC, datetime
+
+        self.sandbox.store.advance_clock(seconds)
+        self.c.clock.set(datetime.fromtimestamp(self.sandbox.store.now(), UTC))
+
+    def pressure(self) -> None:
+        try:
+            co = checkout.create_checkout(self.c, self.HEAVY, PLANS[2])
+        except e.BillingError as exc:
+            self.note(f"heavy checkout: refused ({exc.code})")
+            return
+        tries = self.rng.randint(0, 3)
+        for _ in range(tries):
+            self.sandbox.decline_checkout(co["order_id"])
+        if self.rng.random() < 0.5:
+            self.sandbox.pay(co["order_id"])
+        self.note(f"heavy checkout {co['subscription_id']}: {tries} declines")
+
+    def actions(self) -> list[tuple[object, float]]:
+        return [*super().actions(), (self.pressure, 6)]
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_a_production_month_keeps_the_quota(make_settings, db_url, tmp_path, redis_url):
+    """Production mode, where the NSFW quota is enforced: no authorization starts while a window is full,
+    as the orchestrator's books show, beside every other book of the month."""
+    from tests.helpers import ProductionStack
+
+    seed = SEEDS[0]
+
+    def settings(**kw):
+        return make_settings(http_max_attempts=2, provider_rate_limit=1_000_000, **kw)
+
+    with ProductionStack(settings, db_url, tmp_path, clock=ManualClock(), redis_url=redis_url) as stack:
+        c = stack.container
+        c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
+        stack.sandbox.disputes_secret = c.settings.secret("orchestrator_disputes_secret")
+        model = ProductionModel(random.Random(seed), c)
+        model.production_sandbox = stack.sandbox
+        model.advance(0)
+        model.live(PRODUCTION_DAYS, seed, label=" (production)")
+        refused = [t for t in model.trace if "heavy checkout: refused (quota_exhausted)" in t]
+        assert refused, "the heavy customer never met the quota: the month did not test it"
 
 
 def run_month(make_settings, db_url, seed, **overrides):

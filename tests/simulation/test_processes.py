@@ -70,6 +70,15 @@ class ProcessModel(Model):
             if process.returncode:
                 self.note(f"job {name}: exit {process.returncode}")
 
+    def operator_cancel(self, subscription_id: str) -> str:
+        """`billingctl subscriptions cancel` as an operator types it, in a process of its own."""
+        done = subprocess.run([sys.executable, "-m", "billingctl", "subscriptions", "cancel", subscription_id,
+                               "--reason", "simulated customer request", "--yes"], env=self.env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+        if done.returncode not in (0, 4):  # 4: the provider failed; the operator sees it and tries again later
+            raise AssertionError(f"subscriptions cancel exited {done.returncode}: {done.stderr[-800:]}")
+        return "cancelled" if done.returncode == 0 else f"failed: {done.stderr.strip()[-200:]}"
+
     def kill_a_job_mid_run(self) -> None:
         self.sandbox.store.add_fault("provider", "slow", path="/events", count=1, delay=5)
         process = self._spawn("poll")
