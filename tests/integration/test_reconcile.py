@@ -4,7 +4,7 @@ our books or from the orchestrator's, and a clean system reports nothing."""
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import insert, update
+from sqlalchemy import insert, select, update
 
 from billingctl.adapters.db.tables import credit_ledger, fraud_event, purchase, subscription, users
 from billingctl.bootstrap import Container
@@ -125,6 +125,19 @@ def test_each_planted_violation_is_named(world, plant, check):
     assert check in {v["check"] for v in report["violations"]} and report["ok"] is False
     assert report["counts"][next(k for k in report["counts"] if k.split(":")[0] == check)] >= 1
     assert world.c.metrics.sample("billing_reconcile_violations", {}) == sum(report["counts"].values())
+
+
+def test_credits_beside_the_ledger_are_named_with_both_sums(world):
+    """The detail names the two sums (it read the row's tuple accessor `Row.t` instead of the column and
+    printed the whole row)."""
+    paid(world)
+    with world.c.uow() as uow:
+        credits = uow.execute(select(users.c.credits).where(users.c.id == "user_a")).scalar_one()
+        uow.execute(update(users).where(users.c.id == "user_a").values(credits=credits + 7))
+        uow.commit()
+    [violation] = [v for v in reconcile(world.c)["violations"] if v["check"] == "credits_differ_from_ledger"]
+    assert violation == {"check": "credits_differ_from_ledger", "user_id": "user_a",
+                         "detail": f"users.credits={credits + 7}, ledger sum={credits}"}
 
 
 def test_a_second_charge_refunded_in_full_clears_the_order_check(world):

@@ -406,6 +406,39 @@ class ProductionModel(Model):
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_the_daily_check_fails_on_a_broken_book_and_says_whether_reconcile_saw_it(make_settings, db_url):
+    """The check can fail: two days of traffic, then a violation planted in our books (credits beside the
+    ledger) and one in the outside world's (a charge settled at the orchestrator that nobody recorded):
+    each is named, and so is reconcile's verdict on it."""
+    from sqlalchemy import update
+
+    c = Container(make_settings(database_url=db_url, http_max_attempts=2, provider_rate_limit=1_000_000),
+                  clock=ManualClock())
+    try:
+        c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
+        model = Model(random.Random(SEEDS[0]), c)
+        model.advance(0)
+        model.live(2, SEEDS[0])
+        with c.uow() as uow:
+            user = uow.execute(select(users.c.id).order_by(users.c.id)).scalars().first()
+            uow.execute(update(users).where(users.c.id == user).values(credits=users.c.credits + 7))
+            uow.commit()
+        with pytest.raises(AssertionError, match=rf"credits differ from the ledger for {user} \(reconcile names"):
+            model.check()
+        with c.uow() as uow:
+            uow.execute(update(users).where(users.c.id == user).values(credits=users.c.credits - 7))
+            uow.commit()
+        model.check()  # clean again
+        co = checkout.create_checkout(c, "sim_1", PLANS[0])
+        payment = model.sandbox.pay(co["order_id"], drop_webhook=True)
+        model.advance(120)  # older than the grace, and no poller has run
+        with pytest.raises(AssertionError, match=rf"settled, unaccounted: {payment['id']} \(reconcile names"):
+            model.check()
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_a_production_month_keeps_the_quota(make_settings, db_url, tmp_path, redis_url):
     """Production mode, where the NSFW quota is enforced: no authorization starts while a window is full,
     as the orchestrator's books show, beside every other book of the month."""

@@ -44,9 +44,10 @@ def _checks(now, grace) -> list[tuple[str, object, callable]]:
          .join(reversed_, reversed_.c.payment_id == purchase.c.transaction_id)
          .where(reversed_.c.reversed > purchase.c.credits),
          lambda r: {"payment_id": r.transaction_id, "detail": f"{r.reversed} reversed of {r.credits}"}),
-        ("credits_differ_from_ledger", select(users.c.id, users.c.credits, func.coalesce(sums.c.total, 0).label("t"))
+        ("credits_differ_from_ledger", select(users.c.id, users.c.credits,
+                                              func.coalesce(sums.c.total, 0).label("ledger_sum"))
          .outerjoin(sums, sums.c.user_id == users.c.id).where(users.c.credits != func.coalesce(sums.c.total, 0)),
-         lambda r: {"user_id": r.id, "detail": f"users.credits={r.credits}, ledger sum={r.t}"}),
+         lambda r: {"user_id": r.id, "detail": f"users.credits={r.credits}, ledger sum={int(r.ledger_sum)}"}),
         ("invoice_paid_twice", select(purchase.c.invoice_id, func.count().label("n"))
          .where(purchase.c.invoice_id.is_not(None)).group_by(purchase.c.invoice_id).having(func.count() > 1),
          lambda r: {"invoice_id": r.invoice_id, "detail": f"{r.n} settled charges for one subscription period"}),
