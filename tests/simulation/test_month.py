@@ -438,13 +438,13 @@ def test_the_daily_check_fails_on_a_broken_book_and_says_whether_reconcile_saw_i
         c.close()
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
-def test_a_production_month_keeps_the_quota(make_settings, db_url, tmp_path, redis_url):
+def test_a_production_month_keeps_the_quota(make_settings, db_url, tmp_path, redis_url, seed):
     """Production mode, where the NSFW quota is enforced: no authorization starts while a window is full,
     as the orchestrator's books show, beside every other book of the month."""
     from tests.helpers import ProductionStack
 
-    seed = SEEDS[0]
 
     def settings(**kw):
         return make_settings(http_max_attempts=2, provider_rate_limit=1_000_000, **kw)
