@@ -80,15 +80,23 @@ def sqlite_template(tmp_path_factory) -> Path:
     return path
 
 
-def advance_with_sandbox(container, seconds: float) -> None:
-    """Move the in-process sandbox's clock, and the container's manual clock to the same instant. The
+def clock_to_sandbox(container, store=None) -> None:
+    """Set the container's manual clock to the sandbox's instant (`store`: the container's in-process
+    sandbox unless another, e.g. a production stack's, is named)."""
+    from datetime import UTC, datetime
+
+    store = store or container.sandbox.store
+    container.clock.set(datetime.fromtimestamp(store.now(), UTC))
+
+
+def advance_with_sandbox(container, seconds: float, store=None) -> None:
+    """Move the sandbox's clock, and the container's manual clock to the same instant. The
     sandbox's clock is real time plus an offset, so it runs on between steps: advancing both by the same
     amount leaves ours behind by the real time elapsed, and on a slow machine a payment 16 s old looked
     14 s old, so orphan recovery called it too recent (CI failed on it)."""
-    from datetime import UTC, datetime
-
-    container.sandbox.store.advance_clock(seconds)
-    container.clock.set(datetime.fromtimestamp(container.sandbox.store.now(), UTC))
+    store = store or container.sandbox.store
+    store.advance_clock(seconds)
+    clock_to_sandbox(container, store)
 
 
 def _truncate_postgres(url: str) -> None:

@@ -10,6 +10,7 @@ from billingctl.adapters.db.tables import credit_ledger, fraud_event, purchase, 
 from billingctl.bootstrap import Container
 from billingctl.domain.clock import ManualClock
 from billingctl.services.reconcile import reconcile
+from tests.conftest import clock_to_sandbox
 from tests.integration.conftest import World
 
 pytestmark = pytest.mark.integration
@@ -191,7 +192,7 @@ def test_tries_in_one_payment_form_over_the_limit_are_no_violation_but_a_start_a
 
     with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock(), redis_url=redis_url) as stack:
         c, sandbox = stack.container, stack.sandbox
-        c.clock.set(__import__("datetime").datetime.fromtimestamp(sandbox.store.now(), __import__("datetime").UTC))
+        clock_to_sandbox(c, sandbox.store)
         co = create_checkout(c, "user_q", "credits-pro-nsfw-USD-monthly")
         for _ in range(5):
             sandbox.decline_checkout(co["order_id"])

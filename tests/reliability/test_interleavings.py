@@ -22,7 +22,7 @@ from billingctl.services import events, orphans
 from billingctl.services.checkout import create_checkout
 from billingctl.services.payments import record_payment, retry_pending
 from billingctl.services.sync import cancel_subscription, sync_subscription
-from tests.conftest import _truncate_postgres, advance_with_sandbox
+from tests.conftest import _truncate_postgres, advance_with_sandbox, clock_to_sandbox
 
 pytestmark = pytest.mark.reliability
 USERS = ("ada", "bo", "cy")
@@ -45,8 +45,7 @@ class Billing(RuleBasedStateMachine):
                            clock=ManualClock())  # the model's clock runs fast: the real-time budget is lifted
         self.c.provider.http.sleep = self.c.orchestrator.http.sleep = lambda s: None
         self.sandbox = self.c.sandbox
-        self.c.clock.set(__import__("datetime").datetime.fromtimestamp(self.sandbox.store.now(),
-                                                                       __import__("datetime").UTC))
+        clock_to_sandbox(self.c)
         self.paid_orders: set[str] = set()
 
     def teardown(self):

@@ -33,7 +33,7 @@ from billingctl.services import alerts, checkout, events, orphans, payments, rec
 from billingctl.services.fraud_quota import AUTHORIZED_STATUSES
 from billingctl.services.orphans import OPEN, OWNED
 from billingctl.services.users import freeze
-from tests.conftest import advance_with_sandbox
+from tests.conftest import advance_with_sandbox, clock_to_sandbox
 
 pytestmark = pytest.mark.simulation
 
@@ -64,7 +64,7 @@ class Model:
         self.trace.append(f"{self.c.clock.now():%m-%d %H:%M} {text}")
 
     def advance(self, seconds: int) -> None:
-        advance_with_sandbox(self.c, seconds)
+        advance_with_sandbox(self.c, seconds, self.sandbox.store)
 
     # ---- the customers ------------------------------------------------------------------------------
 
@@ -382,12 +382,6 @@ class ProductionModel(Model):
     def sandbox(self):
         return self.production_sandbox
 
-    def advance(self, seconds: int) -> None:
-        from datetime import UTC, datetime
-
-        self.sandbox.store.advance_clock(seconds)
-        self.c.clock.set(datetime.fromtimestamp(self.sandbox.store.now(), UTC))
-
     def pressure(self) -> None:
         try:
             co = checkout.create_checkout(self.c, self.HEAVY, PLANS[2])
@@ -466,7 +460,7 @@ def run_month(make_settings, db_url, seed, **overrides):
                                 **overrides), clock=ManualClock())
     c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
     model = Model(random.Random(seed), c)
-    c.clock.set(__import__("datetime").datetime.fromtimestamp(model.sandbox.store.now(), __import__("datetime").UTC))
+    clock_to_sandbox(c, model.sandbox.store)
     try:
         model.live(DAYS, seed)
     finally:
