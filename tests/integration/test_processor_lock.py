@@ -119,6 +119,21 @@ def test_rule_10_unknown_processor_logs_an_error_and_locks_nothing(world, caplog
     assert lock_row(world)["nsfw_processor"] == "NSFW_SEGPAY"
 
 
+def test_a_recorded_payment_reports_its_lock_outcome_whole(world):
+    """The lock's result travels with the recorded payment (`lock`): the lane it was judged on, the
+    outcome, the processor as counted (an unknown name counts as `other`) and the processor the lane is
+    locked to. Written against the survivors of `make mutation`."""
+    first = settle(world, processor="NSFW_SEGPAY")
+    assert first["lock"] == {"lane": "nsfw", "outcome": "locked", "psp": "NSFW_SEGPAY",
+                             "locked_processor": "NSFW_SEGPAY"}
+    again = settle(world, processor="NSFW_CCBILL")
+    assert again["lock"] == {"lane": "nsfw", "outcome": "already_locked", "psp": "NSFW_CCBILL",
+                             "locked_processor": "NSFW_SEGPAY"}
+    unknown = settle(world, processor="MYSTERY_PSP")
+    assert unknown["lock"] == {"lane": "nsfw", "outcome": "unknown_processor", "psp": "other",
+                               "locked_processor": None}
+
+
 def test_no_processor_is_psp_none(world):
     with world.c.uow() as uow:
         result = pl.lock_after_settle(uow, world.c, user_id="user_z", payment_lane="sfw", processor=None,
