@@ -48,7 +48,10 @@ def lock_after_settle(uow, container, *, user_id: str, payment_lane: str, proces
                   extra={"user_id": user_id, "processor": processor, "lane": payment_lane})
         return LockResult(payment_lane, "unknown_processor", "other", None)
     try:
-        return _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id)
+        # The whole gate in a savepoint: on PostgreSQL a failed statement (the lock table unreadable) aborts
+        # the transaction it runs in, so without one the recording failed with it.
+        with uow.conn.begin_nested():
+            return _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id)
     except Exception as exc:
         _count(metrics, lane, processor, "assign_error")
         log.error("processor lock write failed: %s", type(exc).__name__,

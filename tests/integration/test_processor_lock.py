@@ -134,6 +134,22 @@ def test_a_recorded_payment_reports_its_lock_outcome_whole(world):
                                "locked_processor": None}
 
 
+def test_a_lock_write_that_fails_is_counted_and_the_payment_is_still_recorded(world):
+    """The gate runs inside the recording's transaction; when the lock table cannot be written the settle is
+    counted assign_error (lane, psp) and reported so, and the payment, its credits and its purchase are
+    recorded all the same. Written against the survivors of `make mutation`."""
+    co = world.checkout("user_w", "credits-pro-nsfw-USD-monthly")
+    payment = world.settle(co["order_id"], processor="NSFW_SEGPAY")
+    with table_away(world.c.engine, "user_credits"):
+        result = record_payment(world.c, payment, "webhook")
+    assert result["outcome"] == "recorded"
+    assert result["lock"] == {"lane": "nsfw", "outcome": "assign_error", "psp": "NSFW_SEGPAY",
+                              "locked_processor": None}
+    assert outcome(world, "nsfw", "NSFW_SEGPAY", "assign_error") == 1
+    assert world.credits("user_w") == result["credits_applied"] > 0
+    assert lock_row(world, "user_w") is None  # nothing locked: the next settle locks the lane
+
+
 def test_no_processor_is_psp_none(world):
     with world.c.uow() as uow:
         result = pl.lock_after_settle(uow, world.c, user_id="user_z", payment_lane="sfw", processor=None,
