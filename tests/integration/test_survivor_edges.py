@@ -465,3 +465,12 @@ def test_a_settled_payment_without_our_subscription_is_held_for_review_once_and_
     world.advance(60)
     assert orphans.run_orphans(world.c)["outcomes"] == {"recorded": 1}  # only the newest is listed again
     assert len(chat_alerts(world)) == 2
+
+
+def test_activating_a_malformed_subscription_id_is_refused_with_the_fields_name(world):
+    """An operator's (or the internal endpoint's) activation of an id that is not one is refused before any
+    lock, read or provider call, with a message that names the field."""
+    from billingctl.services.payments import activate_subscription
+
+    with pytest.raises(e.InvalidInput, match="^subscription_id is not a valid id$"):
+        activate_subscription(world.c, "sub 1; drop")
