@@ -144,7 +144,8 @@ def test_activation_requires_a_recorded_payment(world):
     co = world.checkout()
     with pytest.raises(e.PaymentNotRecorded) as info:
         activate_subscription(world.c, co["subscription_id"])
-    assert "payment was never recorded" in info.value.message
+    assert info.value.message == (f"no purchase exists for subscription {co['subscription_id']}: "
+                                  "the payment was never recorded")
     client = create_internal_app(container=world.c).test_client()
     response = client.post("/internal/billing/activate", json={"subscription_id": co["subscription_id"]},
                            headers={"Authorization": "Bearer test-internal-token"})
@@ -223,3 +224,21 @@ def test_a_payment_recorded_after_its_refund_is_reversed_at_once(world):
     result = record_payment(world.c, world.sandbox.store.get("payment", payment["id"]), "settled_poller")
     assert result["refund"]["credits_reversed"] == 2000
     assert world.credits() == 0
+
+
+def test_a_dry_run_activation_answers_what_it_would_do_and_starts_nothing(world):
+    """`billingctl subscriptions activate --dry-run` on a paid subscription whose activation failed: every
+    check passes, the answer says it would activate, and the subscription stays as it was, here and at the
+    provider. Written against the survivors of `make mutation`."""
+    co = world.checkout()
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    world.sandbox.pay(co["order_id"])  # recorded; its activation fails
+    world.sandbox.store.clear_faults()
+    sub = co["subscription_id"]
+    assert activate_subscription(world.c, sub, dry_run=True) == {
+        "subscription_id": sub, "outcome": "would_activate", "dry_run": True, "status": "future"}
+    with world.c.uow() as uow:
+        assert uow.subscriptions.get(sub)["status"] == "future"
+    assert world.c.provider.get_subscription(sub)["subscription"]["status"] == "future"
+    assert activate_subscription(world.c, sub)["outcome"] != "would_activate"
+
