@@ -48,8 +48,9 @@ def lock_after_settle(uow, container, *, user_id: str, payment_lane: str, proces
                   extra={"user_id": user_id, "processor": processor, "lane": payment_lane})
         return LockResult(payment_lane, "unknown_processor", "other", None)
     try:
-        # The whole gate in a savepoint: on PostgreSQL a failed statement (the lock table unreadable) aborts
-        # the transaction it runs in, so without one the recording failed with it.
+        # The whole gate in one savepoint: on PostgreSQL a failed statement (the lock table unreadable)
+        # aborts the transaction it runs in, so a savepoint around the write alone let a failed read undo
+        # the recording. One savepoint, not one per write: the same round trips as before.
         with uow.conn.begin_nested():
             return _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id)
     except Exception as exc:
@@ -65,8 +66,7 @@ def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -
     current = read_lock(uow, user_id) or {}  # one read: a locked user (every renewal) needs nothing else
     if lane != payment_lane:
         if not current:  # every paying user has a lock row, unlocked here
-            with uow.conn.begin_nested():
-                uow.locks.ensure(user_id, container.clock.now())
+            uow.locks.ensure(user_id, container.clock.now())
         # Rule 9: the settled processor belongs to the other lane's table. It is never written into
         # this lane's lock (tokens are processor-homed), and on a locked user it is only worth a debug line.
         locked = current.get(processor_column(payment_lane))
@@ -87,10 +87,9 @@ def _gate(uow, container, user_id, payment_lane, lane, processor, merchant_id) -
         values = {column: processor}
         if lane == "nsfw":
             values["nsfw_processor_mid"] = merchant_id
-        # One conditional statement, in a savepoint (a failed write never undoes the recording): create
-        # the user's row locked, or lock the row only while this lane is still unlocked.
-        with uow.conn.begin_nested():
-            won = uow.locks.lock_first(user_id, column, values, container.clock.now())
+        # One conditional statement (in the gate's savepoint: a failed write never undoes the recording):
+        # create the user's row locked, or lock the row only while this lane is still unlocked.
+        won = uow.locks.lock_first(user_id, column, values, container.clock.now())
         if won:
             _count(metrics, lane, processor, "locked")
             log.info("processor locked", extra={"user_id": user_id, "lane": lane, "processor": processor})
