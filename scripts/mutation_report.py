@@ -253,6 +253,9 @@ REASONS: list[tuple[str, str, str, str]] = [
      _ACTIVATION_LOCK),
     ("billingctl/services/payments.py", "x_activate_subscription", "container.uow(autocommit=None)", _READ_ONLY),
     ("billingctl/services/payments.py", "x_activate_subscription", "container.uow(autocommit=False)", _READ_ONLY),
+    ("billingctl/services/payments.py", "x_activate_subscription", "if (local is not None) or True else None",
+     "equivalent: a purchase's subscription always has a local copy (recording adds it in the same "
+     "transaction), so the dry run's status is never read from a missing one"),
     ("billingctl/services/payments.py", "x_activate_subscription", "container.locks.hold(None)",
      "accepted: one lock named None for every subscription serializes more activations than needed, which "
      "is slower but not wrong; the tests activate one at a time"),
