@@ -326,7 +326,13 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
         return _orphan_cancelled_checkout(container, subscription_id)
     now = container.clock.now()
     try:
-        remote, first_invoice = _start_at_provider(container, subscription_id, now)
+        if bought.invoice_id:
+            # Started before (its first term's invoice is assigned): nothing to start. A second start would
+            # reuse the first one's idempotency key within its second, and the provider would replay "active"
+            # for a subscription cancelled since. The provider's copy decides what the local one says.
+            remote, first_invoice = _started_copy(container, subscription_id), None
+        else:
+            remote, first_invoice = _start_at_provider(container, subscription_id, now)
         if remote.get("current_term_end") is None and bought.item_price_id:
             period = catalog.plan(container, bought.item_price_id).period_days
             remote = container.provider.change_term_end(subscription_id, now + timedelta(days=period))["subscription"]
@@ -350,6 +356,8 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
                               start_date=parse_time(remote.get("start_date")), activation_pending_since=None,
                               activation_error=None, synced_at=now)
         uow.commit()
+    if bought.invoice_id:
+        return {"subscription_id": subscription_id, "outcome": "already_active", "status": remote["status"]}
     log.info("subscription activated", extra={"subscription_id": subscription_id})
     return {"subscription_id": subscription_id, "outcome": "activated", "status": remote["status"]}
 
@@ -371,12 +379,19 @@ def _start_at_provider(container, subscription_id: str, now) -> tuple[dict, dict
     except e.ExternalInvalidRequest as exc:
         if exc.details.get("api_error_code") != "invalid_state_for_request":
             raise
-        remote = container.provider.get_subscription(subscription_id)["subscription"]
-        if remote.get("status") == "cancelled":
-            raise CancelledAtProvider(subscription_id) from None
-        if remote.get("status") not in STARTED:
-            raise
-        return remote, None
+        return _started_copy(container, subscription_id), None
+
+
+def _started_copy(container, subscription_id: str) -> dict:
+    """The provider's copy of a subscription that was started: cancelled since raises CancelledAtProvider,
+    and a status that is neither started nor cancelled (still future, paused) cannot be activated."""
+    remote = container.provider.get_subscription(subscription_id)["subscription"]
+    if remote.get("status") == "cancelled":
+        raise CancelledAtProvider(subscription_id)
+    if remote.get("status") not in STARTED:
+        raise e.ExternalError(f"the provider holds {subscription_id} {remote.get('status')}: it cannot be activated",
+                              dependency="subscription_provider")
+    return remote
 
 
 class CancelledAtProvider(Exception):

@@ -242,3 +242,51 @@ def test_a_dry_run_activation_answers_what_it_would_do_and_starts_nothing(world)
     assert world.c.provider.get_subscription(sub)["subscription"]["status"] == "future"
     assert activate_subscription(world.c, sub)["outcome"] != "would_activate"
 
+
+
+def test_activating_a_paid_subscription_cancelled_since_never_starts_it_again(one_try_world):
+    """A subscription started by its checkout's payment, then cancelled at the provider (and synced), is
+    activated again (an operator's `billingctl subscriptions activate`, or the follow-ups of a later
+    payment) within the same second: it stays cancelled, here and at the provider. Before the fix the
+    start was sent again with the same idempotency key, the provider replayed its first answer ("active")
+    and the local copy was written back to active. Found by the mutation run (`… or bought.invoice_id`)."""
+    from billingctl.services.sync import sync_subscription
+
+    world = one_try_world
+    co = world.checkout()
+    sub = co["subscription_id"]
+    world.sandbox.pay(co["order_id"])  # recorded and activated: the first term's invoice is assigned
+    assert world.sandbox.subscription(sub)["status"] == "active"
+    world.sandbox.cancel(sub)
+    sync_subscription(world.c, sub)
+    starts = world.sandbox.store.count_requests("provider", "POST", "update_for_items")
+    assert activate_subscription(world.c, sub) == {
+        "subscription_id": sub, "outcome": "cancelled_at_provider", "status": "cancelled"}
+    with world.c.uow() as uow:
+        assert uow.subscriptions.get(sub)["status"] == "cancelled"
+    assert world.sandbox.subscription(sub)["status"] == "cancelled"
+    assert world.sandbox.store.count_requests("provider", "POST", "update_for_items") == starts
+    assert world.purchases() == 1 and world.credits() == 2000
+
+
+def test_activating_a_started_subscription_whose_local_copy_lags_takes_the_providers_copy(one_try_world):
+    """A started subscription (its first invoice assigned) whose local copy does not say active, e.g. a
+    restored backup: activation sends no second start; it takes the provider's copy and answers
+    `already_active` (decision 101)."""
+    world = one_try_world
+    co = world.checkout()
+    sub = co["subscription_id"]
+    world.sandbox.pay(co["order_id"])
+    with world.c.uow() as uow:
+        uow.subscriptions.set(sub, status="future", current_term_end=None)
+        uow.commit()
+    starts = world.sandbox.store.count_requests("provider", "POST", "update_for_items")
+    assert activate_subscription(world.c, sub) == {
+        "subscription_id": sub, "outcome": "already_active", "status": "active"}
+    remote = world.sandbox.subscription(sub)
+    with world.c.uow() as uow:
+        local = uow.subscriptions.get(sub)
+    assert local["status"] == "active" and local["activation_pending_since"] is None
+    assert local["current_term_end"] is not None
+    assert int(local["current_term_end"].timestamp()) == remote["current_term_end"]
+    assert world.sandbox.store.count_requests("provider", "POST", "update_for_items") == starts
