@@ -290,3 +290,23 @@ def test_activating_a_started_subscription_whose_local_copy_lags_takes_the_provi
     assert local["current_term_end"] is not None
     assert int(local["current_term_end"].timestamp()) == remote["current_term_end"]
     assert world.sandbox.store.count_requests("provider", "POST", "update_for_items") == starts
+
+
+def test_activating_a_started_subscription_paused_at_the_provider_is_refused_and_stays_visible(one_try_world):
+    """A started subscription the provider holds paused cannot be activated: the activation fails with the
+    provider's status named, is counted, and the local copy keeps the error for `health` (decision 101)."""
+    world = one_try_world
+    co = world.checkout()
+    sub = co["subscription_id"]
+    world.sandbox.pay(co["order_id"])
+    world.sandbox.store.put("subscription", sub, {**world.sandbox.subscription(sub), "status": "paused"})
+    with world.c.uow() as uow:
+        uow.subscriptions.set(sub, status="future")
+        uow.commit()
+    with pytest.raises(e.ExternalError) as raised:
+        activate_subscription(world.c, sub)
+    assert raised.value.message == f"the provider holds {sub} paused: it cannot be activated"
+    with world.c.uow() as uow:
+        local = uow.subscriptions.get(sub)
+    assert (local["status"], local["activation_error"]) == ("future", raised.value.message)
+    assert world.c.metrics.sample("billing_activation_errors_total") == 1
