@@ -259,13 +259,15 @@ def test_activating_a_paid_subscription_cancelled_since_never_starts_it_again(on
     assert world.sandbox.subscription(sub)["status"] == "active"
     world.sandbox.cancel(sub)
     sync_subscription(world.c, sub)
-    starts = world.sandbox.store.count_requests("provider", "POST", "update_for_items")
+    calls = world.sandbox.store.count_requests("provider")
     assert activate_subscription(world.c, sub) == {
         "subscription_id": sub, "outcome": "cancelled_at_provider", "status": "cancelled"}
     with world.c.uow() as uow:
         assert uow.subscriptions.get(sub)["status"] == "cancelled"
     assert world.sandbox.subscription(sub)["status"] == "cancelled"
-    assert world.sandbox.store.count_requests("provider", "POST", "update_for_items") == starts
+    # One call: the provider's copy read; no start sent
+    assert world.sandbox.store.count_requests("provider") == calls + 1
+    assert world.sandbox.store.count_requests("provider", "GET", f"/subscriptions/{sub}") >= 1
     assert world.purchases() == 1 and world.credits() == 2000
 
 
@@ -280,7 +282,7 @@ def test_activating_a_started_subscription_whose_local_copy_lags_takes_the_provi
     with world.c.uow() as uow:
         uow.subscriptions.set(sub, status="future", current_term_end=None)
         uow.commit()
-    starts = world.sandbox.store.count_requests("provider", "POST", "update_for_items")
+    calls = world.sandbox.store.count_requests("provider")
     assert activate_subscription(world.c, sub) == {
         "subscription_id": sub, "outcome": "already_active", "status": "active"}
     remote = world.sandbox.subscription(sub)
@@ -289,20 +291,27 @@ def test_activating_a_started_subscription_whose_local_copy_lags_takes_the_provi
     assert local["status"] == "active" and local["activation_pending_since"] is None
     assert local["current_term_end"] is not None
     assert int(local["current_term_end"].timestamp()) == remote["current_term_end"]
-    assert world.sandbox.store.count_requests("provider", "POST", "update_for_items") == starts
+    assert world.sandbox.store.count_requests("provider") == calls + 1  # the read; no start, no invoice search
+
+
+def _started_then_held_by_the_provider_as(world, status: str) -> str:
+    """A paid, started subscription that the provider now holds in `status` while the local copy says
+    future (nothing in the sandbox pauses a subscription, so its copy is set directly)."""
+    co = world.checkout()
+    sub = co["subscription_id"]
+    world.sandbox.pay(co["order_id"])
+    world.sandbox.store.put("subscription", sub, {**world.sandbox.subscription(sub), "status": status})
+    with world.c.uow() as uow:
+        uow.subscriptions.set(sub, status="future")
+        uow.commit()
+    return sub
 
 
 def test_activating_a_started_subscription_paused_at_the_provider_is_refused_and_stays_visible(one_try_world):
     """A started subscription the provider holds paused cannot be activated: the activation fails with the
     provider's status named, is counted, and the local copy keeps the error for `health` (decision 101)."""
     world = one_try_world
-    co = world.checkout()
-    sub = co["subscription_id"]
-    world.sandbox.pay(co["order_id"])
-    world.sandbox.store.put("subscription", sub, {**world.sandbox.subscription(sub), "status": "paused"})
-    with world.c.uow() as uow:
-        uow.subscriptions.set(sub, status="future")
-        uow.commit()
+    sub = _started_then_held_by_the_provider_as(world, "paused")
     with pytest.raises(e.ExternalError) as raised:
         activate_subscription(world.c, sub)
     assert raised.value.message == f"the provider holds {sub} paused: it cannot be activated"
@@ -310,3 +319,61 @@ def test_activating_a_started_subscription_paused_at_the_provider_is_refused_and
         local = uow.subscriptions.get(sub)
     assert (local["status"], local["activation_error"]) == ("future", raised.value.message)
     assert world.c.metrics.sample("billing_activation_errors_total") == 1
+
+
+def test_a_retried_activation_answers_whole_and_stamps_its_sync(one_try_world):
+    """The activations job finishes an activation that failed when the payment was recorded: the answer
+    names the subscription, `activated` and the provider's status; the local copy takes the provider's
+    term, leaves "activation pending", and its sync time is the activation's."""
+    from tests.conftest import advance_with_sandbox
+
+    world = one_try_world
+    co = world.checkout()
+    sub = co["subscription_id"]
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    world.sandbox.pay(co["order_id"])
+    world.sandbox.store.clear_faults()
+    advance_with_sandbox(world.c, 60)
+    assert activate_subscription(world.c, sub) == {"subscription_id": sub, "outcome": "activated", "status": "active"}
+    remote = world.sandbox.subscription(sub)
+    with world.c.uow() as uow:
+        local = uow.subscriptions.get(sub)
+    assert (local["status"], local["activation_pending_since"], local["activation_error"]) == ("active", None, None)
+    assert int(local["current_term_end"].timestamp()) == remote["current_term_end"]
+    assert local["synced_at"].timestamp() == pytest.approx(world.c.clock.now().timestamp(), abs=0.001)
+
+
+def test_a_paid_checkout_cancelled_before_its_activation_is_handed_over_without_asking_the_provider(one_try_world):
+    """The payment was recorded but its activation failed, and the checkout was cancelled at the provider
+    since (the local copy synced): activation hands the payment to orphan recovery (an orphan row it retries)
+    from the local copy, with no call to the provider."""
+    from billingctl.services.sync import sync_subscription
+
+    world = one_try_world
+    co = world.checkout()
+    sub = co["subscription_id"]
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    payment = world.sandbox.pay(co["order_id"])
+    world.sandbox.store.clear_faults()
+    world.sandbox.cancel(sub)
+    sync_subscription(world.c, sub)
+    calls = world.sandbox.store.count_requests("provider")
+    assert activate_subscription(world.c, sub) == {
+        "subscription_id": sub, "outcome": "cancelled_at_provider", "status": "cancelled"}
+    assert world.sandbox.store.count_requests("provider") == calls
+    with world.c.uow() as uow:
+        local = uow.subscriptions.get(sub)
+        orphan = uow.orphans.status(payment["id"])
+    assert (local["status"], local["activation_pending_since"]) == ("cancelled", None)
+    assert orphan == "retrying"  # orphan recovery's: re-subscribe or refund
+
+
+def test_an_activation_error_is_kept_to_its_first_500_characters(one_try_world):
+    """Whatever the provider answers, the local copy keeps a bounded error for `health`."""
+    world = one_try_world
+    sub = _started_then_held_by_the_provider_as(world, "p" * 600)
+    with pytest.raises(e.ExternalError) as raised:
+        activate_subscription(world.c, sub)
+    with world.c.uow() as uow:
+        kept = uow.subscriptions.get(sub)["activation_error"]
+    assert len(raised.value.message) > 600 and kept == raised.value.message[:500]
