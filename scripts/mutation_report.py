@@ -55,6 +55,8 @@ _READ_ONLY = ("equivalent: the block only reads two rows; in one transaction (ro
               "by statement it reads the same (autocommit saves a round trip)")
 _TERM_FALLBACK = ("accepted: decision 18's fallback for a start answered without a term end; the real provider "
                   "(and the sandbox after it) gives every started subscription its term, so no test reaches it")
+_EVERY_AMOUNT = ("equivalent: both callers (recording and a status update) pass the amount, so the default for a "
+                 "missing one is never read")
 REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/media.py", "x_signature", "XX=XX",
      "equivalent: the unpadded base64 of a 32-byte digest never ends in X (its last character carries four "
@@ -139,6 +141,13 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁexists_for_subscription", "select(None)", _EXISTS),
     ("billingctl/adapters/db/purchases.py", "xǁLedgerǁapply", '["SOURCE_KEY"]', _SQLITE),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁadd", '["TRANSACTION_ID"]', _SQLITE),
+    ("billingctl/adapters/db/purchases.py", "xǁTransactionsǁsave", '["TRANSACTION_ID"]', _SQLITE),
+    ("billingctl/adapters/db/purchases.py", "xǁTransactionsǁsave", 'values.pop("amount", None)', _EVERY_AMOUNT),
+    ("billingctl/adapters/db/purchases.py", "xǁTransactionsǁsave", 'values.pop("amount", )', _EVERY_AMOUNT),
+    ("billingctl/adapters/db/purchases.py", "xǁTransactionsǁsave", 'values.pop("amount", 1)', _EVERY_AMOUNT),
+    ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁfirst_of_subscription", "order_by(None)",
+     "accepted: without the order SQLite (the mutation run's database) reads a table in rowid order, which is "
+     "the id order; PostgreSQL promises no order, so the query keeps it"),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁassign_invoice", "== )",
      "equivalent: the only invoice ever assigned for a checkout's subscription is its first term's (activation "
      "looks that one up), so writing it over an assigned one writes the same value"),

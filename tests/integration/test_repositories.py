@@ -72,6 +72,22 @@ def test_successful_transactions_on_a_processor_are_the_users_own(uow):
     assert sorted(r[0] for r in uow.transactions.successes_on("u1", "NMI")) == ["t1", "t2"]
 
 
+def test_a_transactions_status_moves_on_keeps_its_first_amount_and_learns_the_later_facts(uow):
+    """A status move writes its time and the facts it brings (processor, merchant id), never a new amount
+    (a status payload without one must not zero it) and never takes a captured payment back."""
+    from billingctl.adapters.db.tables import transaction
+
+    later = NOW + timedelta(minutes=5)
+    uow.transactions.save("t1", "authorized", NOW, customer_id="u1", amount=500)
+    uow.transactions.save("t1", "failed", later, amount=0, processor="NMI", processor_merchant_id="mid_1")
+    uow.transactions.save("t2", "captured", NOW, customer_id="u1", amount=700)
+    uow.transactions.save("t2", "failed", later, amount=700)
+    rows = {r["transaction_id"]: r for r in uow.execute(transaction.select()).mappings()}
+    t1, t2 = rows["t1"], rows["t2"]
+    assert (t1["status"], t1["amount"], t1["processor"], t1["processor_merchant_id"]) == ("failed", 500, "NMI", "mid_1")
+    assert (t1["created_at"].timestamp(), t1["updated_at"].timestamp()) == (NOW.timestamp(), later.timestamp())
+    assert (t2["status"], t2["amount"], t2["updated_at"]) == ("captured", 700, None)
+
 def test_the_first_merchant_id_is_the_earliest_success_on_that_processor_that_names_one(uow):
     now = NOW
     for minutes, tid, status, user, processor, mid in (

@@ -145,7 +145,8 @@ class Ledger(Repository):
 
 class Transactions(Repository):
     def save(self, transaction_id: str, status: str, now, **values) -> None:
-        """Insert, or move the status; a captured payment never goes back to authorized or failed."""
+        """Insert, or move the status; a captured payment never goes back to authorized or failed. The
+        amount is the first one written (every status of one payment carries the same)."""
         values = {k: v for k, v in values.items() if v is not None}
         inserted = insert_ignore(self.uow, transaction, {"transaction_id": transaction_id, "status": status,
                                                          "created_at": now, "amount": values.pop("amount", 0),
