@@ -57,6 +57,9 @@ _TERM_FALLBACK = ("accepted: decision 18's fallback for a start answered without
                   "(and the sandbox after it) gives every started subscription its term, so no test reaches it")
 _EVERY_AMOUNT = ("equivalent: both callers (recording and a status update) pass the amount, so the default for a "
                  "missing one is never read")
+_OWN_CHECKS = ("equivalent: orphan recovery records a payment only after its own checks (the user not frozen, the "
+               "subscription not cancelled) or on a subscription the payment is already bought on, so the gates "
+               "would pass it anyway; only a freeze or cancellation between the two reads tells them apart")
 REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/media.py", "x_signature", "XX=XX",
      "equivalent: the unpadded base64 of a 32-byte digest never ends in X (its last character carries four "
@@ -139,6 +142,9 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/adapters/db/fraud.py", "xǁFraudEventsǁexists", "select(None)", _EXISTS),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁexists_for_payment", "select(None)", _EXISTS),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁexists_for_subscription", "select(None)", _EXISTS),
+    ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁgates", "select(None).where(purchase.c.transaction_id",
+     _EXISTS),
+    ("billingctl/services/payments.py", "x__record_locally", "orphan_recovery", _OWN_CHECKS),
     ("billingctl/adapters/db/purchases.py", "xǁLedgerǁapply", '["SOURCE_KEY"]', _SQLITE),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁadd", '["TRANSACTION_ID"]', _SQLITE),
     ("billingctl/adapters/db/purchases.py", "xǁTransactionsǁsave", '["TRANSACTION_ID"]', _SQLITE),

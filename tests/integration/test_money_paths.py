@@ -59,6 +59,41 @@ def test_a_payment_settled_after_a_freeze_is_held_for_review_then_recorded_once_
     assert [i["status"] for i in invoices] == ["paid"]
 
 
+def test_a_renewal_settled_after_a_freeze_is_held_with_its_own_facts(world):
+    """The user's earlier purchase does not let a later payment past the freeze: only this payment's own
+    purchase would. The held row keeps the payment's amount, currency and settle time (not the time it
+    was held), which the person deciding reads."""
+    from billingctl.services.payments import record_payment
+
+    co, invoice, payment = world.renewal_charged_unseen()
+    freeze(world.c, "user_a", "chargeback", "ops")
+    world.c.clock.advance(3600)  # the poller finds it an hour later
+    assert record_payment(world.c, payment, "settled_poller")["outcome"] == "held_frozen"
+    assert world.purchases() == 1 and world.credits() == 2000  # the checkout's only
+    held = review_row(world, payment["id"])
+    assert (held["status"], held["amount"], held["currency_code"], held["subscription_id"]) == \
+        ("needs_review", invoice["total"], "USD", co["subscription_id"])
+    held_for = world.c.clock.now() - held["settled_at"].replace(tzinfo=world.c.clock.now().tzinfo)
+    assert held_for.total_seconds() > 3000  # settled an hour before it was held
+
+
+def test_a_recorded_payment_seen_again_after_a_freeze_or_a_cancellation_is_a_duplicate(world):
+    """Neither gate applies to a payment that is already bought: its webhook repeated after the user was
+    frozen, or after its subscription was cancelled, is a duplicate, not a new hold or orphan."""
+    from billingctl.services.payments import record_payment
+    from billingctl.services.sync import sync_subscription
+
+    co = world.checkout()
+    payment = world.sandbox.pay(co["order_id"])
+    freeze(world.c, "user_a", "chargeback", "ops")
+    assert record_payment(world.c, payment, "webhook")["outcome"] == "duplicate"
+    unfreeze(world.c, "user_a", "lost", "ops")
+    world.sandbox.cancel(co["subscription_id"])
+    sync_subscription(world.c, co["subscription_id"])
+    assert record_payment(world.c, payment, "webhook")["outcome"] == "duplicate"
+    assert review_row(world, payment["id"]) is None
+    assert world.purchases(payment["id"]) == 1 and world.credits() == 2000
+
 def test_a_payment_held_for_a_frozen_user_can_be_refunded(world):
     co = world.checkout()
     freeze(world.c, "user_a", "fraud", "ops")

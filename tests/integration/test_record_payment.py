@@ -377,3 +377,34 @@ def test_an_activation_error_is_kept_to_its_first_500_characters(one_try_world):
     with world.c.uow() as uow:
         kept = uow.subscriptions.get(sub)["activation_error"]
     assert len(raised.value.message) > 600 and kept == raised.value.message[:500]
+
+
+def test_a_recorded_renewal_payments_transaction_names_its_invoice(world):
+    """The transaction row of a payment that names its invoice keeps it (an orphan's move to a new
+    subscription leaves a transaction on an invoice where it is), and the local invoice row is the
+    subscription's, paid."""
+    from billingctl.adapters.db.tables import invoice as invoice_table
+
+    co, invoice, payment = world.renewal_charged_unseen()
+    assert record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
+    with world.c.uow() as uow:
+        row = uow.execute(select(transaction.c.invoice_id, transaction.c.status).where(
+            transaction.c.transaction_id == payment["id"])).one()
+        local = uow.execute(select(invoice_table.c.subscription_id, invoice_table.c.customer_id,
+                                   invoice_table.c.status).where(invoice_table.c.id == invoice["id"])).one()
+    assert tuple(row) == (invoice["id"], "captured")
+    assert tuple(local) == (co["subscription_id"], "user_a", "paid")
+
+
+def test_a_recorded_nsfw_payments_transaction_names_its_processor_and_merchant_account(world):
+    """The merchant account on the transaction is what `lock backfill-mid` reads for legacy users."""
+    from billingctl.adapters.orchestrator import processor_of
+
+    co = world.checkout("user_a", "credits-pro-nsfw-USD-monthly")
+    payment = world.sandbox.pay(co["order_id"])
+    processor, mid = processor_of(payment)
+    assert mid
+    with world.c.uow() as uow:
+        row = uow.execute(select(transaction.c.processor, transaction.c.processor_merchant_id).where(
+            transaction.c.transaction_id == payment["id"])).one()
+    assert tuple(row) == (processor, mid)
