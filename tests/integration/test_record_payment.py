@@ -12,6 +12,7 @@ from sqlalchemy import select
 from billingctl.adapters.db.tables import event_inbox, subscription, transaction
 from billingctl.bootstrap import Container
 from billingctl.domain import errors as e
+from billingctl.domain.clock import parse_time
 from billingctl.sandbox.model import sign_body
 from billingctl.services.payments import activate_subscription, record_payment, retry_pending
 from webhooks_app import create_internal_app, create_public_app
@@ -390,10 +391,11 @@ def test_a_recorded_renewal_payments_transaction_names_its_invoice(world):
     with world.c.uow() as uow:
         row = uow.execute(select(transaction.c.invoice_id, transaction.c.status).where(
             transaction.c.transaction_id == payment["id"])).one()
-        local = uow.execute(select(invoice_table.c.subscription_id, invoice_table.c.customer_id,
-                                   invoice_table.c.status).where(invoice_table.c.id == invoice["id"])).one()
+        local = uow.execute(select(invoice_table).where(invoice_table.c.id == invoice["id"])).mappings().one()
     assert tuple(row) == (invoice["id"], "captured")
-    assert tuple(local) == (co["subscription_id"], "user_a", "paid")
+    assert (local["subscription_id"], local["customer_id"], local["total_amount"], local["currency_code"],
+            local["status"]) == (co["subscription_id"], "user_a", payment["amount"], "USD", "paid")
+    assert local["paid_at"] == parse_time(payment["date"])
 
 
 def test_a_recorded_nsfw_payments_transaction_names_its_processor_and_merchant_account(world):

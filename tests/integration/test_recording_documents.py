@@ -2,6 +2,8 @@
 --json), the analytics events, the transaction, invoice and subscription rows. Written against the
 survivors of `make mutation`."""
 
+from datetime import timedelta
+
 import pytest
 from sqlalchemy import select
 
@@ -166,3 +168,40 @@ def test_a_recording_the_provider_could_not_take_now_says_so_and_is_retried(worl
     world.sandbox.store.clear_faults()
     assert retry_pending(world.c) == {"completed": 1, "failed": 0}
     assert world.sandbox.invoice(row["invoice_id"])["status"] == "paid"
+
+
+def test_a_payment_for_a_subscription_the_database_never_saw_adds_its_row(world):
+    """The checkout's local write was lost (the subscription exists only at the provider and in the
+    payment's metadata): recording adds the subscription's row, future until its activation succeeds."""
+    co = world.checkout()
+    with world.c.uow() as uow:
+        uow.execute(subscription.delete().where(subscription.c.id == co["subscription_id"]))
+        uow.commit()
+    paid = world.settle(co["order_id"])
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    assert record_payment(world.c, paid, "webhook")["activation"] == "pending"
+    with world.c.uow() as uow:
+        sub = uow.execute(select(subscription).where(subscription.c.id == co["subscription_id"])).mappings().one()
+    assert (sub["status"], sub["customer_id"], sub["item_price_id"], sub["lane"]) == (
+        "future", "user_a", "credits-pro-USD-monthly", "sfw")
+    assert sub["coupon_ids"] == [] and sub["activation_pending_since"] is not None
+
+
+def test_a_recorded_payment_is_counted_by_path_logged_and_its_latency_never_negative(one_try_world, caplog):
+    """A settle stamped ahead of our clock (the two clocks differ by seconds) is observed as no latency,
+    never a negative one; the counter names the path; the log marker carries the payment's facts."""
+    import logging
+
+    world = one_try_world
+    co = world.checkout()
+    paid = world.settle(co["order_id"])
+    world.c.clock.set(parse_time(paid["date"]) - timedelta(seconds=5))
+    with caplog.at_level(logging.INFO, logger="billingctl.payments"):
+        record_payment(world.c, paid, "webhook")
+    m = world.c.metrics
+    assert (m.sample("payment_recording_latency_seconds_count"), m.sample("payment_recording_latency_seconds_sum")) \
+        == (1, 0)
+    assert m.sample("billing_payments_recorded_total", {"path": "webhook"}) == 1
+    [line] = [r for r in caplog.records if r.getMessage() == "payment recorded"]
+    assert (line.payment_id, line.user_id, line.path, line.credits, line.lock_outcome) == (
+        paid["id"], "user_a", "webhook", 2000, "locked")
