@@ -129,7 +129,8 @@ def test_the_settled_payments_poller_reads_the_full_payment_before_recording(wor
     with caplog.at_level(logging.INFO, logger="billingctl.checkout"):
         assert orphans.handle_payment(world.c, summary) == "recorded"
     assert world.credits("user_n") == 3000 - (3000 * 1000) // 2999  # the refund's share is reversed
-    assert "nsfw_checkout_set_primary" in [r.getMessage() for r in caplog.records]
+    [marker] = [r for r in caplog.records if r.getMessage() == "nsfw_checkout_set_primary"]
+    assert marker.user_id == "user_n"
     default = [i for i in world.sandbox.instruments("user_n") if i["default"]]
     assert [i["token"] for i in default] == [payment["paymentMethod"]["paymentMethodToken"]]
 

@@ -474,3 +474,17 @@ def test_activating_a_malformed_subscription_id_is_refused_with_the_fields_name(
 
     with pytest.raises(e.InvalidInput, match="^subscription_id is not a valid id$"):
         activate_subscription(world.c, "sub 1; drop")
+
+
+def test_a_recorded_payment_sent_again_without_its_id_or_settle_is_refused_not_called_a_duplicate(world):
+    """The duplicate fast path answers only for a settled payment with an id: the same payment sent again
+    without its id, as another status, or as no object at all, is refused with the full path's message."""
+    co = world.checkout()
+    payment = world.sandbox.pay(co["order_id"])  # recorded and finished
+    with pytest.raises(e.InvalidInput, match="is AUTHORIZED, not SETTLED"):
+        record_payment(world.c, {**payment, "status": "AUTHORIZED"}, "cli")
+    without_id = {k: v for k, v in payment.items() if k != "id"}
+    for sent in (without_id, [payment]):
+        with pytest.raises(e.InvalidInput, match="payment id is missing"):
+            record_payment(world.c, sent, "cli")
+    assert world.purchases(payment["id"]) == 1
