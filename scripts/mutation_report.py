@@ -283,6 +283,14 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/payments.py", "x_record_payment", "container.locks.hold(None)",
      "accepted: one lock named None for every subscription serializes more recordings than needed, which "
      "is slower but not wrong (the purchase's unique payment id keeps it exactly once)"),
+    ("billingctl/services/payments.py", "x__started_copy", "CancelledAtProvider(None)",
+     "equivalent: the exception's argument is read nowhere; its handler has the subscription id"),
+    ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁfinished", "payment_id), purchase.c.provider_recorded_at",
+     "equivalent: a purchase is marked recorded at the provider only after it was recorded on its invoice, so "
+     "one with provider_recorded_at has an invoice"),
+    ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁfinished", '.is_not(None), subscription.c.status == "active"',
+     "equivalent: a subscription is never active with its activation pending (recording marks only one that "
+     "is not active; activation and sync clear the mark when they write active)"),
     ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',
      "equivalent: a payment always carries its amount"),
 ]

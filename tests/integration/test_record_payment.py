@@ -316,6 +316,7 @@ def test_activating_a_started_subscription_paused_at_the_provider_is_refused_and
     with pytest.raises(e.ExternalError) as raised:
         activate_subscription(world.c, sub)
     assert raised.value.message == f"the provider holds {sub} paused: it cannot be activated"
+    assert raised.value.details == {"dependency": "subscription_provider"}
     with world.c.uow() as uow:
         local = uow.subscriptions.get(sub)
     assert (local["status"], local["activation_error"]) == ("future", raised.value.message)

@@ -205,3 +205,19 @@ def test_a_recorded_payment_is_counted_by_path_logged_and_its_latency_never_nega
     [line] = [r for r in caplog.records if r.getMessage() == "payment recorded"]
     assert (line.payment_id, line.user_id, line.path, line.credits, line.lock_outcome) == (
         paid["id"], "user_a", "webhook", 2000, "locked")
+
+
+def test_a_repeated_webhook_finishes_a_recording_the_provider_could_not_take(world):
+    """The duplicate fast path is only for a payment with nothing left to do: a repeated webhook of a
+    payment whose record on the invoice failed records it there."""
+    co = world.checkout()
+    paid = world.settle(co["order_id"])
+    world.sandbox.store.add_fault("provider", "503", path="record_payment", count=-1)
+    assert record_payment(world.c, paid, "webhook")["provider_recorded"] is False
+    world.sandbox.store.clear_faults()
+    again = record_payment(world.c, paid, "webhook")
+    assert (again["outcome"], again["provider_recorded"]) == ("duplicate", True)
+    with world.c.uow() as uow:
+        row = uow.purchases.by_payment_id(paid["id"])
+    assert row["provider_recorded_at"] is not None
+    assert world.sandbox.invoice(row["invoice_id"])["status"] == "paid"
