@@ -280,6 +280,7 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/payments.py", "x_activate_subscription", "crash_point", _CRASH),
     ("billingctl/services/payments.py", "x_activate_subscription", "change_term_end", _TERM_FALLBACK),
     ("billingctl/services/payments.py", "x_activate_subscription", "period = ", _TERM_FALLBACK),
+    ("billingctl/services/payments.py", "x_activate_subscription", "== remote = None", _TERM_FALLBACK),
     ("billingctl/services/payments.py", "x_record_payment", "container.locks.hold(None)",
      "accepted: one lock named None for every subscription serializes more recordings than needed, which "
      "is slower but not wrong (the purchase's unique payment id keeps it exactly once)"),
