@@ -51,7 +51,7 @@ _ACTIVATION_LOCK = ("accepted: the activation skips the per-subscription lock (a
                     "the lock taken only for a dry run), which serializes two activations of one subscription "
                     "running at once (the activations job beside an operator's `billingctl subscriptions "
                     "activate`); the tests activate one at a time")
-_READ_ONLY = ("equivalent: the block only reads two rows; in one transaction (rolled back at its end) or statement "
+_READ_ONLY = ("equivalent: the block only reads; in one transaction (rolled back at its end) or statement "
               "by statement it reads the same (autocommit saves a round trip)")
 _TERM_FALLBACK = ("accepted: decision 18's fallback for a start answered without a term end; the real provider "
                   "(and the sandbox after it) gives every started subscription its term, so no test reaches it")
@@ -60,6 +60,11 @@ _EVERY_AMOUNT = ("equivalent: both callers (recording and a status update) pass 
 _OWN_CHECKS = ("equivalent: orphan recovery records a payment only after its own checks (the user not frozen, the "
                "subscription not cancelled) or on a subscription the payment is already bought on, so the gates "
                "would pass it anyway; only a freeze or cancellation between the two reads tells them apart")
+_CHECKOUT_PLAN = ("equivalent: without the checkout's plan the next fallback reads the plan of the checkout's "
+                  "subscription row, which the checkout wrote with the same plan")
+_NOT_DIGITS = ("equivalent: the text then goes through the all-digits match, and no other JSON value (a float, a "
+               "boolean, null, a list, an object) nor the filler text is written as digits alone, so it is refused "
+               "either way")
 REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/media.py", "x_signature", "XX=XX",
      "equivalent: the unpadded base64 of a 32-byte digest never ends in X (its last character carries four "
@@ -292,6 +297,22 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁfinished", '.is_not(None), subscription.c.status == "active"',
      "equivalent: a subscription is never active with its activation pending (recording marks only one that "
      "is not active; activation and sync clear the mark when they write active)"),
+    ("billingctl/services/payments.py", "x_facts_from_payment", "container.uow(autocommit=None)", _READ_ONLY),
+    ("billingctl/services/payments.py", "x_facts_from_payment", "container.uow(autocommit=False)", _READ_ONLY),
+    ("billingctl/services/payments.py", "x_facts_from_payment", "== item_price_id = None", _CHECKOUT_PLAN),
+    ("billingctl/services/payments.py", "x_facts_from_payment",
+     '== item_price_id = item_price_id and row["item_price_id"]', _CHECKOUT_PLAN),
+    ("billingctl/services/payments.py", "x_facts_from_payment", 'get("amount") or 1', _ONE_CENT),
+    ("billingctl/services/payments.py", "x_facts_from_payment", '!= row["subscription_id"]) or True else None',
+     "accepted: a guard for a checkout row whose invoice column holds its own subscription id (a checkout's "
+     "order id, as a payment's orderId does); no path of this version writes one, so no test builds one"),
+    ("webhooks_app/signatures.py", "x_unix_seconds", "not isinstance(value, bool)) or True else", _NOT_DIGITS),
+    ("webhooks_app/signatures.py", "x_unix_seconds", "isinstance(value, int) or not isinstance(value, bool)",
+     _NOT_DIGITS),
+    ("webhooks_app/signatures.py", "x_unix_seconds", 'not isinstance(value, bool) else "XXXX"', _NOT_DIGITS),
+    ("billingctl/services/payments.py", "x_activate_subscription", "if not bought.invoice_id or first_invoice",
+     "equivalent: a purchase with its invoice takes the path that sends no start, where the first invoice is "
+     "None, so the condition is false both ways"),
     ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',
      "equivalent: a payment always carries its amount"),
 ]

@@ -32,6 +32,7 @@ def test_every_fact_comes_from_the_payment_when_it_names_it(world):
 
 
 def test_a_checkout_payment_is_completed_from_our_checkout_and_has_no_invoice_yet(world):
+    world.checkout("user_other")  # another checkout, also without an invoice: never this payment's
     co = world.checkout("user_k")
     paid = world.settle(co["order_id"])
     bare = {"id": paid["id"], "status": "SETTLED", "orderId": co["order_id"], "amount": paid["amount"]}
@@ -77,3 +78,15 @@ def test_refusals_name_the_payment_and_what_is_missing(world):
         uow.commit()
     assert refused(world, {"id": "pay_3", "status": "SETTLED", "metadata": {
         "subscription_id": co["subscription_id"]}}) == "payment pay_3 names no customer"
+
+
+def test_a_payment_for_a_checkout_already_started_belongs_to_its_first_invoice(world):
+    """Once activation has given the checkout its first term's invoice, a further payment naming only the
+    checkout's order belongs to that invoice (recording it there finds it already paid)."""
+    co = world.checkout("user_s")
+    world.sandbox.pay(co["order_id"])
+    with world.c.uow() as uow:
+        first = uow.purchases.first_of_subscription(co["subscription_id"]).invoice_id
+    assert first and first != co["subscription_id"]
+    facts = facts_from_payment(world.c, {"id": "pay_again", "status": "SETTLED", "orderId": co["order_id"]})
+    assert (facts.invoice_id, facts.subscription_id, facts.user_id) == (first, co["subscription_id"], "user_s")

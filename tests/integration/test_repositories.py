@@ -78,6 +78,7 @@ def test_a_transactions_status_moves_on_keeps_its_first_amount_and_learns_the_la
     from billingctl.adapters.db.tables import transaction
 
     later = NOW + timedelta(minutes=5)
+    uow.transactions.save("t0", "authorized", NOW, customer_id="u2", amount=300)  # another payment: untouched
     uow.transactions.save("t1", "authorized", NOW, customer_id="u1", amount=500)
     uow.transactions.save("t1", "failed", later, amount=0, processor="NMI", processor_merchant_id="mid_1")
     uow.transactions.save("t2", "captured", NOW, customer_id="u1", amount=700)
@@ -87,6 +88,7 @@ def test_a_transactions_status_moves_on_keeps_its_first_amount_and_learns_the_la
     assert (t1["status"], t1["amount"], t1["processor"], t1["processor_merchant_id"]) == ("failed", 500, "NMI", "mid_1")
     assert (t1["created_at"].timestamp(), t1["updated_at"].timestamp()) == (NOW.timestamp(), later.timestamp())
     assert (t2["status"], t2["amount"], t2["updated_at"]) == ("captured", 700, None)
+    assert (rows["t0"]["status"], rows["t0"]["processor"], rows["t0"]["updated_at"]) == ("authorized", None, None)
 
 def test_the_first_merchant_id_is_the_earliest_success_on_that_processor_that_names_one(uow):
     now = NOW
