@@ -306,6 +306,14 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/payments.py", "x_facts_from_payment", '!= row["subscription_id"]) or True else None',
      "accepted: a guard for a checkout row whose invoice column holds its own subscription id (a checkout's "
      "order id, as a payment's orderId does); no path of this version writes one, so no test builds one"),
+    ("billingctl/services/fraud_quota.py", "x_count_authorization", 'get("amount") or 1', _ONE_CENT),
+    ("billingctl/services/fraud_quota.py", "x_count_authorization", "uow.fraud.exists(None)",
+     "equivalent: the attempt's key is unique in the table, so a second report of one payment adds no row "
+     "either way (the read only spares the insert)"),
+    ("billingctl/services/fraud_quota.py", "x_reserve", "uow.users.lock(None)",
+     "equivalent on SQLite, the mutation run's database, where ensure's write before it already serializes "
+     "the writers; on PostgreSQL the row lock is what `test_two_workers_cannot_both_take_the_last_customer_slot` "
+     "needs"),
     ("webhooks_app/signatures.py", "x_unix_seconds", "not isinstance(value, bool)) or True else", _NOT_DIGITS),
     ("webhooks_app/signatures.py", "x_unix_seconds", "isinstance(value, int) or not isinstance(value, bool)",
      _NOT_DIGITS),

@@ -193,6 +193,15 @@ def test_every_declined_authorization_in_one_session_counts_once(world):
     paid = world.sandbox.pay(co["order_id"], duplicates=2)
     keys = sorted(attempt_rows(world))
     assert keys == sorted(f"payment:{p['id']}" for p in [*declined, paid])  # 7 authorizations, 7 rows
+    from billingctl.adapters.db.tables import fraud_event
+
+    with world.c.uow() as uow:
+        rows = dict(uow.execute(select(fraud_event.c.dedupe_key, fraud_event.c.metadata).where(
+            fraud_event.c.user_id == "user_a", fraud_event.c.event_type == "authorization_attempt")).all())
+    for further in [*declined[1:], paid]:  # the first try took the session's reservation; each further one is new
+        assert rows[f"payment:{further['id']}"] == {
+            "merchant_context": "full", "amount": further["amount"], "initiator": "customer",
+            "order_id": co["order_id"], "payment_id": further["id"]}
 
 
 
