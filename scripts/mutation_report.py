@@ -65,6 +65,8 @@ _CHECKOUT_PLAN = ("equivalent: without the checkout's plan the next fallback rea
 _NOT_DIGITS = ("equivalent: the text then goes through the all-digits match, and no other JSON value (a float, a "
                "boolean, null, a list, an object) nor the filler text is written as digits alone, so it is refused "
                "either way")
+_COUPONS = ("equivalent: the insert takes only the table's columns from the values, and the column's default is "
+            "the same empty list")
 REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/services/media.py", "x_signature", "XX=XX",
      "equivalent: the unpadded base64 of a 32-byte digest never ends in X (its last character carries four "
@@ -151,6 +153,11 @@ REASONS: list[tuple[str, str, str, str]] = [
      _EXISTS),
     ("billingctl/services/payments.py", "x__record_locally", "_unrecorded_gates(uow, facts) if", _OWN_CHECKS),
     ("billingctl/services/payments.py", "x__record_locally", "crash_point", _CRASH),
+    ("billingctl/services/payments.py", "x__record_locally", 'coupon_ids', _COUPONS),
+    ("billingctl/services/payments.py", "x__record_locally", 'COUPON_IDS', _COUPONS),
+    ("billingctl/services/payments.py", "x__record_locally", '"credits_applied": facts.credits if',
+     "equivalent: a new purchase is the first use of its ledger key (`payment:<id>`, written only with the "
+     "purchase, in the same transaction), so the credits are always applied on this branch"),
     ("billingctl/adapters/db/purchases.py", "xǁLedgerǁapply", '["SOURCE_KEY"]', _SQLITE),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁadd", '["TRANSACTION_ID"]', _SQLITE),
     ("billingctl/adapters/db/purchases.py", "xǁTransactionsǁsave", '["TRANSACTION_ID"]', _SQLITE),
