@@ -37,6 +37,7 @@ def ensure_multiprocess_dir() -> str | None:
 
 LOCK_OUTCOMES = ("locked", "already_locked", "lost_race", "unknown_processor", "assign_error", "cross_lane")
 REPAIR_OUTCOMES = ("locked", "no_history", "unavailable")
+HELD_REASONS = ("partially_settled", "amount_mismatch", "currency_mismatch")
 
 _ARCHIVING: list[int] = []
 
@@ -104,6 +105,12 @@ class Metrics:
                         self.processor_lock_drift.labels(lane=lane, locked_psp=locked, settled_psp=settled)
             for outcome in REPAIR_OUTCOMES:
                 self.processor_repair_outcome.labels(lane=lane, outcome=outcome)
+        from billingctl.domain.lifecycle import LIFECYCLES
+
+        for name in (*(lifecycle.name for lifecycle in LIFECYCLES), "notification"):
+            self.lifecycle_illegal.labels(lifecycle=name)
+        for reason in HELD_REASONS:
+            self.payments_held.labels(reason=reason)
         return self
 
     def __init__(self, registry: CollectorRegistry | None = None):
@@ -175,6 +182,20 @@ class Metrics:
         )
         self.payments_recorded = Counter(
             "billing_payments_recorded", "Payments recorded by path.", ["path"], registry=r
+        )
+        self.lifecycle_illegal = Counter(
+            "billing_lifecycle_illegal_transitions",
+            "Events outside a money aggregate's transition table (domain.lifecycle), by aggregate.",
+            ["lifecycle"], registry=r,
+        )
+        self.renewal_charges_stuck = Counter(
+            "billing_renewal_charges_stuck",
+            "Renewal charges in flight past their age limit that could be neither captured nor cancelled.",
+            registry=r,
+        )
+        self.payments_held = Counter(
+            "billing_payments_held", "Captured payments held for review instead of credited, by reason.",
+            ["reason"], registry=r,
         )
 
     def sample(self, name: str, labels: dict | None = None) -> float:

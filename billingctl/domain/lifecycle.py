@@ -1,0 +1,192 @@
+"""The life of each money aggregate as one table of allowed transitions (issue 34): the orchestrator
+payment as we hold it, the renewal (dunning) attempt on an invoice, and the dispute. Every status the
+orchestrator documents is in a table; an event that is not is refused by `Lifecycle.step`, and the
+caller logs, counts (`billing_lifecycle_illegal_transitions_total`) and alerts it. Repositories apply a
+step with a conditional update (`... WHERE status IN lifecycle.sources(target)`), so two writers that
+race cannot move a row backwards.
+
+Besides "allowed" and "illegal", a step of an aggregate fed by notifications (whose table is a directed
+acyclic graph but for its self-loops) can be *stale*: the event names a state the aggregate has already
+left behind (a PENDING webhook delivered after the SETTLED one). Stale news is expected (webhooks arrive
+in any order) and changes nothing; it is neither applied nor alerted. Illegal means two facts contradict
+each other (SETTLED after DECLINED)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Step(StrEnum):
+    APPLY = "apply"  # an allowed transition: write it
+    SAME = "same"  # the aggregate is already there (a repeated report)
+    STALE = "stale"  # older news than what we hold: nothing to write
+    ILLEGAL = "illegal"  # contradicts what we hold: counted and alerted, never applied silently
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    name: str
+    states: tuple[str, ...]
+    edges: dict[str | None, tuple[str, ...]]  # from-state (None: no row yet) -> allowed to-states
+    final: tuple[str, ...] = ()
+    # True for an aggregate fed by notifications that arrive in any order (its table is a DAG but for
+    # self-loops): an event behind the current state is stale news. False for one we write ourselves in
+    # order (the dunning log, whose retries loop): every step outside the table is illegal.
+    stale_news: bool = True
+    _reach: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        for source, targets in self.edges.items():
+            for state in (source, *targets):
+                if state is not None and state not in self.states:
+                    raise ValueError(f"{self.name}: {state!r} is not a state")
+        for state in self.final:
+            if self.edges.get(state):
+                raise ValueError(f"{self.name}: final state {state!r} has transitions")
+
+    def allowed(self, source: str | None, target: str) -> bool:
+        return target in self.edges.get(source, ())
+
+    def sources(self, target: str) -> tuple[str, ...]:
+        """The states a row may be in for `target` to be written over it (the conditional update's IN)."""
+        return tuple(s for s, targets in self.edges.items() if s is not None and target in targets)
+
+    def reachable(self, source: str) -> frozenset[str]:
+        """Every state reachable from `source` by one or more allowed transitions."""
+        if source not in self._reach:
+            seen: set[str] = set()
+            todo = list(self.edges.get(source, ()))
+            while todo:
+                state = todo.pop()
+                if state not in seen:
+                    seen.add(state)
+                    todo.extend(self.edges.get(state, ()))
+            self._reach[source] = frozenset(seen)
+        return self._reach[source]
+
+    def step(self, source: str | None, target: str) -> Step:
+        if target not in self.states:
+            return Step.ILLEGAL
+        if self.allowed(source, target):  # a self-loop in the table is a new event (one more attempt)
+            return Step.APPLY
+        if source == target:
+            return Step.SAME
+        if self.stale_news and source is not None and source in self.reachable(target):
+            return Step.STALE
+        return Step.ILLEGAL
+
+    def mermaid(self) -> str:
+        """The table as a Mermaid state diagram (docs/lifecycles.md is generated from it)."""
+        lines = ["stateDiagram-v2"]
+        for source, targets in self.edges.items():
+            for target in targets:
+                if target != source:
+                    lines.append(f"    {'[*]' if source is None else source} --> {target}")
+        lines.extend(f"    {state} --> [*]" for state in self.final)
+        return "\n".join(lines)
+
+
+class IllegalTransition(Exception):
+    def __init__(self, lifecycle: str, key: str, source: str | None, target: str):
+        super().__init__(f"{lifecycle} {key}: {source or 'new'} -> {target} is not an allowed transition")
+        self.lifecycle, self.key, self.source, self.target = lifecycle, key, source, target
+
+
+# ---- the orchestrator payment, as we hold it (the `transaction` row) --------------------------------------
+# Primer's payment statuses (its payment lifecycle reference), each with our row's name for it. Refunds do
+# not change a payment's status at the orchestrator (its amountRefunded grows): they are ledger reversals.
+ORCHESTRATOR_STATUS = {"PENDING": "pending", "AUTHORIZED": "authorized", "SETTLING": "settling",
+                       "PARTIALLY_SETTLED": "partially_captured", "SETTLED": "captured", "DECLINED": "declined",
+                       "FAILED": "failed", "CANCELLED": "cancelled"}
+# A payment that was captured (in part or in full) is money we hold: recording follows it.
+CAPTURED = ("partially_captured", "captured")
+_ENDED = ("declined", "failed", "cancelled")
+PAYMENT = Lifecycle(
+    name="payment",
+    states=tuple(ORCHESTRATOR_STATUS.values()),
+    edges={
+        None: tuple(ORCHESTRATOR_STATUS.values()),  # the first report we see may be any status
+        "pending": ("authorized", "settling", "partially_captured", "captured", *_ENDED),
+        "authorized": ("settling", "partially_captured", "captured", *_ENDED),
+        "settling": ("partially_captured", "captured", "declined", "failed"),
+        # A partial capture may be followed by a capture of the rest (a capture that is not final).
+        "partially_captured": ("captured",),
+    },
+    final=("captured", *_ENDED),
+)
+
+
+def payment_status(orchestrator_status: str | None) -> str | None:
+    """Our row's name for one of the orchestrator's statuses; None for a status it does not document."""
+    return ORCHESTRATOR_STATUS.get(orchestrator_status or "")
+
+
+# ---- the renewal attempt on one invoice (the `dunning_attempt` rows) --------------------------------------
+# The aggregate's state is its newest row's status. `pending` is the one row a later outcome resolves in
+# place (its `resolved_at`), so whichever path observes the charge's end (the tick, the webhook, the poller)
+# closes it exactly once, and the outcome row follows it.
+RETRYABLE = ("declined", "failed", "error", "aborted", "quota_blocked", "skipped_disputed")
+DUNNING = Lifecycle(
+    name="dunning",
+    states=("pending", "succeeded", "held", "exhausted", *RETRYABLE),
+    edges={
+        None: ("pending", "succeeded", "held", *RETRYABLE),
+        "pending": ("succeeded", "held", "declined", "failed"),
+        **{state: ("pending", "succeeded", "held", *RETRYABLE) for state in ("error", "aborted", "quota_blocked",
+                                                                            "skipped_disputed")},
+        # A counted failure may end the schedule: the exhausted row follows the last one.
+        "declined": ("pending", "succeeded", "held", "exhausted", *RETRYABLE),
+        "failed": ("pending", "succeeded", "held", "exhausted", *RETRYABLE),
+    },
+    # succeeded: paid. held: money captured that does not match the invoice (a partial settle, another
+    # amount or currency): a person decides, no automatic charge follows. exhausted: cancelled.
+    final=("succeeded", "held", "exhausted"),
+    stale_news=False,
+)
+IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")  # orchestrator statuses of a charge not yet ended
+
+
+# ---- the dispute (Primer's DISPUTE.OPENED and DISPUTE.STATUS notifications) -------------------------------
+# Primer: a dispute has a type (RETRIEVAL, DISPUTE, PREARBITRATION) and a status (OPEN, ACCEPTED, CHALLENGED,
+# EXPIRED, CANCELLED, WON, LOST); a new DISPUTE.STATUS follows every change of either. Our state says what
+# the money does: open (undecided: no merchant-initiated charge for the customer), won or closed (the sale
+# stands), lost (the customer has the money back: the payment's credits are reversed).
+DISPUTE_TYPES = ("RETRIEVAL", "DISPUTE", "PREARBITRATION")
+DISPUTE_STATUSES = ("OPEN", "ACCEPTED", "CHALLENGED", "EXPIRED", "CANCELLED", "WON", "LOST")
+DISPUTE = Lifecycle(
+    name="dispute",
+    states=("open", "won", "closed", "lost"),
+    edges={
+        None: ("open", "won", "closed", "lost"),
+        "open": ("won", "closed", "lost"),
+        # The issuer may take a won dispute to pre-arbitration: it is open again.
+        "won": ("open", "lost"),
+        "closed": ("open",),
+    },
+    final=("lost",),
+)
+
+
+def dispute_state(kind: str | None, status: str | None) -> str | None:
+    """Our state for one of Primer's (type, status) pairs; None for a pair it does not document.
+    A retrieval is an inquiry (no money moved yet): it keeps the customer open until it ends; its EXPIRED
+    means a chargeback may follow, so it stays open. A chargeback or pre-arbitration that the merchant
+    accepted or let expire is lost."""
+    kind = kind or "DISPUTE"
+    if kind not in DISPUTE_TYPES or status not in DISPUTE_STATUSES:
+        return None
+    if status in ("OPEN", "CHALLENGED"):
+        return "open"
+    if status == "WON":
+        return "won"
+    if status == "CANCELLED":
+        return "closed"
+    if status == "LOST":
+        return "lost"
+    if kind == "RETRIEVAL":
+        return "open" if status == "EXPIRED" else "closed"  # ACCEPTED retrieval: evidence given, no reversal
+    return "lost"  # ACCEPTED or EXPIRED chargeback / pre-arbitration
+
+
+LIFECYCLES = (PAYMENT, DUNNING, DISPUTE)

@@ -1,0 +1,77 @@
+"""Issue 34: every (state, event) pair of each money aggregate's table (domain.lifecycle): each allowed
+transition is taken, each other is refused as stale news or as illegal, and the tables cover every
+status the orchestrator documents."""
+
+import itertools
+
+import pytest
+
+from billingctl.domain import lifecycle as lc
+
+pytestmark = pytest.mark.unit
+
+PRIMER_PAYMENT_STATUSES = ("PENDING", "AUTHORIZED", "SETTLING", "PARTIALLY_SETTLED", "SETTLED", "DECLINED", "FAILED",
+                           "CANCELLED")
+
+
+def test_every_status_the_orchestrator_documents_has_a_state_and_nothing_else_does():
+    assert sorted(lc.payment_status(s) for s in PRIMER_PAYMENT_STATUSES) == sorted(lc.PAYMENT.states)
+    assert lc.payment_status("SOMETHING_NEW") is None and lc.payment_status(None) is None
+    for kind, status in itertools.product(lc.DISPUTE_TYPES, lc.DISPUTE_STATUSES):
+        assert lc.dispute_state(kind, status) in lc.DISPUTE.states, (kind, status)
+    assert lc.dispute_state("DISPUTE", "MAYBE") is None and lc.dispute_state("APPEAL", "OPEN") is None
+
+
+@pytest.mark.parametrize("machine", lc.LIFECYCLES, ids=lambda m: m.name)
+def test_every_pair_is_taken_when_allowed_and_refused_otherwise(machine):
+    for source, target in itertools.product((None, *machine.states), machine.states):
+        step = machine.step(source, target)
+        if target in machine.edges.get(source, ()):
+            assert step == lc.Step.APPLY, (source, target)
+        elif source == target:
+            assert step == lc.Step.SAME, (source, target)
+        elif machine.stale_news and source is not None and source in machine.reachable(target):
+            assert step == lc.Step.STALE, (source, target)  # older news than what we hold
+        else:
+            assert step == lc.Step.ILLEGAL, (source, target)
+        if source is not None:  # the conditional update's IN list is exactly the allowed from-states
+            assert (step == lc.Step.APPLY) == (source in machine.sources(target)), (source, target)
+    assert machine.step(machine.states[0], "no_such_state") == lc.Step.ILLEGAL
+
+
+@pytest.mark.parametrize("machine", lc.LIFECYCLES, ids=lambda m: m.name)
+def test_final_states_have_no_way_out_and_every_state_is_reachable(machine):
+    for state in machine.final:
+        assert machine.edges.get(state, ()) == ()
+    assert set(machine.states) <= machine.reachable(None)  # type: ignore[arg-type]
+
+
+def test_the_payment_table_never_takes_captured_money_back_and_reads_contradictions_as_illegal():
+    assert lc.PAYMENT.step("captured", "declined") == lc.Step.ILLEGAL
+    assert lc.PAYMENT.step("declined", "captured") == lc.Step.ILLEGAL
+    assert lc.PAYMENT.step("captured", "pending") == lc.Step.STALE  # a PENDING webhook delivered late
+    assert lc.PAYMENT.step("partially_captured", "captured") == lc.Step.APPLY
+    assert lc.PAYMENT.step("settling", "cancelled") == lc.Step.ILLEGAL  # a settling payment cannot be voided
+
+
+def test_the_dunning_table_counts_a_repeated_decline_as_a_new_attempt_and_ends_on_its_finals():
+    assert lc.DUNNING.step("declined", "declined") == lc.Step.APPLY
+    assert lc.DUNNING.step("pending", "error") == lc.Step.ILLEGAL  # a charge in flight ends only on an outcome
+    assert lc.DUNNING.step("pending", "pending") == lc.Step.SAME
+    for final in lc.DUNNING.final:
+        assert lc.DUNNING.step(final, "pending") != lc.Step.APPLY
+
+
+def test_a_won_dispute_may_reopen_in_pre_arbitration_and_a_lost_one_is_final():
+    assert lc.DISPUTE.step("won", "open") == lc.Step.APPLY
+    assert lc.dispute_state("PREARBITRATION", "OPEN") == "open"
+    assert lc.DISPUTE.step("lost", "won") == lc.Step.STALE
+    assert lc.dispute_state("DISPUTE", "ACCEPTED") == "lost" and lc.dispute_state("RETRIEVAL", "EXPIRED") == "open"
+
+
+def test_the_diagrams_are_generated_from_the_tables():
+    from pathlib import Path
+
+    text = (Path(__file__).parents[2] / "docs" / "lifecycles.md").read_text()
+    for machine in lc.LIFECYCLES:
+        assert machine.mermaid() in text, f"regenerate docs/lifecycles.md: {machine.name} changed"
