@@ -104,6 +104,11 @@ class Settings(BaseSettings):
     user_api_rate_limit: int = Field(default=60, gt=0)
     # A renewals tick stops after this long (half the job's 30-minute lease); the next tick continues.
     renewals_tick_max_seconds: float = Field(default=900, ge=0)
+    # Age limits of a renewal charge in flight (decision 103): an AUTHORIZED one the workflow left
+    # uncaptured is captured after this many minutes; a PENDING one is cancelled (voided) after this many
+    # hours, and one still SETTLING then is escalated (chat alert, RenewalChargeStuck).
+    renewal_authorized_max_minutes: float = Field(default=60, gt=0)
+    renewal_in_flight_max_hours: float = Field(default=24, gt=0)
     # The public host's absolute base URL, for robots.txt and sitemap.xml (never the request's Host).
     public_base_url: str = "http://localhost:8080"
     # Retention (the daily `prune` job): poller runs, payloads of processed inbox events (their rows and keys

@@ -79,6 +79,12 @@ class Dispute(_Open):
     processorId: Text | None = None
     transactionId: Text | None = None
     orderId: Text | None = None
+    # DISPUTE.STATUS (Primer's unified lifecycle): the dispute's type and status, the processor, the amount.
+    type: Text | None = None
+    status: Text | None = None
+    processor: Text | None = None
+    amount: Amount | None = None
+    currency: Annotated[str, StringConstraints(max_length=3)] | None = None
 
 
 class WorkflowCallback(_Open):

@@ -28,22 +28,42 @@ class OrchestratorClient:
     def create_client_session(self, *, order_id: str, customer_id: str, amount: int, currency_code: str,
                               metadata: dict, vault_on_success: bool = True,
                               idempotency_key: str | None = None) -> dict:
+        # A checkout is the customer-initiated first payment of a subscription: its card is vaulted for the
+        # merchant-initiated renewals that follow (Primer's paymentMethod.paymentType FIRST_PAYMENT).
         body = {"orderId": order_id, "currencyCode": currency_code, "amount": amount, "customerId": customer_id,
-                "metadata": metadata, "paymentMethod": {"vaultOnSuccess": vault_on_success}}
+                "metadata": metadata, "paymentMethod": {"vaultOnSuccess": vault_on_success,
+                                                        "paymentType": "FIRST_PAYMENT"}}
         return self.http.request("POST", "/client-session", json=body, idempotency_key=idempotency_key)
 
     def create_payment(self, *, payment_method_token: str, amount: int, currency_code: str, order_id: str,
                        customer_id: str, metadata: dict, idempotency_key: str | None = None) -> dict:
+        """A merchant-initiated charge on a vaulted token, flagged as the scheduled payment of a subscription
+        (Primer's paymentMethod.paymentType SUBSCRIPTION), so the processor sends it as a recurring MIT."""
         body = {"paymentMethodToken": payment_method_token, "amount": amount, "currencyCode": currency_code,
-                "orderId": order_id, "customerId": customer_id, "metadata": metadata}
+                "orderId": order_id, "customerId": customer_id, "metadata": metadata,
+                "paymentMethod": {"paymentType": "SUBSCRIPTION"}}
         return self.http.request("POST", "/payments", json=body, idempotency_key=idempotency_key)
 
+    def capture_payment(self, payment_id: str, amount: int | None = None) -> dict:
+        """Capture an AUTHORIZED payment (in full when no amount is given)."""
+        body = {"final": True} | ({"amount": amount} if amount is not None else {})
+        return self.http.request("POST", f"/payments/{seg(payment_id)}/capture", json=body,
+                                 idempotency_key=f"capture:{payment_id}")
+
+    def cancel_payment(self, payment_id: str, reason: str = "") -> dict:
+        """Void a payment that has not settled (PENDING or AUTHORIZED)."""
+        return self.http.request("POST", f"/payments/{seg(payment_id)}/cancel", json={"reason": reason},
+                                 idempotency_key=f"cancel:{payment_id}")
+
     def list_payments(self, status: str = "SETTLED", from_date: datetime | None = None,
-                      cursor: str | None = None, limit: int = 100, customer_id: str | None = None) -> Iterator[dict]:
+                      cursor: str | None = None, limit: int = 100, customer_id: str | None = None,
+                      order_id: str | None = None) -> Iterator[dict]:
         while True:
-            params = {"status": status, "limit": limit}
+            params = {"status": status, "limit": limit} if status else {"limit": limit}
             if customer_id:
                 params["customer_id"] = customer_id
+            if order_id:
+                params["order_id"] = order_id
             if from_date is not None:
                 params["from_date"] = from_date.isoformat()
             if cursor:

@@ -300,6 +300,8 @@ def create_orchestrator_app(sandbox: Sandbox) -> Flask:
         items = sandbox.payments(status, since)
         if request.args.get("customer_id"):
             items = [p for p in items if p["customerId"] == request.args["customer_id"]]
+        if request.args.get("order_id"):
+            items = [p for p in items if p["orderId"] == request.args["order_id"]]
         limit = min(int(request.args.get("limit", 100)), 100)
         offset = int(request.args.get("cursor") or 0)
         result = {"data": [sandbox.summary(p) for p in items[offset: offset + limit]]}
@@ -318,6 +320,15 @@ def create_orchestrator_app(sandbox: Sandbox) -> Flask:
     def refund(payment_id):
         data = request.get_json(silent=True) or {}
         return idempotent(lambda: sandbox.refund(payment_id, data.get("amount"), reason=data.get("reason")))
+
+    @app.post("/payments/<payment_id>/capture")
+    def capture(payment_id):
+        data = request.get_json(silent=True) or {}
+        return idempotent(lambda: sandbox.capture(payment_id, data.get("amount"), bool(data.get("final", True))))
+
+    @app.post("/payments/<payment_id>/cancel")
+    def cancel(payment_id):
+        return idempotent(lambda: sandbox.cancel_payment(payment_id))
 
     @app.get("/payment-instruments")
     def instruments():

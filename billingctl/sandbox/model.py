@@ -13,6 +13,7 @@ import json
 import logging
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from billingctl.sandbox.store import SandboxStore
 
@@ -331,7 +332,9 @@ class Sandbox:
         session = {"clientToken": f"cs_{uuid.uuid4().hex}", "clientExpirationDate": self.now() + 86400,
                    "orderId": body["orderId"], "customerId": body["customerId"], "amount": int(body["amount"]),
                    "currencyCode": body["currencyCode"], "metadata": body.get("metadata") or {},
-                   "vaultOnSuccess": bool((body.get("paymentMethod") or {}).get("vaultOnSuccess"))}
+                   "vaultOnSuccess": bool((body.get("paymentMethod") or {}).get("vaultOnSuccess")),
+                   # Kept as the client sent it (None when it sent none): the sandbox invents no field.
+                   "paymentType": (body.get("paymentMethod") or {}).get("paymentType")}
         self.store.put("client_session", body["orderId"], session)
         return session
 
@@ -395,7 +398,7 @@ class Sandbox:
         payment = self._new_payment(order_id=order_id, customer_id=session["customerId"], amount=session["amount"],
                                     currency=session["currencyCode"], metadata=dict(session["metadata"]),
                                     processor=processor, status="SETTLED", instrument=instrument,
-                                    payment_type="FIRST_PAYMENT")
+                                    payment_type=session.get("paymentType"))
         self._after_settle(payment, report_to_provider, drop_webhook, duplicates)
         return payment
 
@@ -410,7 +413,7 @@ class Sandbox:
         payment = self._new_payment(order_id=order_id, customer_id=session["customerId"], amount=session["amount"],
                                     currency=session["currencyCode"], metadata=dict(session["metadata"]),
                                     processor=processor or WORKFLOW_DEFAULT.get(lane, "SFW_STRIPE"),
-                                    status="DECLINED", instrument=None, payment_type="FIRST_PAYMENT",
+                                    status="DECLINED", instrument=None, payment_type=session.get("paymentType"),
                                     decline_code=code)
         if not drop_webhook:
             self.send_webhook("PAYMENT.STATUS", payment)
@@ -434,30 +437,76 @@ class Sandbox:
         elif self.store.get("declines", body.get("customerId") or ""):
             decline = "DO_NOT_HONOR"
         in_flight = self.store.meta("async_charges") if not decline else None
-        status = "DECLINED" if decline else (in_flight or "SETTLED")
+        partial = in_flight == "PARTIALLY_SETTLED"
+        status = "DECLINED" if decline else ("AUTHORIZED" if partial else (in_flight or "SETTLED"))
         payment = self._new_payment(order_id=body.get("orderId"), customer_id=body.get("customerId"),
                                     amount=body.get("amount", 0), currency=body.get("currencyCode", "USD"),
                                     metadata=metadata, processor=processor, instrument=instrument,
-                                    status=status, payment_type="SUBSCRIPTION", decline_code=decline)
+                                    status=status, decline_code=decline,
+                                    payment_type=(body.get("paymentMethod") or {}).get("paymentType"))
         if status == "SETTLED":
             self._after_settle(payment, True, drop_webhook, 1)
+        if partial:
+            return self.finish_payment(payment["id"], captured=max(1, payment["amount"] // 2),
+                                       drop_webhook=drop_webhook)
         return payment
 
     def async_charges(self, status: str | None) -> None:
         """While set (PENDING, AUTHORIZED or SETTLING), merchant-initiated charges answer that status and
-        stay in flight until `finish_payment` settles or declines them."""
-        if status is not None and status not in IN_FLIGHT:
-            raise SandboxError(400, f"status must be one of {', '.join(IN_FLIGHT)}")
+        stay in flight until `finish_payment` settles or declines them; PARTIALLY_SETTLED makes each charge
+        capture half of its amount at once (a processor's partial capture)."""
+        if status is not None and status not in (*IN_FLIGHT, "PARTIALLY_SETTLED"):
+            raise SandboxError(400, f"status must be one of {', '.join(IN_FLIGHT)}, PARTIALLY_SETTLED")
         self.store.set_meta("async_charges", status)
 
-    def finish_payment(self, payment_id: str, settle: bool = True, drop_webhook: bool = False) -> dict:
-        """An in-flight payment reaches its final status; the PAYMENT.STATUS webhook follows."""
+    def _payment(self, payment_id: str) -> dict:
         payment = self.store.get("payment", payment_id)
         if payment is None:
             raise SandboxError(404, f"Payment {payment_id} not found", "resource_not_found")
+        return payment
+
+    def capture(self, payment_id: str, amount: int | None = None, final: bool = True) -> dict:
+        """POST /payments/{id}/capture: an AUTHORIZED payment captured in full (SETTLED) or in part
+        (PARTIALLY_SETTLED); no payload captures the whole amount. Anything else is refused."""
+        payment = self._payment(payment_id)
+        if payment["status"] != "AUTHORIZED":
+            raise SandboxError(400, f"Payment {payment_id} is {payment['status']}: only an AUTHORIZED payment can "
+                                    "be captured", "invalid_state_for_request")
+        amount = payment["amount"] if amount is None else int(amount)
+        if not 0 < amount <= payment["amount"]:
+            raise SandboxError(400, "amount must be positive and at most the authorized amount", "invalid_request",
+                               "amount")
+        return self.finish_payment(payment_id, captured=amount)
+
+    def cancel_payment(self, payment_id: str) -> dict:
+        """POST /payments/{id}/cancel: voids a payment that has not settled (PENDING or AUTHORIZED)."""
+        payment = self._payment(payment_id)
+        if payment["status"] not in ("PENDING", "AUTHORIZED"):
+            raise SandboxError(400, f"Payment {payment_id} is {payment['status']}: only a PENDING or AUTHORIZED "
+                                    "payment can be cancelled", "invalid_state_for_request")
+        payment["status"] = "CANCELLED"
+        payment["dateUpdated"] = self.now()
+        self.store.put("payment", payment_id, payment)
+        self.send_webhook("PAYMENT.STATUS", payment)
+        return payment
+
+    def finish_payment(self, payment_id: str, settle: bool = True, drop_webhook: bool = False,
+                       captured: int | None = None) -> dict:
+        """An in-flight payment reaches its final status; the PAYMENT.STATUS webhook follows. `captured`
+        below the amount settles it in part (PARTIALLY_SETTLED, which the workflow does not report)."""
+        payment = self._payment(payment_id)
         if payment["status"] not in IN_FLIGHT:
             raise SandboxError(400, f"Payment {payment_id} is {payment['status']}, not in flight",
                                "invalid_state_for_request")
+        partial = captured is not None and captured < payment["amount"]
+        payment["dateUpdated"] = self.now()
+        if settle and partial:
+            payment["status"] = "PARTIALLY_SETTLED"
+            payment["processor"]["amountCaptured"] = int(captured)
+            self.store.put("payment", payment_id, payment)
+            if not drop_webhook:
+                self.send_webhook("PAYMENT.STATUS", payment)
+            return payment
         if settle:
             payment["status"] = "SETTLED"
             payment["processor"]["amountCaptured"] = payment["amount"]
@@ -528,6 +577,21 @@ class Sandbox:
                 "primerAccountId": "acc_sandbox"}
         status = self._deliver_raw("/webhooks/orchestrator/disputes", json.dumps(body).encode())
         return {"dispute": body, "delivered": status}
+
+    def dispute_status(self, payment_id: str, status: str, kind: str = "DISPUTE",
+                       dispute_id: str | None = None) -> dict:
+        """A DISPUTE.STATUS notification (Primer's unified dispute lifecycle: a type and a status, one
+        notification per change), for a new or an existing processor dispute id."""
+        payment = self._payment(payment_id)
+        body = {"eventType": "DISPUTE.STATUS", "version": "2.4", "type": kind, "status": status,
+                "primerAccountId": "acc_sandbox", "transactionId": f"tr_{payment_id}",
+                "orderId": payment.get("orderId"), "paymentId": payment_id,
+                "processor": (payment.get("processor") or {}).get("name"),
+                "processorDisputeId": dispute_id or f"dp_{uuid.uuid4().hex[:10]}",
+                "receivedAt": datetime.fromtimestamp(self.now(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                "amount": payment["amount"], "currency": payment["currencyCode"]}
+        code = self._deliver_raw("/webhooks/orchestrator/disputes", json.dumps(body).encode())
+        return {"dispute": body, "delivered": code}
 
     # ---- webhooks to the billing service -------------------------------------------------------
     def webhook_body(self, event_type: str, payment: dict) -> bytes:

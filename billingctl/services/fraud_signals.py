@@ -1,39 +1,159 @@
-"""Fraud signals from outside: disputes opened at the orchestrator."""
+"""Disputes at the orchestrator, followed to their decision (issue 34, decision 102). Primer sends
+DISPUTE.OPENED (every processor) and DISPUTE.STATUS (a type and a status, one notification per change);
+each moves the dispute along domain.lifecycle.DISPUTE:
+
+- open (a retrieval, a chargeback or a pre-arbitration not yet decided): one fraud signal, one chat alert,
+  and no merchant-initiated charge for the customer while it is open (renewals answer `skipped_disputed`);
+- won or closed: the sale stands; renewals resume; one chat alert;
+- lost: the customer has the money back: the payment's credits are reversed through the ledger (once,
+  net of refunds already reversed), the subscription it paid is cancelled at the provider (no further
+  charge of a card that charged back), one chat alert.
+
+Stale news changes nothing; a contradiction (anything after lost but lost) and an undocumented type or
+status are reported: logged, counted, alerted."""
 
 from __future__ import annotations
 
 import logging
 
 from billingctl.domain import errors as e
+from billingctl.domain import lifecycle
 from billingctl.services import alerts
+from billingctl.services.lifecycles import report_illegal, unknown_notification
 
 log = logging.getLogger("billingctl.fraud")
+OPENED = ("DISPUTE.OPENED", "DISPUTE.OPEN")  # the unified "new dispute" notification (and its older name)
 
 
-def record_dispute(container, event_type: str, dispute: dict) -> dict:
-    """DISPUTE.OPENED in the orchestrator's flat shape (paymentId, processorDisputeId, processorId, orderId):
-    a fraud signal and one chat alert per dispute. The user and the amount come from our purchase of that
-    payment, else from the orchestrator's payment."""
-    if event_type != "DISPUTE.OPENED":
-        return {"outcome": "ignored"}
-    payment_id, dispute_id = dispute["paymentId"], dispute["processorDisputeId"]
+def dispute_event_id(event_type: str, body: dict) -> str:
+    """The inbox key: one event per (dispute, type, status) — a new status of one dispute is a new event."""
+    return f"{event_type}:{body['processorDisputeId']}:{body.get('type') or ''}:{body.get('status') or ''}"
+
+
+def record_dispute(container, event_type: str, body: dict) -> dict:
+    if event_type in OPENED:
+        kind, status = "DISPUTE", "OPEN"
+    elif event_type == "DISPUTE.STATUS":
+        kind, status = body.get("type"), body.get("status")
+    else:
+        return unknown_notification(container, event_type, body.get("processorDisputeId"))
+    payment_id, dispute_id = body["paymentId"], body["processorDisputeId"]
+    target = lifecycle.dispute_state(kind, status)
+    now = container.clock.now()
+    if target is None:
+        with container.uow() as uow:
+            report_illegal(container, uow, lifecycle.IllegalTransition("dispute", dispute_id, None,
+                                                                        f"{kind}/{status}"[:64]))
+            uow.commit()
+        return {"outcome": "unknown_status", "dispute_id": dispute_id}
+    user_id, amount, subscription_id = _owner(container, payment_id)
+    words = {"kind": str(kind)[:16], "status": str(status)[:16]}
+    with container.uow() as uow:
+        row = uow.disputes.get(dispute_id)
+        source = row["state"] if row is not None else None
+        step = lifecycle.DISPUTE.step(source, target)
+        if step == lifecycle.Step.ILLEGAL:
+            report_illegal(container, uow, lifecycle.IllegalTransition("dispute", dispute_id, source, target))
+            uow.commit()
+            return {"outcome": "illegal", "dispute_id": dispute_id, "state": source}
+        if step != lifecycle.Step.APPLY:
+            uow.disputes.note(dispute_id, now, **words)
+            uow.commit()
+            if target == "lost" and step == lifecycle.Step.SAME:
+                _cancel_subscription(container, subscription_id, dispute_id)  # finish an interrupted loss
+            return {"outcome": step.value, "dispute_id": dispute_id, "state": source}
+        decided = now if target != "open" else None
+        if row is None:
+            processor = (body.get("processor") or body.get("processorId") or "")[:64] or None
+            moved = uow.disputes.open({
+                "dispute_id": dispute_id, "payment_id": payment_id, "user_id": user_id, "state": target,
+                "order_id": (body.get("orderId") or "")[:64] or None, "amount": body.get("amount", amount),
+                "currency_code": body.get("currency") or None, "processor": processor, "created_at": now,
+                "updated_at": now, "decided_at": decided, **words})
+        else:
+            moved = uow.disputes.move(dispute_id, target, lifecycle.DISPUTE.sources(target), now,
+                                      decided_at=decided, **words)
+        if not moved:  # another notification moved it first: judge this one again against what it wrote
+            uow.rollback()
+        else:
+            _enter(container, uow, target, source, dispute_id, payment_id, user_id or "unknown", amount, body)
+            uow.commit()
+    if not moved:
+        return record_dispute(container, event_type, body)
+    if target == "lost":
+        _cancel_subscription(container, subscription_id, dispute_id)
+    log.warning("dispute %s", target, extra={"dispute_id": dispute_id, "payment_id": payment_id, "user_id": user_id,
+                                             "from_state": source, "type": kind, "status": status})
+    return {"outcome": "recorded", "dispute_id": dispute_id, "state": target, "user_id": user_id or "unknown"}
+
+
+def _owner(container, payment_id: str) -> tuple[str | None, int | None, str | None]:
+    """(user, amount, subscription) from our purchase of the payment, else from the orchestrator's payment."""
     with container.uow() as uow:
         bought = uow.purchases.by_payment_id(payment_id)
-    user_id, amount = (bought["user_id"], bought["amount"]) if bought is not None else (None, None)
+    if bought is not None:
+        return bought["user_id"], bought["amount"], bought["subscription_id"]
+    try:
+        payment = container.orchestrator.get_payment(payment_id)
+    except e.BillingError as exc:  # the dispute is still recorded and alerted; the user is looked up by hand
+        log.warning("disputed payment could not be read: %s", exc.message, extra={"payment_id": payment_id})
+        return None, None, None
+    metadata = payment.get("metadata") or {}
+    return payment.get("customerId") or metadata.get("user_id"), payment.get("amount"), metadata.get("subscription_id")
+
+
+def _enter(container, uow, state: str, source: str | None, dispute_id: str, payment_id: str, user_id: str,
+           amount, body: dict) -> None:
+    clock, processor = container.clock, body.get("processorId") or body.get("processor") or ""
+    if state == "open":
+        uow.fraud.add(user_id, "dispute_opened", clock.now(), {
+            "merchant_context": "full", "amount": amount, "payment_id": payment_id, "dispute_id": dispute_id,
+            "processor": processor or None}, dedupe_key=f"dispute:{dispute_id}:{body.get('type') or 'DISPUTE'}")
+        text = (f"Dispute opened on payment {payment_id} by user {user_id}" if source is None else
+                f"Dispute {dispute_id} reopened ({body.get('type')}) on payment {payment_id} by user {user_id}")
+        alerts.raise_alert(uow, clock, text, f"dispute:{dispute_id}" if source is None else
+                           f"dispute:{dispute_id}:{body.get('type')}:open", amount=amount, processor=processor)
+        return
+    if state == "lost":
+        reversed_credits = _reverse_credits(uow, clock.now(), dispute_id, payment_id)
+        alerts.raise_alert(uow, clock, f"Dispute {dispute_id} lost on payment {payment_id} by user {user_id}: "
+                                       f"{reversed_credits} credits reversed, subscription cancelled",
+                           f"dispute:{dispute_id}:lost", amount=amount, processor=processor)
+        return
+    alerts.raise_alert(uow, clock, f"Dispute {dispute_id} {state} on payment {payment_id} by user {user_id}: "
+                                   "renewals resume", f"dispute:{dispute_id}:{state}:{body.get('type')}",
+                       amount=amount, processor=processor)
+
+
+def _reverse_credits(uow, now, dispute_id: str, payment_id: str) -> int:
+    """The payment's credits not yet reversed (by refunds), reversed once through the ledger."""
+    bought = uow.purchases.by_payment_id(payment_id)
     if bought is None:
-        try:
-            payment = container.orchestrator.get_payment(payment_id)
-            user_id = payment.get("customerId") or (payment.get("metadata") or {}).get("user_id")
-            amount = payment.get("amount")
-        except e.BillingError as exc:  # the dispute is still recorded and alerted; the user is looked up by hand
-            log.warning("disputed payment could not be read: %s", exc.message, extra={"payment_id": payment_id})
-    user_id = user_id or "unknown"
-    now = container.clock.now()
+        return 0
+    uow.users.lock(bought["user_id"])
+    delta = int(bought["credits"]) - uow.ledger.reversed_for(payment_id)
+    if delta <= 0:
+        return 0
+    uow.ledger.apply(bought["user_id"], -delta, f"dispute:{dispute_id}", "dispute_lost", payment_id, now)
+    return delta
+
+
+def _cancel_subscription(container, subscription_id: str | None, dispute_id: str) -> None:
+    """A lost chargeback ends the subscription the payment paid (raises while the provider cannot be
+    reached: the notification stays in the inbox and is re-driven; every step is idempotent)."""
+    if not subscription_id:
+        return
+    from billingctl.services.sync import apply_remote_subscription, cancel_at_provider
+
     with container.uow() as uow:
-        uow.fraud.add(user_id, "dispute_opened", now, {"merchant_context": "full", "amount": amount,
-                                                       "payment_id": payment_id, "dispute_id": dispute_id,
-                                                       "processor": dispute.get("processorId")})
-        alerts.raise_alert(uow, container.clock, f"Dispute opened on payment {payment_id} by user {user_id}",
-                           f"dispute:{dispute_id}", amount=amount, processor=dispute.get("processorId") or "")
-        uow.commit()
-    return {"outcome": "recorded", "user_id": user_id}
+        if uow.subscriptions.status(subscription_id) == "cancelled":
+            return
+    remote = cancel_at_provider(container, subscription_id)
+    apply_remote_subscription(container, remote, "dispute_lost", force=True)
+    log.warning("subscription cancelled: dispute lost", extra={"subscription_id": subscription_id,
+                                                               "dispute_id": dispute_id})
+
+
+def disputed(uow, user_id: str) -> bool:
+    """True while one of the user's disputes is undecided: no merchant-initiated charge meanwhile."""
+    return bool(uow.disputes.open_for_user(user_id))

@@ -15,17 +15,18 @@ from datetime import datetime, timedelta
 
 from billingctl.adapters.faults import crash_point
 from billingctl.domain import errors as e
+from billingctl.domain import lifecycle
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
 from billingctl.services import alerts, catalog, fraud_quota, review
+from billingctl.services.lifecycles import report_illegal
 from billingctl.services.processor_lock import lock_after_settle
 
 log = logging.getLogger("billingctl.payments")
 
-# Orchestrator payment status -> local transaction status.
-TRANSACTION_STATUS = {"PENDING": "pending", "AUTHORIZED": "authorized", "SETTLING": "authorized",
-                      "SETTLED": "captured", "DECLINED": "failed", "FAILED": "failed", "CANCELLED": "failed"}
+# The orchestrator's statuses of a payment that captured money (in full, or in part): recording follows.
+CAPTURED_STATUSES = ("SETTLED", "PARTIALLY_SETTLED")
 
 
 @dataclass
@@ -42,6 +43,10 @@ class PaymentFacts:
     processor: str | None
     merchant_id: str | None
     settled_at: datetime | None
+    # What the checkout session asked for (None when the payment is not a checkout's): a payment that does
+    # not match is held for review, never credited.
+    expected_amount: int | None = None
+    expected_currency: str | None = None
 
 
 def facts_from_payment(container, payment: dict) -> PaymentFacts:
@@ -51,7 +56,7 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
 
     if not isinstance(payment, dict) or not payment.get("id"):
         raise e.InvalidInput("payment id is missing")
-    if payment.get("status") != "SETTLED":
+    if payment.get("status") not in CAPTURED_STATUSES:
         raise e.InvalidInput(f"payment {payment['id']} is {payment.get('status')}, not SETTLED")
     metadata = payment.get("metadata") or {}
     order_id = payment.get("orderId") or None
@@ -61,10 +66,12 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
     # A checkout's order id is its subscription id, and its invoice exists only once activation starts
     # the subscription; a renewal charge's order id is the renewal invoice.
     invoice_id = None if order_id == subscription_id else order_id
+    expected = (None, None)
     if order_id:
         with container.uow(autocommit=True) as reader:
             row = reader.checkouts.by_order_id(order_id)
         if row is not None:
+            expected = (int(row["amount"]), row["currency_code"])
             invoice_id = row["invoice_id"] if row["invoice_id"] != row["subscription_id"] else None
             subscription_id = subscription_id or row["subscription_id"]
             item_price_id = item_price_id or row["item_price_id"]
@@ -88,7 +95,8 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
         payment_id=payment["id"], user_id=str(user_id), subscription_id=subscription_id, invoice_id=invoice_id,
         item_price_id=item_price_id, lane=metadata.get("lane") or plan.lane, amount=int(payment.get("amount") or 0),
         currency_code=payment.get("currencyCode") or plan.currency_code, credits=plan.credits, processor=processor,
-        merchant_id=merchant_id, settled_at=parse_time(payment.get("date")))
+        merchant_id=merchant_id, settled_at=parse_time(payment.get("date")), expected_amount=expected[0],
+        expected_currency=expected[1])
 
 
 def record_payment(container, payment: dict, path: str, followups: bool = True) -> dict:
@@ -97,6 +105,9 @@ def record_payment(container, payment: dict, path: str, followups: bool = True) 
     if done is not None:
         return done
     facts = facts_from_payment(container, payment)
+    held = _mismatch(container, payment, facts)
+    if held is not None:
+        return _hold_mismatch(container, payment, facts, held, path)
     with container.locks.hold(f"subscription:{facts.subscription_id}"):
         result = _record_locally(container, facts, path, payment)
         if result["outcome"] in ("orphaned", "held_frozen"):
@@ -176,12 +187,14 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
             stored = uow.purchases.by_payment_id(facts.payment_id)
             return {"payment_id": facts.payment_id, "outcome": "duplicate",
                     "subscription_id": stored["subscription_id"], "user_id": stored["user_id"], "credits_applied": 0}
-        uow.transactions.save(facts.payment_id, "captured", now, amount=facts.amount,
-                            currency_code=facts.currency_code, customer_id=facts.user_id, invoice_id=facts.invoice_id,
-                            subscription_id=facts.subscription_id, processor=facts.processor,
-                            processor_merchant_id=facts.merchant_id)
+        save_transaction(container, uow, facts.payment_id, "SETTLED", now, amount=facts.amount,
+                         currency_code=facts.currency_code, customer_id=facts.user_id, invoice_id=facts.invoice_id,
+                         subscription_id=facts.subscription_id, processor=facts.processor,
+                         processor_merchant_id=facts.merchant_id)
         credited = apply_credits(uow, facts.user_id, facts.credits, f"payment:{facts.payment_id}", "payment",
                                  facts.payment_id, now)
+        if facts.invoice_id:  # a renewal charge in flight ends here, whichever path saw it settle
+            end_in_flight_charge(container, uow, facts.payment_id, "succeeded")
         if facts.invoice_id:
             uow.invoices.save(facts.invoice_id, now, subscription_id=facts.subscription_id,
                               customer_id=facts.user_id, total_amount=facts.amount,
@@ -224,19 +237,137 @@ def _lane_of(uow, payment: dict) -> str | None:
 
 
 def update_transaction_status(container, payment: dict) -> dict:
-    """PAYMENT.STATUS other than SETTLED: keep the transaction row's status (includes failed)."""
-    status = TRANSACTION_STATUS.get(payment.get("status"), "pending")
-    now = container.clock.now()
+    """PAYMENT.STATUS other than a capture: the transaction row follows the payment's lifecycle
+    (domain.lifecycle.PAYMENT). A status the orchestrator does not document, or one that contradicts what
+    we hold, is refused: logged, counted and alerted; stale news (PENDING after DECLINED) changes nothing."""
     from billingctl.adapters.orchestrator import processor_of
 
+    now = container.clock.now()
     processor, mid = processor_of(payment)
     with container.uow() as uow:
         fraud_quota.count_authorization(uow, now, payment, _lane_of(uow, payment), payment.get("customerId"))
-        uow.transactions.save(payment["id"], status, now, amount=int(payment.get("amount") or 0),
-                            currency_code=payment.get("currencyCode"), customer_id=payment.get("customerId"),
-                            invoice_id=payment.get("orderId"), processor=processor, processor_merchant_id=mid)
+        step = save_transaction(container, uow, payment["id"], payment.get("status"), now,
+                                amount=int(payment.get("amount") or 0), currency_code=payment.get("currencyCode"),
+                                customer_id=payment.get("customerId"), invoice_id=payment.get("orderId"),
+                                processor=processor, processor_merchant_id=mid)
         uow.commit()
-    return {"payment_id": payment["id"], "outcome": "status_updated", "status": status}
+    status = lifecycle.payment_status(payment.get("status"))
+    outcome = {"apply": "status_updated", "same": "status_updated", "stale": "stale"}.get(step, "illegal")
+    return {"payment_id": payment["id"], "outcome": outcome, "status": status or payment.get("status")}
+
+
+def save_transaction(container, uow, payment_id: str, orchestrator_status: str | None, now, **values) -> str:
+    """One step of a payment's lifecycle on its transaction row: inserted when new, else moved by a
+    conditional update from the states the table allows (a racing writer cannot move it backwards).
+    Returns the step taken ("apply", "same", "stale" or "illegal")."""
+    target = lifecycle.payment_status(orchestrator_status)
+    if target is None:
+        report_illegal(container, uow, lifecycle.IllegalTransition("payment", payment_id, None,
+                                                                    str(orchestrator_status)))
+        return lifecycle.Step.ILLEGAL.value
+    if uow.transactions.insert(payment_id, target, now, **values):  # the first report: any status may open it
+        return lifecycle.Step.APPLY.value
+    while True:
+        current = uow.transactions.status(payment_id)
+        step = lifecycle.PAYMENT.step(current, target)
+        if step != lifecycle.Step.APPLY:
+            break
+        if uow.transactions.move(payment_id, target, lifecycle.PAYMENT.sources(target), now, **values):
+            return step.value
+        # another writer moved it first: judge again against what it wrote
+    if step == lifecycle.Step.ILLEGAL:
+        report_illegal(container, uow, lifecycle.IllegalTransition("payment", payment_id, current, target))
+    return step.value
+
+
+def end_in_flight_charge(container, uow, payment_id: str, outcome: str) -> bool:
+    """A renewal charge seen to end (settled, or held) on any path: its pending dunning row is resolved
+    and the outcome row written, once (domain.lifecycle.DUNNING)."""
+    pending = uow.dunning.pending_for_payment(payment_id)
+    if pending is None:
+        return False
+    return dunning_step(container, uow, pending, outcome, resolves=pending, decline_code=None)
+
+
+def dunning_step(container, uow, invoice: dict, status: str, resolves: dict | None = None, **values) -> bool:
+    """Write one step of an invoice's dunning (domain.lifecycle.DUNNING): `resolves` names the pending row
+    this outcome ends (a conditional update: False when another path ended it first). A step the table
+    does not allow is reported, not written."""
+    invoice_id = invoice.get("invoice_id") or invoice["id"]
+    now = container.clock.now()
+    newest = uow.dunning.newest(invoice_id)
+    source = newest["status"] if newest is not None else None
+    if resolves is not None:
+        if not uow.dunning.resolve(resolves["id"], now):
+            return False
+        source = "pending"
+        for key in ("attempt_no", "lane", "processor", "amount", "payment_id"):
+            values.setdefault(key, resolves[key])
+    if lifecycle.DUNNING.step(source, status) != lifecycle.Step.APPLY:
+        report_illegal(container, uow, lifecycle.IllegalTransition("dunning", invoice_id, source, status))
+        return False
+    uow.dunning.add(invoice_id=invoice_id, subscription_id=invoice.get("subscription_id"),
+                    user_id=invoice.get("customer_id") or invoice.get("user_id"), created_at=now, status=status,
+                    **values)
+    return True
+
+
+# ---- captured money that does not match its order: held for review, never credited --------------------
+
+def _expected_charge(container, facts: PaymentFacts) -> tuple[int | None, str | None]:
+    """(amount, currency) the payment should carry: its checkout session's, else the renewal attempt's
+    (the amount we asked the orchestrator to charge on the invoice). (None, None) when we asked for none."""
+    if facts.expected_amount is not None:
+        return facts.expected_amount, facts.expected_currency
+    if not facts.invoice_id:
+        return None, None
+    with container.uow(autocommit=True) as uow:
+        charged = uow.dunning.charged_amount(facts.payment_id)
+    return (int(charged), None) if charged is not None else (None, None)
+
+
+def _mismatch(container, payment: dict, facts: PaymentFacts) -> str | None:
+    """Why a captured payment cannot be credited as its order's (None when it can): a partial settle, an
+    amount captured below the amount, another amount or another currency than the order's."""
+    captured = (payment.get("processor") or {}).get("amountCaptured")
+    if payment.get("status") == "PARTIALLY_SETTLED" or (captured is not None and int(captured) < facts.amount):
+        return "partially_settled"
+    amount, currency = _expected_charge(container, facts)
+    if currency is not None and facts.currency_code != currency:
+        return "currency_mismatch"
+    if amount is not None and facts.amount != amount:
+        return "amount_mismatch"
+    return None
+
+
+def _hold_mismatch(container, payment: dict, facts: PaymentFacts, reason: str, path: str) -> dict:
+    """Money was captured, but not what the order asked for: nothing is credited, activated or reported to
+    the provider; the payment waits in the review queue (`orphans show/resolve`) with one chat alert, and a
+    renewal's attempt ends `held` (no automatic charge follows it)."""
+    from billingctl.adapters.orchestrator import processor_of
+
+    now = container.clock.now()
+    captured = int((payment.get("processor") or {}).get("amountCaptured") or 0)
+    processor, mid = processor_of(payment)
+    detail = (f"{reason}: captured {captured} of {facts.amount} {facts.currency_code}"
+              if reason == "partially_settled" else f"{reason}: {facts.amount} {facts.currency_code}")
+    with container.uow() as uow:
+        fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
+        save_transaction(container, uow, facts.payment_id, payment.get("status"), now, amount=facts.amount,
+                         currency_code=facts.currency_code, customer_id=facts.user_id, invoice_id=facts.invoice_id,
+                         subscription_id=facts.subscription_id, processor=processor, processor_merchant_id=mid)
+        new = review.hold_mismatch(uow, container.clock, payment_id=facts.payment_id, user_id=facts.user_id,
+                                   subscription_id=facts.subscription_id, item_price_id=facts.item_price_id,
+                                   amount=facts.amount, currency_code=facts.currency_code, settled_at=facts.settled_at,
+                                   reason=detail)
+        end_in_flight_charge(container, uow, facts.payment_id, "held")
+        uow.commit()
+    if new:
+        container.metrics.payments_held.labels(reason=reason).inc()
+        log.warning("payment held for review: it does not match its order",
+                    extra={"payment_id": facts.payment_id, "user_id": facts.user_id, "reason": reason, "path": path})
+    return {"payment_id": facts.payment_id, "outcome": "held_mismatch", "reason": reason,
+            "subscription_id": facts.subscription_id, "user_id": facts.user_id, "credits_applied": 0}
 
 
 # ---- follow-ups at the provider: record on the invoice, activate --------------------------------

@@ -15,20 +15,21 @@ from datetime import timedelta
 
 from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
+from billingctl.domain import lifecycle
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.instruments import stored_instrument, usable_card
 from billingctl.domain.quota import MERCHANT
-from billingctl.services import alerts, catalog, fraud_quota
-from billingctl.services.payments import record_payment
+from billingctl.services import alerts, catalog, fraud_quota, fraud_signals
+from billingctl.services.lifecycles import report_illegal
+from billingctl.services.payments import dunning_step, record_payment
 
 log = logging.getLogger("billingctl.renewals")
 
 # Attempts that count toward the retry schedule (a lock-read abort, a quota block, or an orchestrator
 # error whose outcome is unknown do not: the next tick simply tries again).
 COUNTED = ("declined", "failed")
-FINAL = ("succeeded", "exhausted")
-# Orchestrator statuses of a charge still in flight: neither paid nor declined yet.
-IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")
+FINAL = lifecycle.DUNNING.final
+IN_FLIGHT = lifecycle.IN_FLIGHT  # orchestrator statuses of a charge still in flight: neither paid nor declined
 
 
 def run_renewals(container, dry_run: bool = False, progress=None) -> dict:
@@ -62,6 +63,10 @@ def run_renewals(container, dry_run: bool = False, progress=None) -> dict:
     if dry_run:
         return BatchResult({"dry_run": True, "outcomes": outcomes, "invoices": plan, "errors": failures},
                            done=len(plan), failed=len(failures), errors=failures)
+    if "deferred" not in outcomes:
+        for outcome, count in sweep_in_flight(container, {invoice["id"] for invoice in due}).items():
+            key = outcome if outcome == "error" else f"swept_{outcome}"
+            outcomes[key] = outcomes.get(key, 0) + count
     failed = outcomes.get("error", 0)
     return BatchResult({"outcomes": outcomes, "errors": failures}, failed=failed, errors=failures,
                        skipped=outcomes.get("deferred", 0), done=sum(outcomes.values()) - failed
@@ -72,11 +77,13 @@ def _history(uow, invoice_id: str) -> list[dict]:
     return uow.dunning.history(invoice_id)
 
 
-def _record(container, invoice: dict, status: str, **values) -> None:
+def _record(container, invoice: dict, status: str, resolves: dict | None = None, **values) -> bool:
+    """One step of the invoice's dunning (domain.lifecycle.DUNNING); False when it was not written (the
+    pending row it would end was ended by another path, or the table refuses the step)."""
     with container.uow() as uow:
-        uow.dunning.add(invoice_id=invoice["id"], subscription_id=invoice.get("subscription_id"),
-                        user_id=invoice.get("customer_id"), created_at=container.clock.now(), status=status, **values)
+        written = dunning_step(container, uow, invoice, status, resolves=resolves, **values)
         uow.commit()
+    return written
 
 
 def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
@@ -92,18 +99,21 @@ def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
         local = uow.subscriptions.get(sub_id)
         history = _history(uow, invoice["id"])
         frozen = uow.users.frozen_at(user_id)
+        in_dispute = fraud_signals.disputed(uow, user_id)
     if any(h["status"] in FINAL for h in history):
         return "closed"
     if local is None or local["status"] not in ("active", "non_renewing"):
         return "not_a_renewal"
     last = history[-1] if history else None
-    if last is not None and last["status"] == "pending":
+    if last is not None and last["status"] == "pending" and last["resolved_at"] is None:
         # A charge is in flight for this invoice: never a second one; read how it ended.
         return "in_flight" if dry_run else _resolve_in_flight(container, invoice, last, history)
     if last is not None and last["next_attempt_at"] is not None and last["next_attempt_at"] > now:
         return "not_due"
     if frozen is not None:
         return "skipped_frozen"
+    if in_dispute:
+        return "skipped_disputed"  # decision 102: no merchant-initiated charge while a dispute is undecided
     if dry_run:
         return "would_charge"
     counted = sum(1 for h in history if h["status"] in COUNTED)
@@ -132,7 +142,7 @@ def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
     reservation = f"order:{invoice['id']}"
     with container.uow() as uow:
         decision = fraud_quota.reserve(uow, container.settings, user_id, lane, now, MERCHANT, reservation, amount,
-                                       order_id=invoice["id"])
+                                       clock=container.clock, order_id=invoice["id"])
         uow.commit()
     if decision is not None and not decision.allowed:
         log.warning("MIT blocked: authorization count quota exhausted",
@@ -212,32 +222,98 @@ def _charge_error(container, invoice, exc, attempt_no, lane, processor, amount, 
     return "error"
 
 
-def _charged(container, invoice, payment, attempt_no, lane, processor, amount, history) -> str:
-    """A final answer to a renewal charge: recorded when settled, else the retry schedule moves on."""
+def _charged(container, invoice, payment, attempt_no, lane, processor, amount, history,
+             pending: dict | None = None) -> str:
+    """A final answer to a renewal charge (`pending`: the in-flight row it ends). Captured money is
+    recorded (held for review when it is not the invoice's amount: a partial settle is never charged
+    again in full); a decline moves the retry schedule on; a status the orchestrator does not document
+    is reported and left in flight, never charged again."""
+    status = payment.get("status")
     with container.uow() as uow:  # an answer that was in flight takes its reservation now
         fraud_quota.count_authorization(uow, container.clock.now(), payment, lane, invoice.get("customer_id"))
         uow.commit()
-    if payment.get("status") == "SETTLED":
-        _record(container, invoice, "succeeded", attempt_no=attempt_no, lane=lane, processor=processor,
+    if status in ("SETTLED", "PARTIALLY_SETTLED"):
+        # Recording ends a pending row itself (whichever path records first); this ends it when another
+        # path recorded the payment before the row was written, and writes the outcome of a direct answer.
+        outcome = record_payment(container, payment, "renewal")["outcome"]
+        ended = "held" if outcome == "held_mismatch" else "succeeded"
+        _record(container, invoice, ended, resolves=pending, attempt_no=attempt_no, lane=lane, processor=processor,
                 amount=amount, payment_id=payment["id"])
-        record_payment(container, payment, "renewal")
-        return "succeeded"
-    code = (payment.get("statusReason") or {}).get("code") or payment.get("status")
+        return ended
+    if status not in ("DECLINED", "FAILED", "CANCELLED"):
+        with container.uow() as uow:
+            report_illegal(container, uow, lifecycle.IllegalTransition(
+                "payment", str(payment.get("id")), "pending", str(status)))
+            if pending is None:
+                dunning_step(container, uow, invoice, "pending", attempt_no=attempt_no, lane=lane,
+                             processor=processor, amount=amount, payment_id=payment.get("id"),
+                             decline_code=str(status)[:64])
+            uow.commit()
+        return "in_flight"
+    code = (payment.get("statusReason") or {}).get("code") or status
     return _failed(container, invoice, "declined", code, attempt_no, lane, processor, amount, history,
-                   payment_id=payment.get("id"))
+                   payment_id=payment.get("id"), resolves=pending)
 
 
 def _resolve_in_flight(container, invoice, last, history) -> str:
+    """Read how a charge in flight ended; past its age limit (decision 103), end it: an authorization the
+    workflow left is captured, a PENDING charge is cancelled, anything else is escalated."""
     try:
         payment = container.orchestrator.get_payment(last["payment_id"])
+        if payment.get("status") in IN_FLIGHT:
+            payment = _past_age_limit(container, invoice, last, payment)
     except e.ExternalError as exc:
-        log.warning("in-flight renewal charge could not be read; next tick: %s", exc.message,
+        log.warning("in-flight renewal charge could not be read or ended; next tick: %s", exc.message,
                     extra={"invoice_id": invoice["id"], "payment_id": last["payment_id"]})
         return "in_flight"
     if payment.get("status") in IN_FLIGHT:
         return "in_flight"
     return _charged(container, invoice, payment, last["attempt_no"], last["lane"], last["processor"], last["amount"],
-                    history)
+                    history, pending=last)
+
+
+def _past_age_limit(container, invoice, last, payment: dict) -> dict:
+    """The payment after the action its age calls for (unchanged while it is within its limit)."""
+    settings, status = container.settings, payment.get("status")
+    age = container.clock.now() - last["created_at"]
+    if status == "AUTHORIZED" and age > timedelta(minutes=settings.renewal_authorized_max_minutes):
+        log.warning("renewal authorization left uncaptured past its limit: capturing",
+                    extra={"invoice_id": invoice["id"], "payment_id": payment["id"], "age_s": age.total_seconds()})
+        return container.orchestrator.capture_payment(payment["id"])
+    if age <= timedelta(hours=settings.renewal_in_flight_max_hours):
+        return payment
+    if status == "PENDING":
+        log.warning("renewal charge pending past its limit: cancelling",
+                    extra={"invoice_id": invoice["id"], "payment_id": payment["id"], "age_s": age.total_seconds()})
+        return container.orchestrator.cancel_payment(payment["id"], reason="renewal charge pending past its limit")
+    container.metrics.renewal_charges_stuck.inc()
+    with container.uow() as uow:
+        alerts.raise_alert_every(uow, container.clock, f"Renewal charge {payment['id']} for invoice {invoice['id']} "
+                                 f"is still {status} after {age.total_seconds() / 3600:.0f} h - manual review "
+                                 "required", f"renewal-stuck:{payment['id']}", timedelta(days=1),
+                                 payment_id=payment["id"], invoice_id=invoice["id"])
+        uow.commit()
+    return payment
+
+
+def sweep_in_flight(container, handled: set[str]) -> dict[str, int]:
+    """Every renewal charge still in flight whose invoice the tick did not see (the invoice left
+    payment_due: paid by the workflow, voided, or recorded by another path before the in-flight row was
+    written) is read and ended the same way, so no attempt stays pending for ever."""
+    outcomes: dict[str, int] = {}
+    with container.uow(autocommit=True) as uow:
+        rows = [r for r in uow.dunning.in_flight() if r["invoice_id"] not in handled]
+    for row in rows:
+        invoice = {"id": row["invoice_id"], "subscription_id": row["subscription_id"], "customer_id": row["user_id"]}
+        try:
+            with container.uow(autocommit=True) as uow:
+                history = uow.dunning.history(row["invoice_id"])
+            outcome = _resolve_in_flight(container, invoice, row, history)
+        except Exception as exc:  # one charge never stops the others
+            outcome = "error"
+            item_failed(log, "in-flight renewal charge", exc, invoice_id=row["invoice_id"])
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return outcomes
 
 
 def _resolve_token(container, user_id: str, lane: str, now) -> str | None:
@@ -276,18 +352,21 @@ def _latest_nsfw_checkout_token(container, user_id: str) -> str | None:
     return None
 
 
-def _failed(container, invoice, status, code, attempt_no, lane, processor, amount, history, payment_id=None) -> str:
+def _failed(container, invoice, status, code, attempt_no, lane, processor, amount, history, payment_id=None,
+            resolves: dict | None = None) -> str:
     schedule = container.settings.renewal_retry_hours
     counted_before = sum(1 for h in history if h["status"] in COUNTED)
     if counted_before < len(schedule):
         next_at = container.clock.now() + timedelta(hours=schedule[counted_before])
-        _record(container, invoice, status, decline_code=code, attempt_no=attempt_no, lane=lane, processor=processor,
-                amount=amount, next_attempt_at=next_at, payment_id=payment_id)
+        if not _record(container, invoice, status, resolves=resolves, decline_code=code, attempt_no=attempt_no,
+                       lane=lane, processor=processor, amount=amount, next_attempt_at=next_at, payment_id=payment_id):
+            return "in_flight_ended_elsewhere"
         log.info("renewal attempt failed; next attempt scheduled", extra={"invoice_id": invoice["id"], "code": code,
                                                                          "next_attempt_at": next_at.isoformat()})
         return status
-    _record(container, invoice, status, decline_code=code, attempt_no=attempt_no, lane=lane, processor=processor,
-            amount=amount, payment_id=payment_id)
+    if not _record(container, invoice, status, resolves=resolves, decline_code=code, attempt_no=attempt_no, lane=lane,
+                   processor=processor, amount=amount, payment_id=payment_id):
+        return "in_flight_ended_elsewhere"
     return _exhaust(container, invoice)
 
 

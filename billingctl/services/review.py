@@ -38,6 +38,17 @@ def hold_unattributed(uow, clock, *, payment_id: str, user_id: str | None, reaso
                        f"unattributed-payment:{payment_id}", payment_id=payment_id, user_id=user_id, reason=reason)
 
 
+def hold_mismatch(uow, clock, *, payment_id: str, user_id: str, reason: str, **facts) -> bool:
+    """A captured payment that does not match its order (a partial settle, another amount or currency):
+    neither credited nor activated nor reported to the provider; one chat alert. True when new."""
+    new = open_row(uow, clock.now(), payment_id=payment_id, user_id=user_id, status="needs_review",
+                   last_error=reason, **facts)
+    alerts.raise_alert(uow, clock, f"Payment {payment_id} of user {user_id} does not match its order ({reason}) - "
+                                   "held for manual review, nothing credited", f"payment-mismatch:{payment_id}",
+                       payment_id=payment_id, user_id=user_id, reason=reason)
+    return new
+
+
 def alert_frozen(uow, clock, payment_id: str, user_id: str) -> None:
     alerts.raise_alert(uow, clock, f"Payment {payment_id} settled for frozen user {user_id} - manual review required "
                                    "(refund it, or unfreeze and retry)", f"frozen-payment:{payment_id}",

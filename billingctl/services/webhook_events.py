@@ -15,13 +15,19 @@ def payment_event_id(event_type: str, payment: dict) -> str:
 
 def _orchestrator(container, event_type: str, payload: dict) -> dict:
     from billingctl.services.fraud_signals import record_dispute
-    from billingctl.services.payments import apply_refund_report, record_payment, update_transaction_status
+    from billingctl.services.payments import (
+        CAPTURED_STATUSES,
+        apply_refund_report,
+        record_payment,
+        update_transaction_status,
+    )
 
     if event_type.startswith("DISPUTE."):
         return record_dispute(container, event_type, payload)
     payment = payload["payment"]
-    if event_type == "PAYMENT.STATUS" and payment.get("status") == "SETTLED":
-        # One attempt per provider call: a webhook answers quickly, the activations job finishes.
+    if event_type == "PAYMENT.STATUS" and payment.get("status") in CAPTURED_STATUSES:
+        # One attempt per provider call: a webhook answers quickly, the activations job finishes. A partial
+        # settle is held for review by recording itself.
         with container.provider.http.attempts(1):
             return record_payment(container, payment, "webhook")
     if event_type == "PAYMENT.STATUS":
@@ -30,7 +36,9 @@ def _orchestrator(container, event_type: str, payload: dict) -> dict:
         refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
         with container.provider.http.attempts(1):
             return apply_refund_report(container, payment["id"], refunded, "webhook")
-    return {"outcome": "ignored"}
+    from billingctl.services.lifecycles import unknown_notification
+
+    return unknown_notification(container, event_type, payment.get("id"))
 
 
 def _workflow(container, event_type: str, payload: dict) -> dict:
@@ -65,7 +73,9 @@ def event_id_for(source: str, event_type: str, payload: dict, given: str | None 
     if given:
         return given
     if source == "orchestrator" and event_type.startswith("DISPUTE."):
-        return f"{event_type}:{payload['processorDisputeId']}"
+        from billingctl.services.fraud_signals import dispute_event_id
+
+        return dispute_event_id(event_type, payload)
     if source == "orchestrator":
         return payment_event_id(event_type, payload["payment"])
     if source == "workflow":

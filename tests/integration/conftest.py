@@ -52,9 +52,10 @@ class World:
         lane = self.sandbox.item_price(item_price_id)["metadata"]["lane"]
         payment = self.sandbox.charge({
             "paymentMethodToken": token, "amount": invoice["total"], "currencyCode": "USD", "orderId": invoice["id"],
-            "customerId": user_id, "metadata": {"psp": "SFW_STRIPE" if lane == "sfw" else "NSFW_SEGPAY", "lane": lane,
-                                                "subscription_id": co["subscription_id"],
-                                                "item_price_id": item_price_id}}, drop_webhook=True)
+            "customerId": user_id, "paymentMethod": {"paymentType": "SUBSCRIPTION"},
+            "metadata": {"psp": "SFW_STRIPE" if lane == "sfw" else "NSFW_SEGPAY", "lane": lane,
+                         "subscription_id": co["subscription_id"], "item_price_id": item_price_id}},
+            drop_webhook=True)
         assert payment["status"] == "SETTLED" and self.sandbox.invoice(invoice["id"])["status"] == "paid"
         return co, invoice, payment
 

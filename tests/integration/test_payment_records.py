@@ -26,9 +26,9 @@ def txn(world, payment_id):
     return tuple(row[f] for f in TXN) if row else None
 
 
-@pytest.mark.parametrize(("status", "local"), [("AUTHORIZED", "authorized"), ("SETTLING", "authorized"),
-                                               ("DECLINED", "failed"), ("PENDING", "pending"),
-                                               ("SOMETHING_NEW", "pending")])
+@pytest.mark.parametrize(("status", "local"), [("AUTHORIZED", "authorized"), ("SETTLING", "settling"),
+                                               ("DECLINED", "declined"), ("PENDING", "pending"),
+                                               ("FAILED", "failed"), ("CANCELLED", "cancelled")])
 def test_a_payment_status_keeps_every_field_of_the_transaction(world, status, local):
     co = world.checkout("user_t", NSFW)
     payment = world.sandbox.decline_checkout(co["order_id"], processor="NSFW_SEGPAY", drop_webhook=True)
@@ -37,6 +37,35 @@ def test_a_payment_status_keeps_every_field_of_the_transaction(world, status, lo
                                                            "status": local}
     assert txn(world, payment["id"]) == (payment["id"], local, payment["amount"], "USD", "user_t", co["order_id"],
                                          "NSFW_SEGPAY", "mid_7")
+
+
+def test_a_status_the_orchestrator_does_not_document_is_refused_counted_and_alerted(world):
+    """Issue 34: an event outside the payment's table is never ignored (it used to be booked pending)."""
+    from billingctl.adapters.db.tables import alert_outbox
+
+    co = world.checkout("user_t", NSFW)
+    payment = world.sandbox.decline_checkout(co["order_id"], drop_webhook=True)
+    before = world.c.metrics.sample("billing_lifecycle_illegal_transitions_total", {"lifecycle": "payment"})
+    answer = update_transaction_status(world.c, {**payment, "status": "SOMETHING_NEW"})
+    assert answer == {"payment_id": payment["id"], "outcome": "illegal", "status": "SOMETHING_NEW"}
+    assert txn(world, payment["id"]) is None
+    assert world.c.metrics.sample("billing_lifecycle_illegal_transitions_total", {"lifecycle": "payment"}) == before + 1
+    with world.c.uow() as uow:
+        keys = uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "chat")).scalars().all()
+    assert f"illegal:payment:{payment['id']}:None:SOMETHING_NEW" in keys
+
+
+def test_payment_statuses_move_forward_only_stale_news_changes_nothing_and_a_contradiction_is_alerted(world):
+    co = world.checkout("user_t", NSFW)
+    payment = world.sandbox.decline_checkout(co["order_id"], drop_webhook=True)
+    at = {**payment, "processor": {"name": "NSFW_SEGPAY"}}
+    assert update_transaction_status(world.c, {**at, "status": "AUTHORIZED"})["outcome"] == "status_updated"
+    assert update_transaction_status(world.c, {**at, "status": "PENDING"})["outcome"] == "stale"
+    assert txn(world, payment["id"])[1] == "authorized"
+    assert update_transaction_status(world.c, {**at, "status": "CANCELLED"})["outcome"] == "status_updated"
+    assert update_transaction_status(world.c, {**at, "status": "AUTHORIZED"})["outcome"] == "stale"
+    assert update_transaction_status(world.c, {**at, "status": "DECLINED"})["outcome"] == "illegal"
+    assert txn(world, payment["id"])[1] == "cancelled"
 
 
 def test_an_nsfw_authorization_without_a_lane_in_its_metadata_counts_by_its_checkout(world):

@@ -187,7 +187,7 @@ def test_a_non_settled_status_updates_the_transaction(world):
     client = create_public_app(container=world.c).test_client()
     from billingctl.sandbox.model import sign_body
 
-    for status, expected in (("AUTHORIZED", "authorized"), ("DECLINED", "failed")):
+    for status, expected in (("AUTHORIZED", "authorized"), ("DECLINED", "declined")):
         body = world.sandbox.webhook_body("PAYMENT.STATUS", {"id": "pay_d1", "status": status, "amount": 999,
                                                              "customerId": "user_a", "orderId": "inv_x"})
         sig = sign_body(world.c.settings.secret("orchestrator_webhook_secret"), body)

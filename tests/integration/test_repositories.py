@@ -68,7 +68,7 @@ def test_successful_transactions_on_a_processor_are_the_users_own(uow):
     for tid, status, user, processor in (("t1", "captured", "u1", "NMI"), ("t2", "settled", "u1", "NMI"),
                                          ("t3", "failed", "u1", "NMI"), ("t4", "captured", "u2", "NMI"),
                                          ("t5", "captured", "u1", "SEGPAY")):
-        uow.transactions.save(tid, status, now, customer_id=user, processor=processor, amount=500)
+        uow.transactions.insert(tid, status, now, customer_id=user, processor=processor, amount=500)
     assert sorted(r[0] for r in uow.transactions.successes_on("u1", "NMI")) == ["t1", "t2"]
 
 
@@ -76,16 +76,20 @@ def test_a_transactions_status_moves_on_keeps_its_first_amount_and_learns_the_la
     """A status move writes its time and the facts it brings (processor, merchant id), never a new amount
     (a status payload without one must not zero it) and never takes a captured payment back."""
     from billingctl.adapters.db.tables import transaction
+    from billingctl.domain.lifecycle import PAYMENT
 
     later = NOW + timedelta(minutes=5)
-    uow.transactions.save("t0", "authorized", NOW, customer_id="u2", amount=300)  # another payment: untouched
-    uow.transactions.save("t1", "authorized", NOW, customer_id="u1", amount=500)
-    uow.transactions.save("t1", "failed", later, amount=0, processor="NMI", processor_merchant_id="mid_1")
-    uow.transactions.save("t2", "captured", NOW, customer_id="u1", amount=700)
-    uow.transactions.save("t2", "failed", later, amount=700)
+    assert uow.transactions.insert("t0", "authorized", NOW, customer_id="u2", amount=300)  # another payment
+    assert uow.transactions.insert("t1", "authorized", NOW, customer_id="u1", amount=500)
+    assert not uow.transactions.insert("t1", "pending", NOW, customer_id="u1", amount=500)  # exists: not written
+    assert uow.transactions.move("t1", "declined", PAYMENT.sources("declined"), later, amount=0, processor="NMI",
+                                 processor_merchant_id="mid_1")
+    assert uow.transactions.insert("t2", "captured", NOW, customer_id="u1", amount=700)
+    assert not uow.transactions.move("t2", "declined", PAYMENT.sources("declined"), later, amount=700)
     rows = {r["transaction_id"]: r for r in uow.execute(transaction.select()).mappings()}
     t1, t2 = rows["t1"], rows["t2"]
-    assert (t1["status"], t1["amount"], t1["processor"], t1["processor_merchant_id"]) == ("failed", 500, "NMI", "mid_1")
+    assert (t1["status"], t1["amount"], t1["processor"], t1["processor_merchant_id"]) == (
+        "declined", 500, "NMI", "mid_1")
     assert (t1["created_at"].timestamp(), t1["updated_at"].timestamp()) == (NOW.timestamp(), later.timestamp())
     assert (t2["status"], t2["amount"], t2["updated_at"]) == ("captured", 700, None)
     assert (rows["t0"]["status"], rows["t0"]["processor"], rows["t0"]["updated_at"]) == ("authorized", None, None)
@@ -100,7 +104,7 @@ def test_the_first_merchant_id_is_the_earliest_success_on_that_processor_that_na
             (4, "t5", "captured", "u2", "NMI", "mid_other_user"),
             (5, "t6", "settled", "u1", "NMI", "mid_first"),
             (6, "t7", "captured", "u1", "NMI", "mid_second")):
-        uow.transactions.save(tid, status, now + timedelta(minutes=minutes), customer_id=user, processor=processor,
+        uow.transactions.insert(tid, status, now + timedelta(minutes=minutes), customer_id=user, processor=processor,
                               processor_merchant_id=mid, amount=500)
     assert uow.transactions.first_merchant_id("u1", "NMI") == "mid_first"
     assert uow.transactions.first_merchant_id("u2", "SEGPAY") is None
@@ -118,7 +122,7 @@ def test_purchases_without_an_invoice_and_moving_them_leave_invoiced_ones_alone(
     now = NOW
     for pid, invoice in (("p1", None), ("p2", "inv_1"), ("p3", None)):
         _purchase(uow, pid, invoice=invoice)
-        uow.transactions.save(pid, "captured", now, customer_id="u1", subscription_id="sub_1", invoice_id=invoice,
+        uow.transactions.insert(pid, "captured", now, customer_id="u1", subscription_id="sub_1", invoice_id=invoice,
                               amount=500)
     _purchase(uow, "p4", subscription="sub_other")
     assert sorted(p["transaction_id"] for p in uow.purchases.without_invoice("sub_1")) == ["p1", "p3"]

@@ -1,8 +1,10 @@
-"""Dunning attempts: one row per renewal charge attempt (or its outcome) on an invoice."""
+"""Dunning attempts: one row per renewal charge attempt (or its outcome) on an invoice. The invoice's
+dunning state is its newest row's status (domain.lifecycle.DUNNING); a pending row is resolved in place,
+once, by a conditional update."""
 
 from __future__ import annotations
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, select, update
 
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.tables import dunning_attempt
@@ -12,6 +14,35 @@ class DunningAttempts(Repository):
     def history(self, invoice_id: str) -> list[dict]:
         return [dict(r) for r in self.execute(select(dunning_attempt).where(dunning_attempt.c.invoice_id == invoice_id)
                                               .order_by(dunning_attempt.c.id)).mappings()]
+
+    def newest(self, invoice_id: str) -> dict | None:
+        row = self.execute(select(dunning_attempt).where(dunning_attempt.c.invoice_id == invoice_id)
+                           .order_by(dunning_attempt.c.id.desc()).limit(1)).mappings().first()
+        return dict(row) if row is not None else None
+
+    def pending_for_payment(self, payment_id: str) -> dict | None:
+        """The unresolved in-flight row of a renewal charge, if any."""
+        row = self.execute(select(dunning_attempt).where(
+            dunning_attempt.c.payment_id == payment_id, dunning_attempt.c.status == "pending",
+            dunning_attempt.c.resolved_at.is_(None)).order_by(dunning_attempt.c.id.desc()).limit(1)).mappings().first()
+        return dict(row) if row is not None else None
+
+    def charged_amount(self, payment_id: str) -> int | None:
+        """The amount a renewal attempt asked the orchestrator to charge with this payment."""
+        return self.execute(select(dunning_attempt.c.amount).where(dunning_attempt.c.payment_id == payment_id)
+                            .order_by(dunning_attempt.c.id).limit(1)).scalar()
+
+    def resolve(self, row_id: int, now) -> bool:
+        """End one pending row; False when another writer ended it first (its outcome row is theirs)."""
+        return self.execute(update(dunning_attempt).where(
+            dunning_attempt.c.id == row_id, dunning_attempt.c.status == "pending",
+            dunning_attempt.c.resolved_at.is_(None)).values(resolved_at=now)).rowcount == 1
+
+    def in_flight(self) -> list[dict]:
+        """Every unresolved pending row (charges in flight), oldest first."""
+        return [dict(r) for r in self.execute(select(dunning_attempt).where(
+            dunning_attempt.c.status == "pending", dunning_attempt.c.resolved_at.is_(None))
+            .order_by(dunning_attempt.c.created_at)).mappings()]
 
     def add(self, **values) -> None:
         self.execute(dunning_attempt.insert().values(**values))

@@ -131,9 +131,10 @@ class Ledger(Repository):
         return new
 
     def reversed_for(self, payment_id: str) -> int:
-        """Credits already reversed for a payment's refunds (a positive number)."""
+        """Credits already reversed for a payment's refunds and lost disputes (a positive number)."""
         return -int(self.execute(select(func.coalesce(func.sum(credit_ledger.c.amount), 0)).where(
-            credit_ledger.c.payment_id == payment_id, credit_ledger.c.reason == "refund")).scalar_one())
+            credit_ledger.c.payment_id == payment_id,
+            credit_ledger.c.reason.in_(("refund", "dispute_lost")))).scalar_one())
 
     def sum_of_user(self, user_id: str) -> int:
         return int(self.execute(select(func.coalesce(func.sum(credit_ledger.c.amount), 0)).where(
@@ -144,17 +145,23 @@ class Ledger(Repository):
 
 
 class Transactions(Repository):
-    def save(self, transaction_id: str, status: str, now, **values) -> None:
-        """Insert, or move the status; a captured payment never goes back to authorized or failed. The
-        amount is the first one written (every status of one payment carries the same)."""
+    def insert(self, transaction_id: str, status: str, now, **values) -> bool:
+        """The payment's first row; False when it exists (then `move` it through its lifecycle)."""
         values = {k: v for k, v in values.items() if v is not None}
-        inserted = insert_ignore(self.uow, transaction, {"transaction_id": transaction_id, "status": status,
-                                                         "created_at": now, "amount": values.pop("amount", 0),
-                                                         **values}, ["transaction_id"])
-        if not inserted:
-            self.execute(update(transaction).where(transaction.c.transaction_id == transaction_id,
-                                                   transaction.c.status != "captured")
-                         .values(status=status, updated_at=now, **values))
+        return insert_ignore(self.uow, transaction, {"transaction_id": transaction_id, "status": status,
+                                                     "created_at": now, "amount": values.pop("amount", 0),
+                                                     **values}, ["transaction_id"])
+
+    def status(self, transaction_id: str) -> str | None:
+        return self.execute(select(transaction.c.status).where(transaction.c.transaction_id == transaction_id)).scalar()
+
+    def move(self, transaction_id: str, status: str, sources: tuple[str, ...], now, **values) -> bool:
+        """A conditional update from the states the payment's lifecycle allows; False when the row was in
+        none of them (a racing writer moved it). The amount is the first one written."""
+        values = {k: v for k, v in values.items() if v is not None and k != "amount"}
+        return self.execute(update(transaction).where(transaction.c.transaction_id == transaction_id,
+                                                      transaction.c.status.in_(sources))
+                            .values(status=status, updated_at=now, **values)).rowcount == 1
 
     def successes_on(self, user_id: str, processor: str) -> list:
         return self.execute(select(transaction.c.transaction_id).where(

@@ -160,12 +160,35 @@ dunning_attempt = Table(
     _ts("created_at", nullable=False),
     Column("status", String(32), nullable=False),
     Column("decline_code", String(64)),
-    Column("payment_id", String(64)),
+    Column("payment_id", String(64), index=True),  # a settle report ends its pending row
     Column("attempt_no", Integer, nullable=False, server_default=text("0")),
     Column("lane", String(8)),
     Column("processor", String(64)),
     Column("amount", BigInteger),
     _ts("next_attempt_at"),
+    # A pending row's end: set once, by a conditional update, by whichever path saw the charge end first;
+    # the outcome row follows it in the same transaction (domain.lifecycle.DUNNING).
+    _ts("resolved_at"),
+)
+
+# Disputes at the orchestrator (Primer's DISPUTE.OPENED and DISPUTE.STATUS), one row per processor dispute
+# id; `state` follows domain.lifecycle.DISPUTE, `kind` and `status` are the orchestrator's own words.
+dispute = Table(
+    "dispute",
+    metadata,
+    Column("dispute_id", String(128), primary_key=True),
+    Column("payment_id", String(64), nullable=False, index=True),
+    Column("user_id", String(64), index=True),
+    Column("order_id", String(64)),
+    Column("kind", String(16)),
+    Column("status", String(16)),
+    Column("state", String(16), nullable=False),
+    Column("amount", BigInteger),
+    Column("currency_code", String(3)),
+    Column("processor", String(64)),
+    _ts("created_at", nullable=False),
+    _ts("updated_at", nullable=False),
+    _ts("decided_at"),
 )
 
 event_poller_state = Table(

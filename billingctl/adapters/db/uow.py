@@ -17,6 +17,7 @@ from billingctl.adapters.db.audit import AuditLog
 from billingctl.adapters.db.books import Books
 from billingctl.adapters.db.checkouts import Checkouts
 from billingctl.adapters.db.cursors import Cursors
+from billingctl.adapters.db.disputes import Disputes
 from billingctl.adapters.db.dunning import DunningAttempts
 from billingctl.adapters.db.fraud import FraudEvents
 from billingctl.adapters.db.inbox import Inbox, PollerRuns
@@ -85,6 +86,10 @@ class UnitOfWork:
     @cached_property
     def dunning(self) -> DunningAttempts:
         return DunningAttempts(self)
+
+    @cached_property
+    def disputes(self) -> Disputes:
+        return Disputes(self)
 
     @cached_property
     def fraud(self) -> FraudEvents:

@@ -1,0 +1,309 @@
+"""Issue 34: the orchestrator's payment lifecycle, walked through every status and notification Primer
+documents: partial settles, authorizations never captured, charges pending for ever, amounts that do
+not match their order, disputes to their decision, dunning rows that end whichever path saw the end.
+Each test failed before its fix, on SQLite and PostgreSQL."""
+
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from billingctl.adapters.db.tables import alert_outbox, dispute, dunning_attempt, orphan_recovery, purchase
+from billingctl.services.renewals import list_attempts, run_renewals
+from tests.integration.test_renewals import NSFW, PRO, month_passes, subscribed
+from tests.integration.test_renewals import world as world  # noqa: F401 - the fixture
+
+pytestmark = pytest.mark.integration
+
+
+def attempts(world, user="user_a"):
+    return [(a["status"], a["decline_code"]) for a in reversed(list_attempts(world.c, user_id=user))]
+
+
+def renewal_charges(world):
+    return [p for p in world.sandbox.store.all("payment")
+            if (p.get("paymentMethod") or {}).get("paymentType") == "SUBSCRIPTION"]
+
+
+def chat_keys(world):
+    with world.c.uow() as uow:
+        return uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "chat")).scalars().all()
+
+
+def review_row(world, payment_id):
+    with world.c.uow() as uow:
+        row = uow.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id)).mappings().first()
+    return dict(row) if row else None
+
+
+def purchases_of(world, payment_id):
+    with world.c.uow() as uow:
+        return uow.execute(select(purchase.c.id).where(purchase.c.transaction_id == payment_id)).all()
+
+
+def due_invoice(world, co):
+    world.sandbox.renew_due()
+    return [i for i in world.sandbox.store.all("invoice")
+            if i["subscription_id"] == co["subscription_id"] and i["status"] != "paid"][0]
+
+
+# ---- defect 1: a partial settle is held, never charged again in full ------------------------------------
+
+def test_a_partially_settled_renewal_is_held_for_review_and_never_charged_again(world):
+    co = subscribed(world)
+    month_passes(world)
+    invoice = due_invoice(world, co)
+    world.sandbox.async_charges("PARTIALLY_SETTLED")  # the processor captures half of the amount
+    assert run_renewals(world.c)["outcomes"] == {"held": 1}
+    [charge] = renewal_charges(world)
+    assert charge["status"] == "PARTIALLY_SETTLED"
+    for _ in range(3):  # later ticks: the invoice's dunning is held, nothing is charged again
+        world.c.clock.advance(2 * 86400)
+        world.sandbox.store.advance_clock(2 * 86400)
+        assert run_renewals(world.c)["outcomes"] == {"closed": 1}
+    assert len(renewal_charges(world)) == 1
+    assert attempts(world) == [("held", None)]
+    assert purchases_of(world, charge["id"]) == [] and world.credits() == 2000  # the checkout's credits only
+    row = review_row(world, charge["id"])
+    assert (row["status"], row["last_error"]) == (
+        "needs_review", f"partially_settled: captured {invoice['total'] // 2} of {invoice['total']} USD")
+    assert chat_keys(world).count(f"payment-mismatch:{charge['id']}") == 1
+    assert world.c.metrics.sample("billing_payments_held_total", {"reason": "partially_settled"}) == 1
+    assert world.sandbox.invoice(invoice["id"])["status"] != "paid"  # nothing recorded at the provider
+
+
+# ---- defect 2: an in-flight charge past its age limit is captured, cancelled or escalated ---------------
+
+def test_an_authorization_left_uncaptured_is_captured_after_its_age_limit(world):
+    co = subscribed(world)
+    month_passes(world)
+    invoice = due_invoice(world, co)
+    world.sandbox.async_charges("AUTHORIZED")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    assert run_renewals(world.c)["outcomes"] == {"in_flight": 1}  # within its limit: wait for the workflow
+    world.c.clock.advance(world.c.settings.renewal_authorized_max_minutes * 60 + 1)
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    [charge] = renewal_charges(world)
+    assert world.sandbox.store.get("payment", charge["id"])["status"] == "SETTLED"
+    assert world.sandbox.invoice(invoice["id"])["status"] == "paid"
+    assert attempts(world) == [("pending", "AUTHORIZED"), ("succeeded", None)]
+    assert world.credits() == 4000
+
+
+def test_a_charge_pending_past_its_age_limit_is_cancelled_and_the_schedule_moves_on(world):
+    subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    world.c.clock.advance(world.c.settings.renewal_in_flight_max_hours * 3600 + 1)
+    assert run_renewals(world.c)["outcomes"] == {"declined": 1}
+    [charge] = renewal_charges(world)
+    assert world.sandbox.store.get("payment", charge["id"])["status"] == "CANCELLED"
+    assert attempts(world) == [("pending", "PENDING"), ("declined", "CANCELLED")]
+
+
+def test_a_charge_still_settling_past_its_age_limit_is_escalated_once_a_day(world):
+    subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("SETTLING")
+    run_renewals(world.c)
+    world.c.clock.advance(world.c.settings.renewal_in_flight_max_hours * 3600 + 1)
+    assert run_renewals(world.c)["outcomes"] == {"in_flight": 1}
+    assert run_renewals(world.c)["outcomes"] == {"in_flight": 1}
+    [charge] = renewal_charges(world)
+    assert [k for k in chat_keys(world) if k.startswith(f"renewal-stuck:{charge['id']}")] != []
+    assert len([k for k in chat_keys(world) if k.startswith("renewal-stuck:")]) == 1
+    assert world.c.metrics.sample("billing_renewal_charges_stuck_total") == 2
+    assert len(renewal_charges(world)) == 1  # never a second charge
+
+
+# ---- defect 3: renewals say they are merchant-initiated; the sandbox invents nothing ---------------------
+
+def test_a_renewal_is_sent_as_a_subscription_payment_and_the_sandbox_keeps_only_what_was_sent(world):
+    subscribed(world)
+    checkout_payment = world.sandbox.store.all("payment")[0]
+    assert checkout_payment["paymentMethod"]["paymentType"] == "FIRST_PAYMENT"  # our client session said so
+    month_passes(world)
+    run_renewals(world.c)
+    assert [p["paymentMethod"]["paymentType"] for p in renewal_charges(world)] == ["SUBSCRIPTION"]
+    token = world.sandbox.instruments("user_a")[0]["token"]
+    bare = world.sandbox.charge({"paymentMethodToken": token, "amount": 100, "currencyCode": "USD",
+                                 "orderId": "o_1", "customerId": "user_a", "metadata": {"psp": "SFW_STRIPE"}},
+                                drop_webhook=True)
+    assert bare["paymentMethod"]["paymentType"] is None
+
+
+# ---- defect 4: a payment that does not match its order is held, not credited -----------------------------
+
+@pytest.mark.parametrize(("field", "value", "reason"), [("amount", 100, "amount_mismatch"),
+                                                         ("currencyCode", "EUR", "currency_mismatch")])
+def test_a_checkout_payment_that_does_not_match_its_session_is_held_with_one_alert(world, field, value, reason):
+    co = world.checkout("user_m", PRO)
+    session = world.sandbox.store.get("client_session", co["order_id"])
+    world.sandbox.store.put("client_session", co["order_id"], {**session, field: value})
+    payment = world.sandbox.pay(co["order_id"])  # the webhook arrives, then the duplicate
+    world.sandbox.send_webhook("PAYMENT.STATUS", payment)
+    assert purchases_of(world, payment["id"]) == [] and world.credits("user_m") == 0
+    assert review_row(world, payment["id"])["last_error"].startswith(reason)
+    assert chat_keys(world).count(f"payment-mismatch:{payment['id']}") == 1
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "future"  # not activated
+
+
+# ---- defect 6: the dunning row ends whichever path saw the charge end ------------------------------------
+
+def test_a_renewal_settled_by_webhook_ends_its_pending_attempt(world):
+    subscribed(world, plan=NSFW)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    [charge] = renewal_charges(world)
+    world.sandbox.finish_payment(charge["id"], settle=True)  # PAYMENT.STATUS SETTLED: recorded by the webhook
+    assert attempts(world) == [("pending", "PENDING"), ("succeeded", None)]
+    with world.c.uow() as uow:
+        rows = uow.execute(select(dunning_attempt).order_by(dunning_attempt.c.id)).mappings().all()
+    assert rows[0]["resolved_at"] is not None and rows[1]["payment_id"] == charge["id"]
+    assert (rows[1]["attempt_no"], rows[1]["lane"], rows[1]["amount"]) == (1, "nsfw", charge["amount"])
+    assert run_renewals(world.c)["outcomes"] == {}  # nothing due, nothing in flight
+
+
+def test_an_in_flight_row_whose_invoice_left_payment_due_is_swept_to_its_end(world):
+    """The webhook recorded the payment before the tick wrote its in-flight row: the invoice is paid, so
+    the tick no longer lists it; the sweep reads the charge and ends the row."""
+    from billingctl.services.renewals import _record
+
+    co = subscribed(world)
+    month_passes(world)
+    invoice = due_invoice(world, co)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    [charge] = renewal_charges(world)
+    with world.c.uow() as uow:  # the race: the pending row is written after the settle was recorded
+        uow.execute(dunning_attempt.delete())
+        uow.commit()
+    world.sandbox.finish_payment(charge["id"], settle=True)
+    _record(world.c, invoice, "pending", attempt_no=1, lane="sfw", processor="SFW_STRIPE", amount=charge["amount"],
+            payment_id=charge["id"], decline_code="PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"swept_succeeded": 1}
+    assert attempts(world) == [("pending", "PENDING"), ("succeeded", None)]
+    assert run_renewals(world.c)["outcomes"] == {}
+
+
+# ---- defect 5: disputes to their decision ---------------------------------------------------------------
+
+def dispute_row(world, dispute_id):
+    with world.c.uow() as uow:
+        return dict(uow.execute(select(dispute).where(dispute.c.dispute_id == dispute_id)).mappings().first())
+
+
+def test_an_open_dispute_stops_renewals_and_a_won_one_resumes_them(world):
+    co = subscribed(world)
+    checkout_payment = world.sandbox.store.all("payment")[0]
+    opened = world.sandbox.dispute_status(checkout_payment["id"], "OPEN", kind="RETRIEVAL")["dispute"]
+    assert dispute_row(world, opened["processorDisputeId"])["state"] == "open"
+    month_passes(world)
+    assert run_renewals(world.c)["outcomes"] == {"skipped_disputed": 1}
+    assert renewal_charges(world) == []
+    world.sandbox.dispute_status(checkout_payment["id"], "CHALLENGED", kind="RETRIEVAL",
+                                 dispute_id=opened["processorDisputeId"])
+    assert run_renewals(world.c)["outcomes"] == {"skipped_disputed": 1}
+    world.sandbox.dispute_status(checkout_payment["id"], "WON", dispute_id=opened["processorDisputeId"])
+    row = dispute_row(world, opened["processorDisputeId"])
+    assert (row["state"], row["kind"], row["status"]) == ("won", "DISPUTE", "WON") and row["decided_at"]
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
+
+
+def test_a_lost_dispute_reverses_the_payments_credits_once_and_cancels_its_subscription(world):
+    co = subscribed(world)
+    checkout_payment = world.sandbox.store.all("payment")[0]
+    assert world.credits() == 2000
+    opened = world.sandbox.dispute_status(checkout_payment["id"], "OPEN")["dispute"]
+    lost = world.sandbox.dispute_status(checkout_payment["id"], "LOST", dispute_id=opened["processorDisputeId"])
+    assert lost["delivered"] == 200
+    assert world.credits() == 0
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"
+    world.sandbox.dispute_status(checkout_payment["id"], "LOST", dispute_id=opened["processorDisputeId"])
+    assert world.credits() == 0  # a repeated decision changes nothing
+    # A WON delivered after LOST is older news (a chargeback won, then lost in pre-arbitration): it changes
+    # nothing and pages nobody.
+    world.sandbox.dispute_status(checkout_payment["id"], "WON", dispute_id=opened["processorDisputeId"])
+    assert dispute_row(world, opened["processorDisputeId"])["state"] == "lost" and world.credits() == 0
+    assert [k for k in chat_keys(world) if k.startswith("dispute:")] == [
+        f"dispute:{opened['processorDisputeId']}", f"dispute:{opened['processorDisputeId']}:lost"]
+    month_passes(world)
+    assert renewal_charges(world) == [] and run_renewals(world.c)["outcomes"].get("succeeded") is None
+
+
+def test_an_unknown_dispute_or_payment_notification_is_alerted_not_silently_acknowledged(world):
+    from billingctl.services.webhook_events import dispatch
+
+    subscribed(world)
+    payment = world.sandbox.store.all("payment")[0]
+    before = world.c.metrics.sample("billing_lifecycle_illegal_transitions_total", {"lifecycle": "notification"})
+    assert dispatch(world.c, "orchestrator", "DISPUTE.SOMETHING", {
+        "paymentId": payment["id"], "processorDisputeId": "dp_x"})["outcome"] == "unknown_type"
+    assert dispatch(world.c, "orchestrator", "PAYMENT.SOMETHING", {"payment": payment})["outcome"] == "unknown_type"
+    assert world.c.metrics.sample("billing_lifecycle_illegal_transitions_total",
+                                  {"lifecycle": "notification"}) == before + 2
+    assert {"illegal:notification:dp_x:None:DISPUTE.SOMETHING",
+            f"illegal:notification:{payment['id']}:None:PAYMENT.SOMETHING"} <= set(chat_keys(world))
+
+
+def test_a_dispute_status_outside_primers_list_is_refused_and_alerted(world):
+    subscribed(world)
+    payment = world.sandbox.store.all("payment")[0]
+    sent = world.sandbox.dispute_status(payment["id"], "MAYBE")["dispute"]
+    with world.c.uow() as uow:
+        assert uow.execute(select(dispute)).first() is None
+    assert f"illegal:dispute:{sent['processorDisputeId']}:None:DISPUTE/MAYBE" in chat_keys(world)
+
+
+def test_every_dispute_notification_of_one_dispute_is_its_own_inbox_event(world):
+    from billingctl.adapters.db.tables import event_inbox
+
+    subscribed(world)
+    payment = world.sandbox.store.all("payment")[0]
+    first = world.sandbox.dispute_status(payment["id"], "OPEN")["dispute"]
+    world.sandbox.dispute_status(payment["id"], "CHALLENGED", dispute_id=first["processorDisputeId"])
+    world.sandbox.dispute_status(payment["id"], "WON", dispute_id=first["processorDisputeId"])
+    with world.c.uow() as uow:
+        ids = uow.execute(select(event_inbox.c.event_id).where(event_inbox.c.source == "orchestrator",
+                                                               event_inbox.c.event_type == "DISPUTE.STATUS")).all()
+    assert len(ids) == 3
+    assert dispute_row(world, first["processorDisputeId"])["state"] == "won"
+
+
+def test_an_aged_in_flight_charge_is_never_charged_twice_even_when_capture_fails(world):
+    subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("AUTHORIZED")
+    run_renewals(world.c)
+    world.c.clock.advance(timedelta(hours=2).total_seconds())
+    world.sandbox.store.add_fault("orchestrator", "500", method="POST", path="/capture", count=-1)
+    assert run_renewals(world.c)["outcomes"] == {"in_flight": 1}
+    world.sandbox.store.clear_faults()
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    assert len(renewal_charges(world)) == 1
+
+
+# ---- defect 8: a payment listed late behind the cursor is still seen ------------------------------------
+
+def test_a_checkout_payment_settled_after_a_younger_one_moved_the_cursor_is_still_recorded(world):
+    """Its webhook lost, the settled-payments poller is its only fallback: it was SETTLING when a younger
+    payment moved the cursor past its creation date, and was then listed as SETTLED."""
+    from billingctl.services.orphans import run_orphans
+    from tests.conftest import advance_with_sandbox
+
+    late_co, young_co = world.checkout("user_late", PRO), world.checkout("user_young", PRO)
+    late = world.sandbox.pay(late_co["order_id"], drop_webhook=True, report_to_provider=False)
+    world.sandbox.store.put("payment", late["id"], {**late, "status": "SETTLING"})
+    advance_with_sandbox(world.c, 30)
+    young = world.sandbox.pay(young_co["order_id"], drop_webhook=True)
+    advance_with_sandbox(world.c, 20)
+    assert run_orphans(world.c)["outcomes"] == {"recorded": 1}  # the younger one; the cursor moves to it
+    assert purchases_of(world, young["id"]) != []
+    world.sandbox.store.put("payment", late["id"], {**late, "status": "SETTLED"})  # listed late, settled
+    advance_with_sandbox(world.c, 30)
+    # The younger one is read again at the cursor (whose date is inclusive, as before); the late one is new.
+    assert run_orphans(world.c)["outcomes"] == {"recorded": 2}
+    assert purchases_of(world, late["id"]) != [] and world.credits("user_late") == 2000
