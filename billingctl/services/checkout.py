@@ -61,7 +61,7 @@ def create_checkout(container, user_id: str, item_price_id: str, risky_actions: 
     # and the reservation are one transaction under the user's row lock (correct without Redis).
     with container.uow() as uow:
         decision = fraud_quota.reserve(uow, container.settings, user_id, plan.lane, now, CUSTOMER,
-                                       f"checkout:{key}", plan.amount)
+                                       f"checkout:{key}", plan.amount, clock=container.clock)
         if decision is not None and not decision.allowed:
             fraud_quota.record_velocity(uow, user_id, now, plan.amount, decision.blocking, "checkout")
             uow.commit()

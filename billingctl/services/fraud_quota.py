@@ -37,16 +37,20 @@ def record_attempt(uow, user_id: str, now, amount: int, initiator: str, dedupe_k
         "merchant_context": FULL, "amount": amount, "initiator": initiator, **extra}, dedupe_key)
 
 
-def reserve(uow, settings, user_id: str, lane: str, now, initiator: str, key: str, amount: int,
+def reserve(uow, settings, user_id: str, lane: str, now, initiator: str, key: str, amount: int, clock=None,
             **extra) -> QuotaDecision | None:
     """Check the quota and reserve one attempt in the same transaction, under the user's row lock (a
     write first on SQLite, which serializes writers; SELECT ... FOR UPDATE on PostgreSQL), so two
-    workers can never both take the last slot. Nothing is reserved when the quota refuses; on the SFW
-    lane nothing is counted at all. The caller commits."""
+    workers can never both take the last slot. The window is judged at the time read once the lock is
+    held (`clock`): a time read before it would not see an attempt another worker committed meanwhile
+    with a later stamp. Nothing is reserved when the quota refuses; on the SFW lane nothing is counted
+    at all. The caller commits."""
     if lane != "nsfw":
         return None
     uow.users.ensure(user_id, now)
     uow.users.lock(user_id)
+    if clock is not None:
+        now = max(now, clock.now())
     decision = check(uow, settings, user_id, lane, now, initiator)
     if decision is None or decision.allowed:
         record_attempt(uow, user_id, now, amount, initiator, dedupe_key=key, **extra)

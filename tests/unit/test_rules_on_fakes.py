@@ -116,3 +116,20 @@ def test_a_refused_checkout_records_one_velocity_event_with_its_window_and_sourc
     assert uow.fraud.rows == [{"user_id": "u1", "event_type": "velocity_triggered", "created_at": T0,
                                "dedupe_key": None, "metadata": {"merchant_context": "full", "amount": 999,
                                                                 "window": "daily", "source": "checkout"}}]
+
+
+def test_the_window_is_judged_at_the_time_read_under_the_lock_not_before_it():
+    """Issue 34 defect 7: request A read the clock, B took the user's lock and committed the last
+    attempt, then A got the lock with its earlier time and was let in on a count without B's attempt."""
+    from billingctl.domain.clock import ManualClock
+
+    uow = FakeUnitOfWork()
+    for i in range(3):
+        assert fraud_quota.reserve(uow, PRODUCTION, "u1", "nsfw", T0 - hours(3 - i), CUSTOMER, f"checkout:{i}", 1)
+    a_read_at = T0  # A's time, read before the lock
+    assert fraud_quota.reserve(uow, PRODUCTION, "u1", "nsfw", T0 + timedelta(seconds=1), CUSTOMER, "checkout:b",
+                               1).allowed
+    clock = ManualClock(T0 + timedelta(seconds=2))  # the time once A holds the lock
+    assert not fraud_quota.reserve(uow, PRODUCTION, "u1", "nsfw", a_read_at, CUSTOMER, "checkout:a", 1,
+                                   clock=clock).allowed
+    assert "checkout:a" not in [r["dedupe_key"] for r in uow.fraud.rows]
