@@ -26,6 +26,11 @@ CURSOR = "settled_payments"
 EXHAUSTED_TEXT = "ORPHANED PAYMENT RECOVERY EXHAUSTED - manual review required"
 DUPLICATE_TEXT = "same-plan duplicate charge during orphan recovery"
 TOO_RECENT = timedelta(seconds=15)  # spec section 1 rule 3: the webhook or the event poller is still due
+# The orchestrator lists a payment within a minute of its creation (Primer's list-payments reference), and
+# lists it by its creation date: each run reads back this far behind its cursor, so a payment listed late
+# (or settled late) after a younger one moved the cursor is still seen. Payments already handled cost one
+# database read each.
+LISTING_DELAY = timedelta(minutes=2)
 CLAIM = timedelta(minutes=5)
 OPEN = ("retrying",)
 OWNED = ("retrying", "recovered", "duplicate_refunded", "exhausted", "needs_review", "resolved")
@@ -40,13 +45,16 @@ def run_orphans(container, progress=None) -> dict:
     counts: dict[str, int] = {}
     newest = cursor
     unsettled = []  # payments still to be looked at: too recent to judge, or their check failed
-    listed = list(container.orchestrator.list_payments("SETTLED", from_date=cursor))  # summaries: the total
+    since = cursor - LISTING_DELAY if cursor is not None else None
+    listed = list(container.orchestrator.list_payments("SETTLED", from_date=since))  # summaries: the total
     if progress:
         progress(0, new_total=len(listed))
     for payment in listed:
         if progress:
             progress(1)
         settled_at = parse_time(payment.get("date")) or now
+        if cursor is not None and settled_at < cursor and _handled_before(container, payment["id"]):
+            continue  # read again within the overlap, and handled by an earlier run: nothing to count
         if now - settled_at < TOO_RECENT:
             outcome = "too_recent"
         else:
@@ -73,6 +81,12 @@ def run_orphans(container, progress=None) -> dict:
     waiting = counts.get("too_recent", 0) + counts.get("waiting", 0)
     return BatchResult({"outcomes": counts, "cursor": new_cursor}, failed=counts.get("error", 0), skipped=waiting,
                        done=sum(counts.values()) - counts.get("error", 0) - waiting)
+
+
+def _handled_before(container, payment_id: str) -> bool:
+    with container.uow(autocommit=True) as uow:
+        status = uow.orphans.status(payment_id)
+        return status not in (None, *OPEN) or (status is None and uow.purchases.exists_for_payment(payment_id))
 
 
 def handle_payment(container, payment: dict) -> str:
