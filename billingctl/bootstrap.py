@@ -183,7 +183,7 @@ class Container:
         http = self._http("orchestrator", self.settings.orchestrator_url,
                           {"X-API-KEY": key, "X-API-VERSION": API_VERSION}, create_orchestrator_app,
                           "X-Idempotency-Key")
-        return OrchestratorClient(http)
+        return OrchestratorClient(http, charge_timeout=self.settings.orchestrator_charge_timeout_seconds)
 
     def close(self) -> None:
         if "engine" in self.__dict__:

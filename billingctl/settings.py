@@ -118,6 +118,9 @@ class Settings(BaseSettings):
     retention_outbox_days: int = Field(default=90, ge=1)
     retention_audit_days: int = Field(default=400, ge=30)
     http_timeout_seconds: float = Field(default=10.0, gt=0)
+    # A call that moves money at the orchestrator (a charge, a capture, a cancel) waits this long: Primer
+    # enforces 90 s on every request and answers 504 after it. It is sent once; a lost answer is read back.
+    orchestrator_charge_timeout_seconds: float = Field(default=95.0, gt=0)
     http_max_attempts: int = Field(default=5, ge=1)
     http_backoff_max_seconds: float = Field(default=8.0, ge=0)
     breaker_error_threshold: float = Field(default=0.5, gt=0, le=1)

@@ -145,20 +145,25 @@ class ResilientClient:
             self._local.max_attempts = previous
 
     def request(self, method: str, path: str, *, params=None, data=None, json=None,
-                idempotency_key: str | None = None, headers: dict | None = None):
+                idempotency_key: str | None = None, headers: dict | None = None, timeout: float | None = None,
+                once: bool = False):
+        """`timeout`: this call's own (a charge waits as long as the orchestrator may take); `once`: a
+        single attempt, for a call that moves money and may still be running when its answer is lost
+        (the caller reads it back before sending it again)."""
         headers = dict(headers or {})
         if method.upper() == "POST":
             # Minted once, before the retry loop: every attempt of this logical POST carries it.
             headers[self.idempotency_header] = idempotency_key or uuid.uuid4().hex
+        attempts = 1 if once else getattr(self._local, "max_attempts", None) or self.policy.max_attempts
         retrying = Retrying(
-            stop=stop_after_attempt(getattr(self._local, "max_attempts", None) or self.policy.max_attempts),
+            stop=stop_after_attempt(attempts),
             wait=_Wait(self.policy),
             retry=retry_if_exception(is_retryable),
             sleep=self.sleep,
             reraise=True,
         )
         try:
-            return retrying(self._attempt, method, path, params, data, json, headers)
+            return retrying(self._attempt, method, path, params, data, json, headers, timeout)
         except (e.ExternalServerError, e.ExternalUnavailable) as exc:
             if method.upper() == "POST":
                 raise e.OutcomeUnknown(
@@ -167,14 +172,14 @@ class ResilientClient:
                 ) from exc
             raise
 
-    def _attempt(self, method, path, params, data, json, headers):
+    def _attempt(self, method, path, params, data, json, headers, timeout=None):
         ticket = self.breaker.before_call() if self.breaker is not None else None
         if self.limiter is not None:
             self.limiter.acquire()
         self.requests_sent += 1
         try:
             response = self.client.request(method, path, params=params, data=data, json=json, headers=headers,
-                                           timeout=self.policy.timeout)
+                                           timeout=timeout or self.policy.timeout)
         except httpx.TransportError as exc:
             failure = e.ExternalUnavailable(f"{self.dependency}: {type(exc).__name__}", dependency=self.dependency)
             self._failed(failure, ticket)

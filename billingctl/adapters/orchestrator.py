@@ -22,8 +22,11 @@ def processor_of(payment: dict) -> tuple[str | None, str | None]:
 class OrchestratorClient:
     dependency = "orchestrator"
 
-    def __init__(self, http: ResilientClient):
+    def __init__(self, http: ResilientClient, charge_timeout: float | None = None):
         self.http = http
+        # Primer's API answers within 90 s (a 504 after): a call that moves money waits for that answer,
+        # is sent once, and is read back (by order id) before it is ever sent again.
+        self.charge_timeout = charge_timeout
 
     def create_client_session(self, *, order_id: str, customer_id: str, amount: int, currency_code: str,
                               metadata: dict, vault_on_success: bool = True,
@@ -42,18 +45,19 @@ class OrchestratorClient:
         body = {"paymentMethodToken": payment_method_token, "amount": amount, "currencyCode": currency_code,
                 "orderId": order_id, "customerId": customer_id, "metadata": metadata,
                 "paymentMethod": {"paymentType": "SUBSCRIPTION"}}
-        return self.http.request("POST", "/payments", json=body, idempotency_key=idempotency_key)
+        return self.http.request("POST", "/payments", json=body, idempotency_key=idempotency_key,
+                                 timeout=self.charge_timeout, once=True)
 
     def capture_payment(self, payment_id: str, amount: int | None = None) -> dict:
         """Capture an AUTHORIZED payment (in full when no amount is given)."""
         body = {"final": True} | ({"amount": amount} if amount is not None else {})
         return self.http.request("POST", f"/payments/{seg(payment_id)}/capture", json=body,
-                                 idempotency_key=f"capture:{payment_id}")
+                                 idempotency_key=f"capture:{payment_id}", timeout=self.charge_timeout, once=True)
 
     def cancel_payment(self, payment_id: str, reason: str = "") -> dict:
         """Void a payment that has not settled (PENDING or AUTHORIZED)."""
         return self.http.request("POST", f"/payments/{seg(payment_id)}/cancel", json={"reason": reason},
-                                 idempotency_key=f"cancel:{payment_id}")
+                                 idempotency_key=f"cancel:{payment_id}", timeout=self.charge_timeout, once=True)
 
     def list_payments(self, status: str = "SETTLED", from_date: datetime | None = None,
                       cursor: str | None = None, limit: int = 100, customer_id: str | None = None,
@@ -73,6 +77,10 @@ class OrchestratorClient:
             cursor = page.get("nextCursor")
             if not cursor:
                 return
+
+    def payments_of_order(self, order_id: str) -> list[dict]:
+        """Every payment of one order, whatever its status (summaries), oldest first."""
+        return list(self.list_payments(status=None, order_id=order_id))
 
     def get_payment(self, payment_id: str) -> dict:
         return self.http.request("GET", f"/payments/{seg(payment_id)}")

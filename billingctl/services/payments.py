@@ -193,8 +193,9 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
                          processor_merchant_id=facts.merchant_id)
         credited = apply_credits(uow, facts.user_id, facts.credits, f"payment:{facts.payment_id}", "payment",
                                  facts.payment_id, now)
-        if facts.invoice_id:  # a renewal charge in flight ends here, whichever path saw it settle
-            end_in_flight_charge(container, uow, facts.payment_id, "succeeded")
+        if facts.invoice_id:  # a renewal charge ends here, whichever path saw it settle
+            end_renewal_attempt(container, uow, _invoice_of(facts), facts.payment_id, "succeeded",
+                                amount=facts.amount)
         if facts.invoice_id:
             uow.invoices.save(facts.invoice_id, now, subscription_id=facts.subscription_id,
                               customer_id=facts.user_id, total_amount=facts.amount,
@@ -280,13 +281,25 @@ def save_transaction(container, uow, payment_id: str, orchestrator_status: str |
     return step.value
 
 
-def end_in_flight_charge(container, uow, payment_id: str, outcome: str) -> bool:
-    """A renewal charge seen to end (settled, or held) on any path: its pending dunning row is resolved
-    and the outcome row written, once (domain.lifecycle.DUNNING)."""
+def end_renewal_attempt(container, uow, invoice: dict, payment_id: str, outcome: str, attempted: bool = False,
+                        **facts) -> bool:
+    """A renewal charge seen to end (settled, or held) on any path ends its invoice's dunning, once
+    (domain.lifecycle.DUNNING): its pending row is resolved and the outcome written; with no pending row
+    (its answer was lost, or another path recorded it first), the outcome follows the invoice's last
+    unfinished attempt. `attempted`: the renewals tick's own direct answer, written even as the first row."""
     pending = uow.dunning.pending_for_payment(payment_id)
-    if pending is None:
-        return False
-    return dunning_step(container, uow, pending, outcome, resolves=pending, decline_code=None)
+    if pending is not None:
+        return dunning_step(container, uow, pending, outcome, resolves=pending, decline_code=None)
+    newest = uow.dunning.newest(invoice["id"])
+    if newest is None and not attempted:
+        return False  # not an invoice the renewals tick charged
+    if newest is not None and (newest["status"] in lifecycle.DUNNING.final or newest["status"] == "pending"):
+        return False  # ended already (or another charge is in flight: its own end will come)
+    return dunning_step(container, uow, invoice, outcome, payment_id=payment_id, **facts)
+
+
+def _invoice_of(facts: PaymentFacts) -> dict:
+    return {"id": facts.invoice_id, "subscription_id": facts.subscription_id, "customer_id": facts.user_id}
 
 
 def dunning_step(container, uow, invoice: dict, status: str, resolves: dict | None = None, **values) -> bool:
@@ -360,7 +373,8 @@ def _hold_mismatch(container, payment: dict, facts: PaymentFacts, reason: str, p
                                    subscription_id=facts.subscription_id, item_price_id=facts.item_price_id,
                                    amount=facts.amount, currency_code=facts.currency_code, settled_at=facts.settled_at,
                                    reason=detail)
-        end_in_flight_charge(container, uow, facts.payment_id, "held")
+        if facts.invoice_id:
+            end_renewal_attempt(container, uow, _invoice_of(facts), facts.payment_id, "held", amount=facts.amount)
         uow.commit()
     if new:
         container.metrics.payments_held.labels(reason=reason).inc()

@@ -21,7 +21,7 @@ from billingctl.domain.instruments import stored_instrument, usable_card
 from billingctl.domain.quota import MERCHANT
 from billingctl.services import alerts, catalog, fraud_quota, fraud_signals
 from billingctl.services.lifecycles import report_illegal
-from billingctl.services.payments import dunning_step, record_payment
+from billingctl.services.payments import dunning_step, end_renewal_attempt, record_payment
 
 log = logging.getLogger("billingctl.renewals")
 
@@ -137,6 +137,12 @@ def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
     if not processor:
         return _failed(container, invoice, "failed", "no_locked_processor", attempt_no, lane, None, amount, history)
 
+    if last is not None and last["status"] == "error":
+        # The last charge's answer was lost: it may have been made (or still be running). Read the order's
+        # payments back before any new charge; one that exists is this attempt's outcome.
+        adopted = _read_back(container, invoice, history, attempt_no, lane, processor, amount)
+        if adopted is not None:
+            return adopted
     # The quota's check and this attempt's reservation are one transaction under the user's row lock;
     # the reservation becomes the payment's attempt, or is released when no authorization happened.
     reservation = f"order:{invoice['id']}"
@@ -178,6 +184,32 @@ def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
                 amount=amount, payment_id=payment.get("id"), decline_code=payment.get("status"))
         log.info("renewal charge in flight", extra={"invoice_id": invoice["id"], "payment_id": payment.get("id"),
                                                      "status": payment.get("status")})
+        return "pending"
+    return _charged(container, invoice, payment, attempt_no, lane, processor, amount, history)
+
+
+def _read_back(container, invoice, history, attempt_no, lane, processor, amount) -> str | None:
+    """The outcome of a charge whose answer was lost, read from the orchestrator's payments of the
+    invoice (its order id): None when it made none (charge now), else that payment's outcome. A read that
+    fails charges nothing this tick."""
+    known = {h["payment_id"] for h in history if h["payment_id"]}
+    try:
+        made = [p for p in container.orchestrator.payments_of_order(invoice["id"]) if p["id"] not in known]
+        if not made:
+            return None
+        payment = container.orchestrator.get_payment(made[-1]["id"])
+    except e.ExternalError as exc:
+        log.warning("a lost charge could not be read back; nothing charged this tick: %s", exc.message,
+                    extra={"invoice_id": invoice["id"]})
+        return "read_back_failed"
+    log.warning("a charge whose answer was lost was found at the orchestrator: it is this attempt",
+                extra={"invoice_id": invoice["id"], "payment_id": payment["id"], "status": payment.get("status")})
+    if payment.get("status") in IN_FLIGHT:
+        with container.uow() as uow:
+            fraud_quota.count_authorization(uow, container.clock.now(), payment, lane, invoice.get("customer_id"))
+            dunning_step(container, uow, invoice, "pending", attempt_no=attempt_no, lane=lane, processor=processor,
+                         amount=amount, payment_id=payment["id"], decline_code=payment.get("status"))
+            uow.commit()
         return "pending"
     return _charged(container, invoice, payment, attempt_no, lane, processor, amount, history)
 
@@ -237,8 +269,10 @@ def _charged(container, invoice, payment, attempt_no, lane, processor, amount, h
         # path recorded the payment before the row was written, and writes the outcome of a direct answer.
         outcome = record_payment(container, payment, "renewal")["outcome"]
         ended = "held" if outcome == "held_mismatch" else "succeeded"
-        _record(container, invoice, ended, resolves=pending, attempt_no=attempt_no, lane=lane, processor=processor,
-                amount=amount, payment_id=payment["id"])
+        with container.uow() as uow:
+            end_renewal_attempt(container, uow, invoice, payment["id"], ended, attempted=True, attempt_no=attempt_no,
+                                lane=lane, processor=processor, amount=amount)
+            uow.commit()
         return ended
     if status not in ("DECLINED", "FAILED", "CANCELLED"):
         with container.uow() as uow:

@@ -307,3 +307,56 @@ def test_a_checkout_payment_settled_after_a_younger_one_moved_the_cursor_is_stil
     # The younger one is read again at the cursor (whose date is inclusive, as before); the late one is new.
     assert run_orphans(world.c)["outcomes"] == {"recorded": 2}
     assert purchases_of(world, late["id"]) != [] and world.credits("user_late") == 2000
+
+
+# ---- defect 9: a charge whose answer was lost is read back before any new charge --------------------------
+
+def charge_posts(world):
+    return world.sandbox.store.count_requests("orchestrator", "POST", "/payments")
+
+
+@pytest.mark.parametrize("status", ["PENDING", "SETTLED", "DECLINED"])
+def test_a_charge_whose_answer_was_lost_is_read_back_by_its_order_and_never_sent_again(world, status):
+    subscribed(world)
+    month_passes(world)
+    if status == "PENDING":
+        world.sandbox.async_charges("PENDING")
+    if status == "DECLINED":
+        world.sandbox.decline_customer("user_a")
+    world.sandbox.hold_webhooks()  # the webhook is late too: only the read-back can tell
+    world.sandbox.store.add_fault("orchestrator", "error_after_effect", method="POST", path="/payments", count=5)
+    assert run_renewals(world.c)["outcomes"] == {"error": 1}
+    assert charge_posts(world) == 1  # sent once: a charge that may still be running is never re-sent at once
+    world.sandbox.store.advance_clock(600)
+    world.c.clock.advance(600)
+    if status == "SETTLED":  # the workflow paid the invoice: no longer due; the late webhook records it
+        assert run_renewals(world.c)["outcomes"] == {}
+        world.sandbox.release_webhooks()
+        assert world.credits() == 4000
+    else:
+        expected = {"PENDING": "pending", "DECLINED": "declined"}[status]
+        assert run_renewals(world.c)["outcomes"] == {expected: 1}
+    assert charge_posts(world) == 1  # read back by the invoice's order id: no second charge request
+    [charge] = renewal_charges(world)
+    newest = list_attempts(world.c, user_id="user_a")[0]
+    assert newest["payment_id"] == charge["id"]
+    assert newest["status"] == {"PENDING": "pending", "SETTLED": "succeeded", "DECLINED": "declined"}[status]
+
+
+def test_a_charge_waits_for_the_orchestrators_own_limit(world):
+    """Primer answers within 90 s (504 after): a charge's timeout is above it, reads keep the short one."""
+    http = world.c.orchestrator.http
+    seen = []
+    original = http.client.request
+
+    def spy(method, path, **kw):
+        seen.append((method, path, kw.get("timeout")))
+        return original(method, path, **kw)
+
+    http.client.request = spy
+    subscribed(world)
+    month_passes(world)
+    run_renewals(world.c)
+    timeouts = {(m, p): t for m, p, t in seen}
+    assert timeouts[("POST", "/payments")] == world.c.settings.orchestrator_charge_timeout_seconds == 95
+    assert timeouts[("GET", "/payment-instruments")] == world.c.settings.http_timeout_seconds
