@@ -208,7 +208,8 @@ class Metrics:
 # of processes that exited (a job that once saw the breaker open would keep the alert firing).
 LIVE_GAUGES = ("billing_circuit_breaker_state", "billing_reconcile_violations",
                "billing_job_last_success_timestamp_seconds", "billing_job_interval_seconds", "billing_outbox_pending",
-               "billing_event_poller_last_run_timestamp_seconds")
+               "billing_event_poller_last_run_timestamp_seconds", "billing_renewal_charges_in_flight",
+               "billing_renewal_charge_in_flight_oldest_age_seconds")
 
 
 class WithoutLive:
@@ -235,9 +236,9 @@ class LiveState:
     billing_reconcile_violations from the database (the last reconcile's count), read at scrape time."""
 
     def __init__(self, breakers: callable, violations: callable, jobs: callable = lambda: [],
-                 outbox: callable = lambda: {}, poller: callable = lambda: None):
+                 outbox: callable = lambda: {}, poller: callable = lambda: None, in_flight: callable = lambda: None):
         self.breakers, self.violations, self.jobs, self.outbox = breakers, violations, jobs, outbox
-        self.poller = poller
+        self.poller, self.in_flight = poller, in_flight
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
@@ -270,6 +271,13 @@ class LiveState:
         for sink, count in self.outbox().items():
             backlog.add_metric([sink], count)
         yield backlog
+        charges = self.in_flight()
+        if charges is not None:
+            yield GaugeMetricFamily("billing_renewal_charges_in_flight",
+                                    "Renewal charges the orchestrator has not ended yet.", value=charges["count"])
+            yield GaugeMetricFamily("billing_renewal_charge_in_flight_oldest_age_seconds",
+                                    "Age of the oldest renewal charge in flight (0 when none).",
+                                    value=charges["oldest_age_seconds"])
         newest = self.poller()
         if newest is not None:
             yield GaugeMetricFamily("billing_event_poller_last_run_timestamp_seconds",

@@ -111,6 +111,21 @@ def check_outbox(container) -> Check:
     return Check("alert_outbox", chat == 0, detail + (" (undelivered chat alerts)" if chat else ""), counts)
 
 
+def check_renewals_in_flight(container) -> Check:
+    """Renewal charges the orchestrator has not ended yet; attention when one is past its age limit (the
+    renewals tick captures, cancels or escalates it: runbook RenewalChargeStuck)."""
+    from billingctl.services.renewals import charges_in_flight
+
+    view = charges_in_flight(container)
+    if not view["count"]:
+        return Check("renewals_in_flight", True, "none", view)
+    detail = f"{view['count']} in flight, oldest {view['oldest_age_seconds'] / 3600:.1f} h"
+    if view["overdue"]:
+        detail += f"; {len(view['overdue'])} past the age limit: " + ", ".join(
+            f"{o['payment_id']} ({o['status']})" for o in view["overdue"][:3])
+    return Check("renewals_in_flight", not view["overdue"], detail, view)
+
+
 def check_media(container) -> Check:
     from billingctl.services.media import edge_ttl_warning
 
@@ -147,6 +162,7 @@ def health_report(container, scope: str = "full") -> dict:
         checks.append(check_poller(container))
         checks.append(check_inbox(container))
         checks.append(check_orphans(container))
+        checks.append(check_renewals_in_flight(container))
         checks.append(check_outbox(container))
         checks.append(check_jobs(container))
     return {

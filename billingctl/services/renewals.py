@@ -428,3 +428,21 @@ def _exhaust(container, invoice: dict) -> str:
 def list_attempts(container, user_id: str | None = None, invoice_id: str | None = None, limit: int = 100) -> list:
     with container.uow() as uow:
         return uow.dunning.listing(user_id, invoice_id, limit)
+
+
+def charges_in_flight(container) -> dict:
+    """Renewal charges in flight, by age (health, the live gauge, `renewals list`): how many, the oldest's
+    age, and those past their limit (decision 103: AUTHORIZED past its capture limit, any past the
+    in-flight limit; the next tick captures, cancels or escalates them)."""
+    now = container.clock.now()
+    with container.uow(autocommit=True) as uow:
+        rows = uow.dunning.in_flight()
+    authorized_max = timedelta(minutes=container.settings.renewal_authorized_max_minutes)
+    in_flight_max = timedelta(hours=container.settings.renewal_in_flight_max_hours)
+    overdue = [r for r in rows if now - r["created_at"] > in_flight_max
+               or (r["decline_code"] == "AUTHORIZED" and now - r["created_at"] > authorized_max)]
+    oldest = max((now - r["created_at"]).total_seconds() for r in rows) if rows else 0.0
+    return {"count": len(rows), "oldest_age_seconds": round(oldest, 1),
+            "overdue": [{"invoice_id": r["invoice_id"], "payment_id": r["payment_id"], "status": r["decline_code"],
+                         "age_seconds": round((now - r["created_at"]).total_seconds(), 1)} for r in overdue[:20]]}
+

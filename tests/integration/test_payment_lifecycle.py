@@ -360,3 +360,29 @@ def test_a_charge_waits_for_the_orchestrators_own_limit(world):
     timeouts = {(m, p): t for m, p, t in seen}
     assert timeouts[("POST", "/payments")] == world.c.settings.orchestrator_charge_timeout_seconds == 95
     assert timeouts[("GET", "/payment-instruments")] == world.c.settings.http_timeout_seconds
+
+
+# ---- health and the live gauge show charges in flight by age --------------------------------------------
+
+def test_health_and_the_scrape_show_a_charge_in_flight_past_its_limit(world):
+    from billingctl.services.health import health_report
+    from webhooks_app import create_internal_app
+
+    subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("SETTLING")
+    run_renewals(world.c)
+    [charge] = renewal_charges(world)
+
+    def check():
+        return next(c for c in health_report(world.c)["checks"] if c["name"] == "renewals_in_flight")
+
+    assert check()["ok"] and check()["detail"].startswith("1 in flight, oldest 0.0 h")
+    world.c.clock.advance(25 * 3600)
+    assert not check()["ok"]
+    assert check()["detail"] == f"1 in flight, oldest 25.0 h; 1 past the age limit: {charge['id']} (SETTLING)"
+    scrape = create_internal_app(container=world.c).test_client().get(
+        "/metrics", headers={"Authorization": f"Bearer {world.c.settings.secret('internal_token')}"})
+    text = scrape.get_data(as_text=True)
+    assert "billing_renewal_charges_in_flight 1.0" in text
+    assert "billing_renewal_charge_in_flight_oldest_age_seconds 90000.0" in text

@@ -40,6 +40,7 @@ def metrics():
     from billingctl.services.health import breaker_status
     from billingctl.services.job_status import job_freshness
     from billingctl.services.reconcile import last_violations
+    from billingctl.services.renewals import charges_in_flight
 
     c = container()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -51,7 +52,7 @@ def metrics():
     registry = CollectorRegistry()
     registry.register(WithoutLive(source))
     registry.register(LiveState(lambda: breaker_status(c), lambda: last_violations(c), lambda: job_freshness(c),
-                                lambda: outbox_backlog(c), lambda: _newest_poll(c)))
+                                lambda: outbox_backlog(c), lambda: _newest_poll(c), lambda: charges_in_flight(c)))
     # content_type, not mimetype: Flask would append a second charset to the one the constant carries.
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
 
