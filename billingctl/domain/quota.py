@@ -35,7 +35,9 @@ def authorization_quota(attempts: list[datetime], now: datetime, initiator: str 
         raise ValueError(f"initiator must be {CUSTOMER} or {MERCHANT}")
     states, blocking = [], None
     for name, length, limit in WINDOWS:
-        inside = sorted(t for t in attempts if now - length < t <= now)
+        # No upper bound: an attempt stamped after `now` (another worker's clock a little ahead, or a time
+        # read before that worker committed) is inside every window, never outside the count.
+        inside = sorted(t for t in attempts if now - length < t)
         state = WindowState(name, len(inside), limit, limit - 1, inside[0] + length if inside else None)
         states.append(state)
         allowed_here = len(inside) < (limit - 1 if initiator == CUSTOMER else limit)

@@ -212,9 +212,19 @@ def test_an_sfw_session_counts_nothing(world):
     assert attempt_rows(world) == []
 
 
-def test_two_workers_cannot_both_take_the_last_customer_slot(make_settings, db_url, tmp_path, redis_url):
+class SkewedClock(ManualClock):
+    """A worker's clock that runs on (a second each read) from its own offset: the workers disagree."""
+
+    def now(self):
+        return self.advance(1)
+
+
+@pytest.mark.parametrize("clocks", ["one frozen clock", "clocks that move and disagree"])
+def test_two_workers_cannot_both_take_the_last_customer_slot(make_settings, db_url, tmp_path, redis_url, clocks):
     """Defect 5: check and record were separate transactions guarded by a lock that is in-process
-    without Redis: 5 attempts in a day in 3 of 3 trials. Now one transaction under the user's row lock."""
+    without Redis: 5 attempts in a day in 3 of 3 trials. Now one transaction under the user's row lock.
+    Issue 34 defect 7: with clocks that move (and disagree by seconds between workers), a worker that read
+    its time before another committed, or whose clock is behind, must still count that attempt."""
     import threading
     from datetime import timedelta
 
@@ -233,7 +243,8 @@ def test_two_workers_cannot_both_take_the_last_customer_slot(make_settings, db_u
                                                        created_at=now - timedelta(hours=i + 1),
                                                        metadata={"merchant_context": "full", "amount": 2999}))
             uow.commit()
-        workers = [Container(first.settings, clock=ManualClock(now)) for _ in range(4)]
+        workers = [Container(first.settings, clock=ManualClock(now) if clocks == "one frozen clock" else
+                             SkewedClock(now + timedelta(seconds=5 - 3 * n))) for n in range(4)]
         import redis
 
         from billingctl.adapters.locks import LockManager

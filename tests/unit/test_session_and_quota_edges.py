@@ -71,15 +71,17 @@ def test_a_lifetime_beyond_the_maximum_is_refused_at_its_edge():
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 
 
-def test_a_window_holds_attempts_younger_than_its_length_and_none_from_the_future():
+def test_a_window_holds_attempts_younger_than_its_length_and_those_stamped_after_now():
+    """Issue 34 defect 7: an attempt stamped after `now` (another worker's clock ahead, or committed after
+    this request read its time) is counted, never left out."""
     day = timedelta(days=1)
     attempts = [T0 - day, T0 - day + timedelta(seconds=1), T0, T0 + timedelta(seconds=1)]
     daily = authorization_quota(attempts, T0).windows[0]
-    assert (daily.window, daily.used, daily.limit, daily.customer_limit) == ("daily", 2, 5, 4)
+    assert (daily.window, daily.used, daily.limit, daily.customer_limit) == ("daily", 3, 5, 4)
     assert daily.next_slot_frees_at == T0 + timedelta(seconds=1)
     monthly = authorization_quota(attempts, T0).windows[2]
     assert (monthly.window, monthly.used, monthly.limit, monthly.next_slot_frees_at) == (
-        "monthly", 3, 30, T0 - day + timedelta(days=30))
+        "monthly", 4, 30, T0 - day + timedelta(days=30))
     assert authorization_quota([], T0).windows[1].next_slot_frees_at is None
 
 
