@@ -146,7 +146,7 @@ def clock(advance: float = typer.Argument(0.0, help="Seconds to move the sandbox
 
 
 @command(app, "async-charges")
-def async_charges(status: str = typer.Argument(..., help="PENDING, AUTHORIZED, SETTLING, or off")):
+def async_charges(status: str = typer.Argument(..., help="PENDING, AUTHORIZED, SETTLING, PARTIALLY_SETTLED, or off")):
     """Merchant-initiated charges answer this non-final status and stay in flight until `finish`."""
     cli, sandbox = _sandbox()
     _call(sandbox.async_charges, None if status.lower() == "off" else status.upper())
@@ -155,11 +155,44 @@ def async_charges(status: str = typer.Argument(..., help="PENDING, AUTHORIZED, S
 
 @command(app, "finish")
 def finish(payment_id: str, decline: bool = typer.Option(False, "--decline", help="Decline instead of settling."),
+           fail: bool = typer.Option(False, "--fail", help="FAILED (a processor error) instead of settling."),
+           captured: int = typer.Option(None, "--captured", help="Capture only this much: PARTIALLY_SETTLED."),
            drop_webhook: bool = typer.Option(False, "--drop-webhook", help="Do not deliver PAYMENT.STATUS.")):
-    """An in-flight payment settles (or is declined); its PAYMENT.STATUS webhook follows."""
+    """An in-flight payment settles (in full or in part), is declined or fails; PAYMENT.STATUS follows."""
     cli, sandbox = _sandbox()
-    payment = _call(sandbox.finish_payment, payment_id, settle=not decline, drop_webhook=drop_webhook)
+    payment = _call(sandbox.finish_payment, payment_id, settle=not (decline or fail), drop_webhook=drop_webhook,
+                    captured=captured, failed=fail)
     cli.output.result(payment, human=f"{payment_id} {payment['status']}")
+
+
+@command(app, "capture")
+def capture(payment_id: str,
+            amount: int = typer.Option(None, "--amount", help="Less than authorized: a partial capture.")):
+    """Capture an AUTHORIZED payment (POST /payments/{id}/capture)."""
+    cli, sandbox = _sandbox()
+    payment = _call(sandbox.capture, payment_id, amount)
+    cli.output.result(payment, human=f"{payment_id} {payment['status']}")
+
+
+@command(app, "cancel-payment")
+def cancel_payment(payment_id: str):
+    """Void a PENDING or AUTHORIZED payment (POST /payments/{id}/cancel): CANCELLED."""
+    cli, sandbox = _sandbox()
+    payment = _call(sandbox.cancel_payment, payment_id)
+    cli.output.result(payment, human=f"{payment_id} {payment['status']}")
+
+
+@command(app, "dispute-status")
+def dispute_status(payment_id: str, status: str = typer.Argument(..., help="OPEN, ACCEPTED, CHALLENGED, EXPIRED, "
+                                                                          "CANCELLED, WON or LOST"),
+                   kind: str = typer.Option("DISPUTE", "--type", help="RETRIEVAL, DISPUTE or PREARBITRATION"),
+                   dispute_id: str = typer.Option(None, "--dispute-id", help="An existing dispute's id.")):
+    """DISPUTE.STATUS (Primer's unified dispute lifecycle), signed, to the disputes receiver."""
+    cli, sandbox = _sandbox()
+    result = _call(sandbox.dispute_status, payment_id, status.upper(), kind=kind.upper(), dispute_id=dispute_id)
+    cli.output.result(result, human=f"dispute {result['dispute']['processorDisputeId']} on {payment_id} "
+                                    f"{result['dispute']['type']}/{result['dispute']['status']}: "
+                                    f"delivered {result['delivered']}")
 
 
 @command(app, "dispute")

@@ -491,7 +491,7 @@ class Sandbox:
         return payment
 
     def finish_payment(self, payment_id: str, settle: bool = True, drop_webhook: bool = False,
-                       captured: int | None = None) -> dict:
+                       captured: int | None = None, failed: bool = False) -> dict:
         """An in-flight payment reaches its final status; the PAYMENT.STATUS webhook follows. `captured`
         below the amount settles it in part (PARTIALLY_SETTLED, which the workflow does not report)."""
         payment = self._payment(payment_id)
@@ -510,6 +510,9 @@ class Sandbox:
         if settle:
             payment["status"] = "SETTLED"
             payment["processor"]["amountCaptured"] = payment["amount"]
+        elif failed:  # a processor error, not the issuer's decision
+            payment["status"] = "FAILED"
+            payment["statusReason"] = {"type": "ERROR", "code": "PROCESSOR_ERROR"}
         else:
             payment["status"] = "DECLINED"
             payment["statusReason"] = {"declineType": "SOFT_DECLINE", "code": "DO_NOT_HONOR"}

@@ -72,3 +72,34 @@ def test_async_charge_and_dispute_verbs(env):
     assert off == {"async_charges": None}
     assert billingctl(["sandbox", "finish", "pay_nope"], env).returncode == 3
     assert billingctl(["sandbox", "dispute", "pay_nope"], env).returncode == 3
+    for verb in (["capture", "pay_nope"], ["cancel-payment", "pay_nope"], ["dispute-status", "pay_nope", "OPEN"]):
+        refused = billingctl(["sandbox", *verb], env)
+        assert refused.returncode == 3 and refused.stderr.count("\n") == 1, verb
+
+
+def test_every_status_primer_documents_can_be_produced_by_a_sandbox_verb(make_settings, tmp_path):
+    """Issue 34: the sandbox is the referee's copy: PENDING, AUTHORIZED, SETTLING, PARTIALLY_SETTLED,
+    SETTLED, DECLINED, FAILED and CANCELLED each come from a verb, not from editing its store."""
+    from billingctl.bootstrap import Container
+
+    c = Container(make_settings(database_url=f"sqlite:///{tmp_path / 'b.db'}"))
+    sandbox = c.sandbox
+    card = sandbox.add_instrument("user_s", default=True)
+    body = {"paymentMethodToken": card["token"], "amount": 1000, "currencyCode": "USD", "orderId": "o_s",
+            "customerId": "user_s", "metadata": {"psp": "SFW_STRIPE", "lane": "sfw"}}
+    seen = set()
+    for status in ("PENDING", "AUTHORIZED", "SETTLING"):
+        sandbox.async_charges(status)
+        seen.add(sandbox.charge(body, drop_webhook=True)["status"])
+    sandbox.async_charges("AUTHORIZED")
+    seen.add(sandbox.capture(sandbox.charge(body, drop_webhook=True)["id"], 400)["status"])
+    seen.add(sandbox.cancel_payment(sandbox.charge(body, drop_webhook=True)["id"])["status"])
+    seen.add(sandbox.finish_payment(sandbox.charge(body, drop_webhook=True)["id"], settle=False, failed=True,
+                                    drop_webhook=True)["status"])
+    seen.add(sandbox.finish_payment(sandbox.charge(body, drop_webhook=True)["id"], settle=False,
+                                    drop_webhook=True)["status"])
+    sandbox.async_charges(None)
+    seen.add(sandbox.charge(body, drop_webhook=True)["status"])
+    assert seen == {"PENDING", "AUTHORIZED", "SETTLING", "PARTIALLY_SETTLED", "SETTLED", "DECLINED", "FAILED",
+                    "CANCELLED"}
+    c.close()
