@@ -386,3 +386,40 @@ def test_health_and_the_scrape_show_a_charge_in_flight_past_its_limit(world):
     text = scrape.get_data(as_text=True)
     assert "billing_renewal_charges_in_flight 1.0" in text
     assert "billing_renewal_charge_in_flight_oldest_age_seconds 90000.0" in text
+
+
+# ---- every (state, event) pair of the payment and dispute tables, on the database -------------------------
+
+def test_every_payment_status_pair_is_taken_or_refused_by_the_conditional_update(world):
+    """Each pair: the row starts in the first status; the second is applied only where the table allows
+    it, and the row never moves otherwise (stale and illegal alike)."""
+    from billingctl.domain import lifecycle as lc
+    from billingctl.services.payments import save_transaction
+
+    now = world.c.clock.now()
+    statuses = list(lc.ORCHESTRATOR_STATUS)
+    for n, (first, second) in enumerate((a, b) for a in statuses for b in statuses):
+        payment_id = f"pay_pair_{n}"
+        with world.c.uow() as uow:
+            assert save_transaction(world.c, uow, payment_id, first, now, amount=100) == "apply"
+            step = save_transaction(world.c, uow, payment_id, second, now, amount=100)
+            held = uow.transactions.status(payment_id)
+            uow.commit()
+        source, target = lc.payment_status(first), lc.payment_status(second)
+        assert step == lc.PAYMENT.step(source, target).value, (first, second)
+        assert held == (target if step == "apply" else source), (first, second)
+
+
+def test_every_dispute_state_pair_is_taken_or_refused_by_the_conditional_update(world):
+    from billingctl.domain import lifecycle as lc
+
+    now = world.c.clock.now()
+    for n, (first, second) in enumerate((a, b) for a in lc.DISPUTE.states for b in lc.DISPUTE.states):
+        with world.c.uow() as uow:
+            assert uow.disputes.open({"dispute_id": f"dp_{n}", "payment_id": "pay_x", "state": first,
+                                      "created_at": now, "updated_at": now})
+            moved = uow.disputes.move(f"dp_{n}", second, lc.DISPUTE.sources(second), now)
+            held = uow.disputes.get(f"dp_{n}")["state"]
+            uow.commit()
+        assert moved == lc.DISPUTE.allowed(first, second), (first, second)
+        assert held == (second if moved else first), (first, second)
