@@ -153,7 +153,9 @@ class Container:
             metrics.external_errors.labels(dependency=dependency, error=exc.code).inc()
 
         policy = HttpPolicy(timeout=s.http_timeout_seconds, max_attempts=s.http_max_attempts,
-                            backoff_max=s.http_backoff_max_seconds)
+                            backoff_max=s.http_backoff_max_seconds,
+                            rate_block_seconds=s.provider_rate_block_seconds
+                            if dependency == "subscription_provider" else None)
         return ResilientClient(dependency, client, policy=policy, breaker=self.breakers[dependency],
                                limiter=limiter, on_error=on_error, idempotency_header=idempotency_header)
 

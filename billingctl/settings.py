@@ -121,6 +121,9 @@ class Settings(BaseSettings):
     # A call that moves money at the orchestrator (a charge, a capture, a cancel) waits this long: Primer
     # enforces 90 s on every request and answers 504 after it. It is sent once; a lost answer is read back.
     orchestrator_charge_timeout_seconds: float = Field(default=95.0, gt=0)
+    # The provider blocks a key for about a minute after a 429 (its API-limits article); with no Retry-After
+    # the client waits this long (and closes the shared budget) before trying again.
+    provider_rate_block_seconds: float = Field(default=60.0, gt=0, le=60)
     http_max_attempts: int = Field(default=5, ge=1)
     http_backoff_max_seconds: float = Field(default=8.0, ge=0)
     breaker_error_threshold: float = Field(default=0.5, gt=0, le=1)
@@ -213,6 +216,10 @@ class Settings(BaseSettings):
                 for name in REQUIRED_IN_PRODUCTION + REQUIRED_IN_PRODUCTION_PLAIN
                 if not _present(getattr(self, name))
             ]
+            if "provider_auth" not in self.model_fields_set:
+                # The default (bearer, spec 5.11) is refused by the real provider on every call, which takes
+                # the API key as a Basic user name: production names its choice (the README says which).
+                missing.append("provider_auth")
             if missing:
                 names = ", ".join(f"BILLING_{name.upper()}" for name in missing)
                 raise ValueError(f"missing required setting for BILLING_ENV=production: {names}")

@@ -81,7 +81,8 @@ class ProductionStack:
         self.container = Container(self.make_settings(
             env="production", database_url=self.db_url, session_jwt_algorithms="RS256",
             session_jwt_audience=self.AUDIENCE, session_jwt_issuer=self.ISSUER, redis_url=self.redis_url,
-            provider_url=f"{url}/provider", provider_api_key="k", orchestrator_url=f"{url}/orchestrator",
+            provider_url=f"{url}/provider", provider_api_key="k", provider_auth="basic",
+            orchestrator_url=f"{url}/orchestrator",
             orchestrator_api_key="k", **secrets), clock=self.clock)
         self.sandbox.webhook_secret = self.container.settings.secret("orchestrator_webhook_secret")
         from billingctl.sandbox.delivery import WebhookDelivery

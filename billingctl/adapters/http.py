@@ -29,6 +29,9 @@ class HttpPolicy:
     max_attempts: int = 5
     backoff_max: float = 8.0
     backoff_multiplier: float = 0.25
+    # How long the dependency blocks a key after a 429 that names no Retry-After (the provider's documented
+    # block, about a minute): the retry waits it out instead of spending its attempts inside the block.
+    rate_block_seconds: float | None = None
 
 
 def error_body(response: httpx.Response) -> tuple[str | None, str]:
@@ -186,6 +189,11 @@ class ResilientClient:
             raise failure from exc
         if response.status_code >= 400:
             failure = error_from_response(response, self.dependency)
+            if isinstance(failure, e.RateLimited) and getattr(failure, "retry_after", None) is None \
+                    and self.policy.rate_block_seconds:
+                failure.retry_after = self.policy.rate_block_seconds
+                if self.limiter is not None:
+                    self.limiter.block()  # every process of this key waits out the block, not only this one
             self._failed(failure, ticket)
             raise failure
         try:

@@ -83,16 +83,16 @@ class RateLimiter:
         if redis_url:
             self._limiter = MovingWindowRateLimiter(storage_from_string(redis_url, socket_timeout=2))
 
-    def _call(self, op: str, *args):
+    def _call(self, op: str, *args, **kwargs):
         try:
-            return getattr(self._limiter, op)(*args)
+            return getattr(self._limiter, op)(*args, **kwargs)
         except Exception as exc:
             if self._limiter is self._memory:
                 raise
             warn_now_and_then(log, "limiter", "shared rate limiter unavailable, limiting in-process: %s",
                               type(exc).__name__)
             self.on_error("limiter")
-            return getattr(self._memory, op)(*args)
+            return getattr(self._memory, op)(*args, **kwargs)
 
     def _hit(self, kind: str) -> tuple[bool, RateLimitItemPerSecond, str]:
         """One slot of the class's share (when capped) and of the whole budget; the one refusing is named."""
@@ -124,6 +124,16 @@ class RateLimiter:
                                   retry_after=round(wait, 1))
             self.sleep(min(wait, remaining))
 
+
+    def block(self) -> None:
+        """The dependency refused this key (a 429): fill the shared window, so that every process waits
+        for it to slide instead of sending more requests into the dependency's block."""
+        try:
+            remaining = self._call("get_window_stats", self.item, self.key).remaining
+            if remaining > 0:
+                self._call("hit", self.item, self.key, cost=remaining)
+        except Exception as exc:  # the wait in the retry still applies
+            log.warning("could not close the shared budget after a 429: %s", type(exc).__name__)
 
     def admit(self, subject: str) -> None:
         """One request of `subject` (a user); TooManyRequests with the seconds to wait when over the limit."""

@@ -38,7 +38,10 @@ def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
         if kind == "429":
             response = jsonify(RATE_LIMIT_BODY)
             response.status_code = 429
-            response.headers["Retry-After"] = str(fault["retry_after"] if fault["retry_after"] is not None else 1)
+            if fault["retry_after"] is None:
+                response.headers["Retry-After"] = "1"
+            elif fault["retry_after"] >= 0:  # a negative value: the answer names no Retry-After
+                response.headers["Retry-After"] = str(fault["retry_after"])
             return response
         if kind in ("500", "503"):
             return jsonify({"message": "internal error", "type": "api_error", "api_error_code": "internal_error"}), \

@@ -269,3 +269,20 @@ def test_rate_limit_message_matches_the_contract(ext):
         c.provider.get_customer("nobody")
     assert info.value.details["api_error_code"] == "api_request_limit_exceeded"
     assert info.value.message == "Please try after some time"
+
+
+def test_a_provider_429_without_retry_after_waits_out_the_documented_block_and_closes_the_shared_budget(ext):
+    """Issue 35 defect 9: the provider blocks a key for about a minute after a 429; the backoff (at most
+    8 s, five tries) was spent inside the block."""
+    c = ext()
+    sub_id = subscribe(c.sandbox, "cust_429")["subscription"]["id"]
+    c.sandbox.store.add_fault("provider", "429", count=1, retry_after=-1)  # no Retry-After in the answer
+    c.provider_limiter.max_wait = 0.05  # no time passes here: the closed budget refuses the retry at once
+    with pytest.raises(e.RateLimited) as refused:
+        c.provider.get_subscription(sub_id)
+    assert refused.value.details.get("client_side") is True  # the retry never reached the blocked provider
+    assert c.sleeps[0] >= c.settings.provider_rate_block_seconds == 60
+    stats = c.provider_limiter._call("get_window_stats", c.provider_limiter.item, c.provider_limiter.key)
+    assert stats.remaining == 0  # the window was filled: every process of this key waits with this one
+    assert c.sandbox.store.count_requests("provider", "GET", "subscriptions") == 1
+    c.close()

@@ -127,7 +127,7 @@ def test_fault_points_are_refused_in_production():
         load_settings(env="production", fault_points="record.after_commit", session_jwt_algorithms="RS256",
                       session_jwt_audience="billing", session_jwt_issuer="https://id.example", provider_url="x",
                       redis_url="redis://127.0.0.1:6379/0",
-                      provider_api_key="k", orchestrator_url="x", orchestrator_api_key="k",
+                      provider_api_key="k", provider_auth="basic", orchestrator_url="x", orchestrator_api_key="k",
                       **{n: "whsec_dg==" for n in REQUIRED_IN_PRODUCTION})
 
 

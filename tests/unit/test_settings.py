@@ -7,6 +7,7 @@ pytestmark = pytest.mark.unit
 
 PROD_SECRETS = {name: f"value-{name}" for name in REQUIRED_IN_PRODUCTION}
 PROD_PLAIN = {
+    "provider_auth": "basic",
     "redis_url": "redis://127.0.0.1:6379/0",
     "session_jwt_audience": "billing",
     "session_jwt_issuer": "https://identity.example",
@@ -67,6 +68,16 @@ def test_production_refuses_hs256_and_accepts_a_complete_configuration():
     s = load_settings(env="production", session_jwt_algorithms="RS256", **PROD_SECRETS, **PROD_PLAIN)
     assert s.is_production
     assert s.secret("media_signing_secret") == "value-media_signing_secret"
+
+
+def test_production_names_the_provider_auth_when_it_is_left_to_its_default(monkeypatch):
+    """Issue 35 defect 8: the default (bearer) is refused by the real provider on every call."""
+    values = {**PROD_SECRETS, **PROD_PLAIN, "session_jwt_algorithms": "RS256"}
+    del values["provider_auth"]
+    with pytest.raises(ConfigError, match="BILLING_PROVIDER_AUTH"):
+        load_settings(env="production", **values)
+    monkeypatch.setenv("BILLING_PROVIDER_AUTH", "basic")  # named in the environment, as the unit file does
+    assert load_settings(env="production", **values).provider_auth == "basic"
 
 
 def test_empty_secret_counts_as_missing_in_production():
