@@ -64,9 +64,11 @@ class SubscriptionProviderClient:
 
     def create_subscription_for_items(self, customer_id: str, item_price_id: str, start_date: datetime | int,
                                       idempotency_key: str | None = None) -> dict:
+        # Collected by the orchestrator and recorded offline: never collected automatically by the provider,
+        # which would refuse (or cancel) a subscription of a customer with no payment method on file.
         return self._post(f"/customers/{seg(customer_id)}/subscription_for_items",
-                          {"subscription_items[item_price_id][0]": item_price_id, "start_date": _ts(start_date)},
-                          idempotency_key)
+                          {"subscription_items[item_price_id][0]": item_price_id, "start_date": _ts(start_date),
+                           "auto_collection": "off"}, idempotency_key)
 
     def start_subscription(self, subscription_id: str, start_date: datetime | int,
                            idempotency_key: str | None = None) -> dict:
@@ -125,7 +127,7 @@ class SubscriptionProviderClient:
 
     def create_customer(self, customer_id: str, email: str | None = None,
                         idempotency_key: str | None = None) -> dict:
-        data = {"id": customer_id}
+        data = {"id": customer_id, "auto_collection": "off"}  # payments are taken by the orchestrator
         if email:
             data["email"] = email
         return self._post("/customers", data, idempotency_key or f"customer:{seg(customer_id)}")["customer"]

@@ -180,14 +180,15 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
 
     @app.post(f"{prefix}/customers")
     def create_customer():
-        return idempotent(lambda: sandbox.create_customer(form("id", required=False), form("email", required=False)))
+        return idempotent(lambda: sandbox.create_customer(form("id", required=False), form("email", required=False),
+                                                          form("auto_collection", required=False)))
 
     @app.post(f"{prefix}/customers/<customer_id>/subscription_for_items")
     def subscription_for_items(customer_id):
         item_price_id = form("subscription_items[item_price_id][0]")
         start = form("start_date", required=False)
         return idempotent(lambda: sandbox.create_subscription_for_items(
-            customer_id, item_price_id, int(start) if start else None))
+            customer_id, item_price_id, int(start) if start else None, form("auto_collection", required=False)))
 
     @app.post(f"{prefix}/subscriptions/<sub_id>/update_for_items")
     def update_for_items(sub_id):

@@ -62,6 +62,14 @@ class SandboxError(Exception):
             self.body["param"] = param
 
 
+def _on_off(value: str | None, default: str) -> str:
+    if value in (None, ""):
+        return default
+    if value not in ("on", "off"):
+        raise SandboxError(400, "auto_collection : invalid value", "param_wrong_value", "auto_collection")
+    return value
+
+
 def card_expired(instrument: dict, now: float) -> bool:
     from datetime import UTC, datetime
 
@@ -106,14 +114,17 @@ class Sandbox:
             raise SandboxError(404, f"Sorry, we couldn't find that resource: {customer_id}", "resource_not_found")
         return found
 
-    def create_customer(self, customer_id: str | None, email: str | None = None) -> dict:
-        """POST /customers: an id already taken is refused (duplicate_entry), as the real provider does."""
+    def create_customer(self, customer_id: str | None, email: str | None = None,
+                        auto_collection: str | None = None) -> dict:
+        """POST /customers: an id already taken is refused (duplicate_entry), as the real provider does;
+        auto_collection defaults to on, as there."""
         customer_id = customer_id or self.store.next_id("cus")
+        auto_collection = _on_off(auto_collection, "on")
         with self.store.tx():
             if self.store.get("customer", customer_id) is not None:
                 raise SandboxError(400, f"id : The value {customer_id} is already present.", "duplicate_entry", "id",
                                    error_type="invalid_request")
-            customer = {"id": customer_id, "email": email, "auto_collection": "on", "deleted": False,
+            customer = {"id": customer_id, "email": email, "auto_collection": auto_collection, "deleted": False,
                         "created_at": self.now(), "updated_at": self.now(), "object": "customer",
                         "net_term_days": 0, "allow_direct_debit": False, "taxability": "taxable",
                         "pii_cleared": "active", "card_status": "no_card", "promotional_credits": 0,
@@ -152,22 +163,36 @@ class Sandbox:
         self.store.put("event", event["id"], event)
         return event
 
-    def create_subscription_for_items(self, customer_id: str, item_price_id: str, start_date: int | None) -> dict:
-        """Only for an existing customer. A future subscription has no invoice: it is invoiced when it starts."""
+    def _collectable(self, customer: dict, auto_collection: str) -> None:
+        """A subscription collected automatically needs a payment method to invoice: with none (payments
+        here are taken by the orchestrator, never stored at the provider) the provider refuses."""
+        if auto_collection == "on" and customer.get("card_status", "no_card") == "no_card" \
+                and not customer.get("primary_payment_source_id"):
+            raise SandboxError(400, "Payment method is not present for this customer", "payment_method_not_present",
+                               error_type="payment")
+
+    def create_subscription_for_items(self, customer_id: str, item_price_id: str, start_date: int | None,
+                                      auto_collection: str | None = None) -> dict:
+        """Only for an existing customer. A future subscription has no invoice: it is invoiced when it starts.
+        auto_collection defaults to the customer's."""
         customer = self.customer(customer_id)
+        auto_collection = _on_off(auto_collection, customer.get("auto_collection", "on"))
         price = self.item_price(item_price_id)
         if price.get("item_type") != "plan":
             raise SandboxError(400, "subscription_items[item_price_id][0] : must be a plan item price",
                                "param_wrong_value", "subscription_items[item_price_id][0]")
         now = self.now()
-        sub_id = self.store.next_id("sub")
         future = start_date is not None and start_date > now
+        if not future:
+            self._collectable(customer, auto_collection)
+        sub_id = self.store.next_id("sub")
         sub = {
             "id": sub_id, "customer_id": customer_id, "status": "future" if future else "active",
             "start_date": start_date or now, "current_term_start": None if future else now,
             "current_term_end": None if future else now + TERM_SECONDS, "created_at": now,
             "currency_code": price["currency_code"], "deleted": False, "coupons": [], "object": "subscription",
-            "billing_period": 1, "billing_period_unit": "month", "auto_collection": "off", "due_invoices_count": 0,
+            "billing_period": 1, "billing_period_unit": "month", "auto_collection": auto_collection,
+            "due_invoices_count": 0,
             "has_scheduled_changes": False, "channel": "web", "mrr": 0,
             "subscription_items": [{"item_price_id": item_price_id, "item_type": "plan", "quantity": 1,
                                     "unit_price": price["price"], "amount": price["price"],
@@ -194,6 +219,7 @@ class Sandbox:
             sub["start_date"] = int(start_date)
             self._save_subscription(sub)
             return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
+        self._collectable(self.customer(sub["customer_id"]), sub.get("auto_collection", "on"))
         sub.update(status="active", start_date=now, current_term_start=now, current_term_end=now + TERM_SECONDS,
                    activated_at=now)
         self._save_subscription(sub)

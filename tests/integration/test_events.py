@@ -281,7 +281,7 @@ def test_sync_all_catches_a_cancellation_and_a_deletion(world):
 
 def test_sync_all_pages_through_the_provider(world):
     for i in range(130):
-        world.sandbox.create_customer(f"bulk_{i}")
+        world.sandbox.create_customer(f"bulk_{i}", auto_collection="off")
         world.sandbox.create_subscription_for_items(f"bulk_{i}", "credits-basic-USD-monthly", None)
     before = world.sandbox.store.count_requests("provider")
     result = sync_all(world.c, None)

@@ -33,7 +33,7 @@ def ext(make_settings, tmp_path):
 def subscribe(sandbox, customer_id, item_price_id="credits-pro-USD-monthly", start_date=None) -> dict:
     """A subscription straight in the sandbox, creating its customer first as the real provider requires."""
     if sandbox.store.get("customer", customer_id) is None:
-        sandbox.create_customer(customer_id)
+        sandbox.create_customer(customer_id, auto_collection="off")  # as our client creates them
     return sandbox.create_subscription_for_items(customer_id, item_price_id, start_date)
 
 

@@ -75,14 +75,29 @@ def refused(call) -> tuple[int, str]:
 def test_the_sdk_runs_the_checkout_to_renewal_flow(sdk, served):
     assert refused(lambda: sdk.Subscription.create_with_items("u1", {
         "subscription_items": [{"item_price_id": PLAN}], "start_date": FAR})) == (404, "resource_not_found")
-    assert sdk.Customer.create({"id": "u1", "email": "u1@example.test"}).customer.email == "u1@example.test"
+    # A customer is collected automatically by default: with no payment method on file, a subscription that
+    # must be invoiced now is refused (issue 35 defect 6). Ours are created with auto_collection off.
+    assert sdk.Customer.create({"id": "u0"}).customer.auto_collection == "on"
+    assert refused(lambda: sdk.Subscription.create_with_items("u0", {
+        "subscription_items": [{"item_price_id": PLAN}]})) == (400, "payment_method_not_present")
+    early = sdk.Subscription.create_with_items("u0", {"subscription_items": [{"item_price_id": PLAN}],
+                                                      "start_date": FAR}).subscription
+    assert early.auto_collection == "on"  # the customer's, when the request names none
+    assert refused(lambda: sdk.Subscription.update_for_items(early.id, {"start_date": int(time.time())})) == \
+        (400, "payment_method_not_present")
+    assert refused(lambda: sdk.Customer.create({"id": "u9", "auto_collection": "sometimes"})) == \
+        (400, "param_wrong_value")
+
+    created_customer = sdk.Customer.create({"id": "u1", "email": "u1@example.test", "auto_collection": "off"})
+    assert created_customer.customer.email == "u1@example.test"
     assert refused(lambda: sdk.Customer.create({"id": "u1"})) == (400, "duplicate_entry")
-    assert sdk.Customer.retrieve("u1").customer.id == "u1"
+    assert sdk.Customer.retrieve("u1").customer.auto_collection == "off"
 
     created = sdk.Subscription.create_with_items("u1", {"subscription_items": [{"item_price_id": PLAN}],
-                                                        "start_date": FAR})
+                                                        "start_date": FAR, "auto_collection": "off"})
     sub_id = created.subscription.id
     assert created.subscription.status == "future" and created.invoice is None  # invoiced when it starts
+    assert created.subscription.auto_collection == "off"
     assert refused(lambda: sdk.Subscription.change_term_end(sub_id, {"term_ends_at": FAR})) == \
         (400, "invalid_state_for_request")
 
@@ -126,7 +141,7 @@ def test_the_sdk_lists_page_by_page_and_filters_plans(sdk, served):
     assert {e.item_price.item_type for e in sdk.ItemPrice.list({"limit": 100}).list} == {"plan", "addon", "charge"}
     assert sdk.ItemPrice.retrieve(PLAN).item_price.metadata == {"credits": 1000, "lane": "sfw"}
     for i in range(12):
-        sdk.Customer.create({"id": f"bulk_{i}"})
+        sdk.Customer.create({"id": f"bulk_{i}", "auto_collection": "off"})
         sdk.Subscription.create_with_items(f"bulk_{i}", {"subscription_items": [{"item_price_id": PLAN}]})
     first = sdk.Subscription.list({"limit": 5, "sort_by": {"asc": "updated_at"}})
     assert len(first.list) == 5 and first.list[0].customer.id == "bulk_0"
@@ -167,23 +182,24 @@ def operations(sandbox):
 
     def future_sub():
         customer = fresh("c")
-        sandbox.create_customer(customer)
+        sandbox.create_customer(customer, auto_collection="off")
         return sandbox.create_subscription_for_items(customer, PLAN, FAR)["subscription"]["id"]
 
     def active_sub():
         customer = fresh("c")
-        sandbox.create_customer(customer)
+        sandbox.create_customer(customer, auto_collection="off")
         return sandbox.create_subscription_for_items(customer, PLAN, None)
 
     return {
         "create customer": lambda: (
             lambda c: c.create_customer(fresh("u"), email="u@example.test"),
-            lambda sdk: sdk.Customer.create({"id": fresh("u"), "email": "u@example.test"})),
+            lambda sdk: sdk.Customer.create({"id": fresh("u"), "email": "u@example.test", "auto_collection": "off"})),
         "subscription for items": lambda: (
             lambda c, cust=active_sub()["subscription"]["customer_id"]:
                 c.create_subscription_for_items(cust, PLAN, FAR),
             lambda sdk, cust=active_sub()["subscription"]["customer_id"]: sdk.Subscription.create_with_items(
-                cust, {"subscription_items": [{"item_price_id": PLAN}], "start_date": FAR})),
+                cust, {"subscription_items": [{"item_price_id": PLAN}], "start_date": FAR,
+                       "auto_collection": "off"})),
         "start a future subscription": lambda: (
             lambda c, s=future_sub(): c.start_subscription(s, now),
             lambda sdk, s=future_sub(): sdk.Subscription.update_for_items(s, {"start_date": now})),
