@@ -30,8 +30,10 @@ lint: venv servers
 	promtool check rules prometheus/alerts.yml
 	cd prometheus && promtool test rules alerts_test.yml
 
+# Two workers (pytest-xdist), one per core: each starts its own PostgreSQL and Redis. PYTEST_WORKERS=0 runs
+# in one process.
 test: venv servers lint
-	$(BIN)/pytest -p no:cacheprovider --basetemp=.pytest-tmp $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:cacheprovider --basetemp=.pytest-tmp -n $${PYTEST_WORKERS:-2} $(PYTEST_ARGS)
 
 demo: venv
 	$(BIN)/billingctl demo

@@ -168,7 +168,7 @@ def finish(payment_id: str, decline: bool = typer.Option(False, "--decline", hel
 @command(app, "capture")
 def capture(payment_id: str,
             amount: int = typer.Option(None, "--amount", help="Less than authorized: a partial capture.")):
-    """Capture an AUTHORIZED payment (POST /payments/{id}/capture)."""
+    """Capture an AUTHORIZED payment (the orchestrator's capture call)."""
     cli, sandbox = _sandbox()
     payment = _call(sandbox.capture, payment_id, amount)
     cli.output.result(payment, human=f"{payment_id} {payment['status']}")
@@ -176,7 +176,7 @@ def capture(payment_id: str,
 
 @command(app, "cancel-payment")
 def cancel_payment(payment_id: str):
-    """Void a PENDING or AUTHORIZED payment (POST /payments/{id}/cancel): CANCELLED."""
+    """Void a PENDING or AUTHORIZED payment (the orchestrator's cancel call): CANCELLED."""
     cli, sandbox = _sandbox()
     payment = _call(sandbox.cancel_payment, payment_id)
     cli.output.result(payment, human=f"{payment_id} {payment['status']}")

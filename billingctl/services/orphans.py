@@ -18,7 +18,7 @@ from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, review
 from billingctl.services.cursors import read_value, write_value
-from billingctl.services.payments import record_payment, reverse_refund
+from billingctl.services.payments import is_renewal_payment, record_payment, reverse_refund
 
 log = logging.getLogger("billingctl.orphans")
 
@@ -103,8 +103,8 @@ def handle_payment(container, payment: dict) -> str:
         payment = container.orchestrator.get_payment(payment_id)
     sub_id = (payment.get("metadata") or {}).get("subscription_id")
     if row is None:
-        status = _subscription_status(container, sub_id) if sub_id else None
-        if status != "cancelled":
+        status = _subscription_status(container, sub_id) if sub_id and not is_renewal_payment(payment) else None
+        if status != "cancelled":  # a renewal charge is never an orphan: it pays its own invoice (decision 107)
             # Not an orphan: an ordinary settled payment the webhook and the event poller missed.
             try:
                 return record_payment(container, payment, "settled_poller")["outcome"]

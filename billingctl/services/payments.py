@@ -145,6 +145,18 @@ def _is_checkout_payment(payment: dict) -> bool:
     return (payment.get("paymentMethod") or {}).get("paymentType") == "FIRST_PAYMENT"
 
 
+def is_renewal_payment(payment: dict) -> bool:
+    """A merchant-initiated renewal charge: flagged SUBSCRIPTION, or ordered as an invoice (a checkout's
+    order is its subscription). It pays its invoice's period; it is never an orphan to re-subscribe."""
+    if (payment.get("paymentMethod") or {}).get("paymentType") == "SUBSCRIPTION":
+        return True
+    metadata = payment.get("metadata") or {}
+    order_id, subscription_id = payment.get("orderId"), metadata.get("subscription_id")
+    if metadata.get("merchant_initiated"):
+        return True
+    return bool(order_id and subscription_id and order_id != subscription_id)
+
+
 def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool]:
     """(the subscription is cancelled, the user is frozen), each only while this payment has no purchase
     yet: one read."""
@@ -157,6 +169,14 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
     with container.uow() as uow:
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
         cancelled, frozen = _unrecorded_gates(uow, facts) if path != "orphan_recovery" else (False, False)
+        if cancelled and facts.invoice_id and is_renewal_payment(payment):
+            # A renewal charge that settled after its subscription was cancelled (decision 107): it pays the
+            # period of its own invoice, which the workflow already marked paid at the provider. Recorded
+            # there once, credited once; never handed to orphan recovery, which would start a new
+            # subscription and put the same payment on its first invoice too.
+            cancelled = False
+            log.info("renewal settled after its subscription was cancelled: its paid period is honoured",
+                     extra={"payment_id": facts.payment_id, "subscription_id": facts.subscription_id})
         if cancelled:
             uow.commit()
             # A checkout-retry orphan: settled for a cancelled subscription. The settled-payments poller
