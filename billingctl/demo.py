@@ -28,6 +28,7 @@ class Narrator:
 
 def run_demo(container, say=print, rich: bool = False) -> dict:
     from billingctl.adapters.db.engine import redact
+    from billingctl.domain.errors import AlreadySubscribed
     from billingctl.services import events, orphans
     from billingctl.services.checkout import create_checkout
     from billingctl.services.payments import record_payment
@@ -83,10 +84,12 @@ def run_demo(container, say=print, rich: bool = False) -> dict:
     outcome = orphans.handle_payment(container, sandbox.store.get("payment", orphan["id"]))
     out.line(f"settled-payments poller: {outcome}; {cy} credits={show_user(container, cy)['credits']}")
 
-    out.step(f"{ada} is charged again for the plan she already holds: a same-plan duplicate")
-    dup = create_checkout(container, ada, PRO)
-    cancel_subscription(container, dup["subscription_id"], "checkout retried", "demo")
-    charged = sandbox.pay(dup["order_id"])
+    out.step(f"{ada} opens a second checkout of the plan she holds, then pays her first payment form again")
+    try:
+        create_checkout(container, ada, PRO)
+    except AlreadySubscribed as refused:
+        out.line(f"second checkout refused: {refused.message} (one live subscription per plan)")
+    charged = sandbox.pay(co["order_id"])  # a second payment in the same form: a same-plan duplicate
     outcome = orphans.handle_payment(container, sandbox.store.get("payment", charged["id"]))
     refunded = sandbox.store.get("payment", charged["id"])["processor"]["amountRefunded"]
     out.line(f"recovery: {outcome}; refunded {refunded}; chat alert queued; credits still "

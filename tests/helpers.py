@@ -227,3 +227,26 @@ class RoundTrips:
         result["redis_commands"] = {k: n - redis_before.get(k, 0) for k, n in after.items()
                                     if n != redis_before.get(k, 0)}
         result["redis_commands_executed"] = sum(result["redis_commands"].values())
+
+
+def legacy_checkout(container, user_id: str, item_price_id: str = "credits-pro-USD-monthly") -> dict:
+    """A pending checkout made without the one-live-subscription rule (decision 110): one made before the
+    rule existed, or by another integration on the account. Only the states the same-plan duplicate path
+    exists for are built with it."""
+    import uuid
+
+    from billingctl.services import catalog, checkout
+
+    plan = catalog.plan(container, item_price_id)
+    _, lock = checkout._read_user_and_lock(container, user_id)
+    return checkout._create(container, user_id, plan, lock, None, container.clock.now(), uuid.uuid4().hex)
+
+
+def plan_not_held(container, user_id: str, plans: tuple[str, ...]) -> str:
+    """The first of `plans` the user holds no live subscription of (tests that settle several payments of
+    one lane for one user: one live subscription per customer and plan)."""
+    with container.uow() as uow:
+        for plan in plans:
+            if not uow.subscriptions.holding_plan(user_id, plan, None):
+                return plan
+    raise AssertionError(f"{user_id} holds every plan of {plans}")

@@ -65,6 +65,12 @@ class AccountFrozen(Refused):
     code = "account_frozen"
 
 
+class AlreadySubscribed(Refused):
+    """The customer already holds a live subscription of this plan."""
+
+    code = "already_subscribed"
+
+
 class ExternalError(BillingError):
     """An external system failed."""
 

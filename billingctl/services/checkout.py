@@ -26,6 +26,7 @@ log = logging.getLogger("billingctl.checkout")
 PENDING_START_OFFSET = timedelta(days=400)
 PENDING_MARKER = timedelta(days=365)
 CLEANUP_AGE = timedelta(days=1)
+REUSE_MARGIN = timedelta(minutes=10)  # a pending checkout is answered again while its session has this long left
 
 
 def _plan_or_400(container, item_price_id):
@@ -55,7 +56,36 @@ def create_checkout(container, user_id: str, item_price_id: str, risky_actions: 
     user, lock = _read_user_and_lock(container, user_id)
     if user is not None and user.frozen_at is not None:
         raise e.AccountFrozen("payments are disabled for this account")
+    # One live subscription per customer and plan (decision 110): a second tab gets the pending checkout
+    # back, and a plan already held is refused; checkouts of one customer and plan are made one at a time.
+    with container.locks.hold(f"checkout:{user_id}:{plan.item_price_id}"):
+        return _checkout_once(container, user_id, plan, lock, risky_actions)
+
+
+def _checkout_once(container, user_id: str, plan, lock, risky_actions) -> dict:
     now = container.clock.now()
+    with container.uow(autocommit=True) as uow:
+        held = uow.subscriptions.holding_plan(user_id, plan.item_price_id, None)
+        pending = uow.checkouts.open_for_plan(user_id, plan.item_price_id, now + REUSE_MARGIN)
+    if held:
+        raise e.AlreadySubscribed(f"already subscribed to {plan.item_price_id}")
+    if pending is not None:
+        # No new start, so no new reservation; but a customer whose window is full gets no payment form
+        # back either (each try in it is an authorization the quota counts).
+        with container.uow() as uow:
+            decision = fraud_quota.check(uow, container.settings, user_id, plan.lane, now, CUSTOMER)
+            if decision is not None and not decision.allowed:
+                fraud_quota.record_velocity(uow, user_id, now, plan.amount, decision.blocking, "checkout")
+                uow.commit()
+                log.warning("checkout blocked: authorization quota exhausted",
+                            extra={"user_id": user_id, "window": decision.blocking})
+                raise e.QuotaExhausted()
+        log.info("checkout of a plan already pending: the same checkout is answered",
+                 extra={"user_id": user_id, "order_id": pending["order_id"]})
+        return {"order_id": pending["order_id"], "subscription_id": pending["subscription_id"],
+                "client_token": pending["client_token"], "amount": pending["amount"],
+                "currency_code": pending["currency_code"], "lane": pending["lane"],
+                "item_price_id": pending["item_price_id"]}
     key = uuid.uuid4().hex
     # The session reserves the slot of its first authorization before anything is created: the check
     # and the reservation are one transaction under the user's row lock (correct without Redis).

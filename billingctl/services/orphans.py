@@ -203,8 +203,11 @@ def _recover(container, row: dict, payment: dict) -> str:
         # Held because the account was frozen, now unfrozen: the payment pays its own subscription. Once
         # recorded there (its activation may have failed since), it stays there: never a resubscription.
         return _record_on_own_subscription(container, row, payment)
-    holding = _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
-    if holding:
+    with container.uow(autocommit=True) as uow:
+        paid_already = recorded_on is None and uow.purchases.other_payment_of(row["subscription_id"], row["payment_id"])
+    holding = row["subscription_id"] if paid_already else \
+        _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
+    if holding:  # the plan is held (by another subscription, or by its own, paid by another payment)
         return _refund_duplicate(container, row, holding)  # idempotent: a refund already made is not repeated
     refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
     if refunded >= int(payment.get("amount") or 0) > 0:

@@ -157,18 +157,32 @@ def is_renewal_payment(payment: dict) -> bool:
     return bool(order_id and subscription_id and order_id != subscription_id)
 
 
-def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool]:
-    """(the subscription is cancelled, the user is frozen), each only while this payment has no purchase
-    yet: one read."""
-    row = uow.purchases.gates(facts.payment_id, facts.subscription_id, facts.user_id)
-    return (row.status == "cancelled" and not row.bought, row.frozen_at is not None and not row.bought)
+def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool, bool]:
+    """(the subscription is cancelled, the user is frozen, the user already holds another live subscription
+    of the plan), each only while this payment has no purchase yet: one read."""
+    row = uow.purchases.gates(facts.payment_id, facts.subscription_id, facts.user_id, facts.item_price_id)
+    return (row.status == "cancelled" and not row.bought, row.frozen_at is not None and not row.bought,
+            bool(row.same_plan or row.paid_other) and not row.bought)
 
 
 def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) -> dict:
     now = container.clock.now()
     with container.uow() as uow:
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
-        cancelled, frozen = _unrecorded_gates(uow, facts) if path != "orphan_recovery" else (False, False)
+        cancelled, frozen, same_plan = _unrecorded_gates(uow, facts) if path != "orphan_recovery" else \
+            (False, False, False)
+        if same_plan and not is_renewal_payment(payment) and not cancelled and not frozen:
+            # A second checkout of a plan the customer already holds live, or a checkout paid twice (two
+            # tabs of one payment form): the same-plan duplicate path of orphan recovery refunds it with one
+            # alert; nothing is credited (a future subscription of its own is cancelled by the cleanup job).
+            review.open_row(uow, now, payment_id=facts.payment_id, user_id=facts.user_id,
+                            subscription_id=facts.subscription_id, item_price_id=facts.item_price_id,
+                            amount=facts.amount, currency_code=facts.currency_code, settled_at=facts.settled_at)
+            uow.commit()
+            log.warning("second payment for a plan the customer already holds; left to orphan recovery to refund",
+                        extra={"payment_id": facts.payment_id, "subscription_id": facts.subscription_id})
+            return {"payment_id": facts.payment_id, "outcome": "orphaned", "subscription_id": facts.subscription_id,
+                    "user_id": facts.user_id, "credits_applied": 0}
         if cancelled and facts.invoice_id and is_renewal_payment(payment):
             # A renewal charge that settled after its subscription was cancelled (decision 107): it pays the
             # period of its own invoice, which the workflow already marked paid at the provider. Recorded

@@ -109,7 +109,7 @@ def test_checkout_creates_a_pending_subscription_and_a_session(api):
 def test_the_locked_processor_travels_in_the_session_metadata(api):
     first = api.checkout("alice", NSFW).get_json()
     api.c.sandbox.pay(first["order_id"], processor="NSFW_CCBILL")
-    second = api.checkout("alice", NSFW).get_json()
+    second = api.checkout("alice", "credits-max-nsfw-USD-monthly").get_json()  # the lane's other plan
     metadata = api.c.sandbox.store.get("client_session", second["order_id"])["metadata"]
     assert metadata["psp"] == "NSFW_CCBILL" and metadata["processor_merchant_id"] == "mid_NSFW_CCBILL_1"
 
@@ -121,8 +121,11 @@ def test_a_warm_catalog_checkout_costs_one_provider_call(api):
     assert api.c.sandbox.store.count_requests("provider") - before == 2
     assert api.c.sandbox.customer("alice")["id"] == "alice"
     before = api.c.sandbox.store.count_requests("provider")
-    assert api.checkout("alice").status_code == 201
+    assert api.checkout("alice", "credits-basic-USD-monthly").status_code == 201
     assert api.c.sandbox.store.count_requests("provider") - before == 1
+    before = api.c.sandbox.store.count_requests("provider")
+    assert api.checkout("alice").status_code == 201  # a second tab of the pending plan: the same checkout
+    assert api.c.sandbox.store.count_requests("provider") - before == 0
 
 
 def test_a_customer_created_elsewhere_is_not_created_twice(api):
@@ -215,22 +218,30 @@ def test_production_accepts_rs256_and_refuses_hs256(prod_api):
 
 
 def test_the_fifth_nsfw_checkout_in_a_day_is_blocked_in_production(prod_api):
+    """Four authorizations in the day (declined in the payment form; a second tab of a pending plan is
+    the same checkout, decision 110): the next checkout gets no payment form."""
     for _ in range(4):
-        assert prod_api.checkout("alice", NSFW).status_code == 201
+        opened = prod_api.checkout("alice", NSFW)
+        assert opened.status_code == 201
+        prod_api.sandbox.decline_checkout(opened.get_json()["order_id"])
     blocked = prod_api.checkout("alice", NSFW)
     assert blocked.status_code == 429
     assert blocked.get_json()["message"] == "checkout temporarily blocked due to too many payment attempts"
     assert prod_api.count(fraud_event, user_id="alice", event_type="authorization_attempt") == 4
     assert prod_api.count(fraud_event, user_id="alice", event_type="velocity_triggered") == 1
-    assert len(prod_api.sandbox.store.all("subscription")) == 4  # the blocked one created nothing
+    assert prod_api.checkout("alice", "credits-max-nsfw-USD-monthly").status_code == 429  # a new start too
+    assert len(prod_api.sandbox.store.all("subscription")) == 1  # one checkout; the blocked ones created nothing
     assert prod_api.checkout("alice", PRO).status_code == 201  # SFW is never blocked
     prod_api.c.clock.advance(24 * 3600)
+    prod_api.sandbox.store.advance_clock(24 * 3600)
     assert prod_api.checkout("alice", NSFW).status_code == 201  # the oldest left the daily window
 
 
 def test_outside_production_the_quota_is_not_enforced(api):
     for _ in range(6):
-        assert api.checkout("alice", NSFW).status_code == 201
+        opened = api.checkout("alice", NSFW)
+        assert opened.status_code == 201
+        api.c.sandbox.decline_checkout(opened.get_json()["order_id"])
     assert api.count(fraud_event, event_type="authorization_attempt") == 6
     assert api.count(fraud_event, event_type="velocity_triggered") == 0
 

@@ -304,7 +304,7 @@ def test_invalidate_forces_a_provider_read(world):
 def test_stale_cache_is_served_while_the_breaker_is_open(world):
     no_sleep(world)
     co = world.checkout()
-    other = world.checkout()
+    other = world.checkout(item_price_id="credits-basic-USD-monthly")
     world.sandbox.pay(co["order_id"])
     assert get_for_user(world.c, "user_a", co["subscription_id"])["status"] == "active"
     world.sandbox.store.add_fault("provider", "500", count=-1)

@@ -36,8 +36,13 @@ def advance(world, seconds):
 
 
 def orphan(world, user="user_a", plan=PRO):
-    """A checkout-retry orphan: the checkout expires and is cleaned up, then the old session is paid."""
-    co = world.checkout(user, plan)
+    """A checkout-retry orphan: the checkout expires and is cleaned up, then the old session is paid. When
+    the user already holds the plan, the checkout is one made before that rule (decision 110)."""
+    from tests.helpers import legacy_checkout
+
+    with world.c.uow() as uow:
+        held = uow.subscriptions.holding_plan(user, plan, None)
+    co = legacy_checkout(world.c, user, plan) if held else world.checkout(user, plan)
     advance(world, 2 * 86400)
     assert co["subscription_id"] in cleanup_expired(world.c)["cancelled"]
     payment = world.sandbox.pay(co["order_id"])  # its webhook arrives: left to orphan recovery

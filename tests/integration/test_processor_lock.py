@@ -12,16 +12,36 @@ from billingctl.adapters.db.tables import audit_log, transaction, user_credits, 
 from billingctl.domain import errors as e
 from billingctl.services import processor_lock as pl
 from billingctl.services.payments import record_payment
-from tests.helpers import table_away
+from tests.helpers import plan_not_held, table_away
 
 pytestmark = pytest.mark.integration
 NOW = datetime(2026, 11, 21, tzinfo=UTC)
 
 
-def settle(world, user="user_a", plan="credits-pro-nsfw-USD-monthly", processor=None):
+NSFW_PLANS = ("credits-pro-nsfw-USD-monthly", "credits-max-nsfw-USD-monthly")
+
+
+def settle(world, user="user_a", plan=None, processor=None):
+    """A paid NSFW checkout: of a plan the user does not hold yet (one live subscription per plan); a third
+    settle of the lane cancels the user's subscriptions first."""
+    if plan is None:
+        try:
+            plan = plan_not_held(world.c, user, NSFW_PLANS)
+        except AssertionError:
+            _cancel_all(world, user)
+            plan = NSFW_PLANS[0]
     co = world.checkout(user, plan)
     payment = world.settle(co["order_id"], processor=processor)
     return record_payment(world.c, payment, "webhook")
+
+
+def _cancel_all(world, user):
+    from billingctl.services.sync import cancel_subscription
+
+    with world.c.uow() as uow:
+        held = [sid for plan in NSFW_PLANS for sid in uow.subscriptions.holding_plan(user, plan, None)]
+    for sub_id in held:
+        cancel_subscription(world.c, sub_id, "test: settle the lane again", "test")
 
 
 def lock_row(world, user="user_a"):
@@ -234,7 +254,7 @@ def test_a_lock_read_before_another_settle_locked_the_lane_loses_the_race(world,
 
 def test_concurrent_first_settles_leave_exactly_one_winner(world):
     """On either database, whatever the interleaving: one lock, the winner's."""
-    cos = [world.checkout("user_c", "credits-pro-nsfw-USD-monthly") for _ in range(2)]
+    cos = [world.checkout("user_c", plan) for plan in NSFW_PLANS]  # two plans: one live subscription per plan
     payments = [world.settle(cos[0]["order_id"], processor="NSFW_SEGPAY"),
                 world.settle(cos[1]["order_id"], processor="NSFW_CCBILL")]
     barrier = threading.Barrier(2)

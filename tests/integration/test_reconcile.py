@@ -200,7 +200,7 @@ def test_tries_in_one_payment_form_over_the_limit_are_no_violation_but_a_start_a
         with c.uow() as uow:
             assert len(uow.fraud.since("user_q", "authorization_attempt", c.clock.now() - timedelta(days=1))) == 6
         with pytest.raises(QuotaExhausted):  # the tries count toward the next start
-            create_checkout(c, "user_q", "credits-pro-nsfw-USD-monthly")
+            create_checkout(c, "user_q", "credits-max-nsfw-USD-monthly")
         assert "quota_over_limit" not in {v["check"] for v in reconcile(c)["violations"]}
         with c.uow() as uow:  # a start admitted although the window was full (a gate that let it through)
             uow.execute(insert(fraud_event).values(user_id="user_q", event_type="authorization_attempt",

@@ -19,7 +19,7 @@ def paid(world, user, plan):
 def test_the_latest_nsfw_checkouts_card_and_no_other(world):
     assert _latest_nsfw_checkout_token(world.c, "user_a") is None  # no checkout yet
     paid(world, "user_a", NSFW)
-    latest = paid(world, "user_a", NSFW)
+    latest = paid(world, "user_a", "credits-max-nsfw-USD-monthly")  # the lane's other plan (one live per plan)
     paid(world, "user_a", PRO)  # a later SFW checkout's card is not the NSFW lane's
     paid(world, "user_b", NSFW)  # nor another user's
     assert _latest_nsfw_checkout_token(world.c, "user_a") == latest

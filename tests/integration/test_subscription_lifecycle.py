@@ -56,3 +56,69 @@ def test_a_renewal_settling_after_the_customer_cancelled_pays_its_period_once_an
     from billingctl.services.orphans import list_orphans
 
     assert list_orphans(world.c) == []
+
+
+# ---- defect 1: one live subscription per customer and plan ------------------------------------------------
+
+def test_a_second_tab_gets_the_pending_checkout_back_and_a_held_plan_is_refused(world):
+    from billingctl.domain import errors as e
+
+    first = world.checkout("user_tabs", PRO)
+    second = world.checkout("user_tabs", PRO)  # the second browser tab
+    assert second["order_id"] == first["order_id"] and second["client_token"] == first["client_token"]
+    assert len(world.sandbox.store.all("subscription")) == 1
+    world.sandbox.pay(first["order_id"])
+    with pytest.raises(e.AlreadySubscribed):
+        world.checkout("user_tabs", PRO)
+    assert len(world.sandbox.store.all("subscription")) == 1
+    other = world.checkout("user_tabs", "credits-basic-USD-monthly")  # another plan is another checkout
+    assert other["order_id"] != first["order_id"]
+
+
+def test_two_paid_checkouts_of_one_plan_leave_one_live_subscription_and_refund_the_second(world):
+    """The first tab's session expired, a second tab made a new checkout, and the customer then paid both
+    (the orchestrator takes a late payment of an expired session): the second payment takes the same-plan
+    duplicate path (refund + one alert) instead of starting a second live subscription."""
+    from sqlalchemy import select, update
+
+    from billingctl.adapters.db.tables import alert_outbox, checkout_session
+    from billingctl.services.orphans import DUPLICATE_TEXT, run_orphans
+    from tests.conftest import advance_with_sandbox
+
+    first = world.checkout("user_2t", PRO)
+    with world.c.uow() as uow:
+        uow.execute(update(checkout_session).where(checkout_session.c.order_id == first["order_id"])
+                    .values(expires_at=world.c.clock.now()))
+        uow.commit()
+    second = world.checkout("user_2t", PRO)
+    assert second["order_id"] != first["order_id"]
+    world.sandbox.pay(first["order_id"])
+    paid_twice = world.sandbox.pay(second["order_id"])
+    advance_with_sandbox(world.c, 60)
+    run_orphans(world.c)
+    assert world.sandbox.store.get("payment", paid_twice["id"])["processor"]["amountRefunded"] == paid_twice["amount"]
+    assert world.credits("user_2t") == 2000
+    live = [s["id"] for s in world.sandbox.store.all("subscription") if s["status"] in ("active", "non_renewing")]
+    assert live == [first["subscription_id"]]
+    with world.c.uow() as uow:
+        texts = [p["text"] for p in uow.execute(select(alert_outbox.c.payload)
+                                                .where(alert_outbox.c.sink == "chat")).scalars()]
+    assert sum(DUPLICATE_TEXT in t for t in texts) == 1
+
+
+def test_one_payment_form_paid_twice_credits_one_term_and_refunds_the_second(world):
+    """Two tabs share one checkout (the same payment form): paid in both, the second payment is a same-plan
+    duplicate, refunded with one alert; the provider's invoice carries the first payment only."""
+    from billingctl.services.orphans import run_orphans
+    from tests.conftest import advance_with_sandbox
+
+    co = world.checkout("user_pf", PRO)
+    assert world.checkout("user_pf", PRO)["order_id"] == co["order_id"]
+    first = world.sandbox.pay(co["order_id"])
+    second = world.sandbox.pay(co["order_id"])
+    advance_with_sandbox(world.c, 60)
+    run_orphans(world.c)
+    assert world.credits("user_pf") == 2000
+    assert world.sandbox.store.get("payment", second["id"])["processor"]["amountRefunded"] == second["amount"]
+    assert provider_invoices_holding(world, first["id"]) != [] and provider_invoices_holding(world, second["id"]) == []
+    assert world.purchases(second["id"]) == 0

@@ -101,9 +101,11 @@ def test_a_killed_orphan_recovery_resumes_without_a_second_subscription(world):
 
 
 def test_a_killed_duplicate_refund_refunds_once(world):
+    from tests.helpers import legacy_checkout
+
     first = create_checkout(world.c, world.user, "credits-pro-USD-monthly")
     world.sandbox.pay(first["order_id"])
-    dup = create_checkout(world.c, world.user, "credits-pro-USD-monthly")
+    dup = legacy_checkout(world.c, world.user)  # a second checkout of the plan, made before decision 110
     advance(world, 2 * 86400)
     cleanup_expired(world.c)
     payment = world.sandbox.pay(dup["order_id"], drop_webhook=True)

@@ -29,7 +29,7 @@ def test_redis_stopped_mid_run(make_settings, db_url, caplog):
         world = World(c)
         first = world.sandbox.pay(create_checkout(c, "user_r", "credits-basic-USD-monthly")["order_id"])
         assert world.purchases(first["id"]) == 1
-        later = [create_checkout(c, "user_r", "credits-pro-USD-monthly") for _ in range(2)]
+        later = [create_checkout(c, user, "credits-pro-USD-monthly") for user in ("user_r", "user_s")]
     finally:
         redis.stop()  # Redis goes away in the middle of the run
     with caplog.at_level(logging.WARNING):
@@ -37,7 +37,7 @@ def test_redis_stopped_mid_run(make_settings, db_url, caplog):
         for p in payments:
             assert record_payment(c, p, "settled_poller")["outcome"] == "duplicate"
         events.poll(c)
-    assert world.purchases() == 3 and world.credits("user_r") == 1000 + 2 * 2000
+    assert world.purchases() == 3 and world.credits("user_r") == 1000 + 2000 and world.credits("user_s") == 2000
     assert sum(c.metrics.sample("billing_redis_errors_total", {"component": k})
                for k in ("lock", "cache", "limiter", "breaker")) > 0
     assert any("redis" in r.getMessage() or "rate limiter" in r.getMessage() or "cache" in r.getMessage()

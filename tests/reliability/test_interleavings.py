@@ -12,12 +12,21 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    Bundle,
+    RuleBasedStateMachine,
+    invariant,
+    multiple,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from sqlalchemy import func, select
 
 from billingctl.adapters.db.tables import credit_ledger, orphan_recovery, purchase, users
 from billingctl.bootstrap import Container
 from billingctl.domain.clock import ManualClock
+from billingctl.domain.errors import AlreadySubscribed
 from billingctl.services import events, orphans
 from billingctl.services.checkout import create_checkout
 from billingctl.services.payments import record_payment, retry_pending
@@ -58,8 +67,10 @@ class Billing(RuleBasedStateMachine):
     @rule(target=checkouts, user=st.sampled_from(USERS), plan=st.sampled_from(PLANS))
     def checkout(self, user, plan):
         FIGURES["steps"] += 1
-        co = create_checkout(self.c, user, plan)
-        return co
+        try:
+            return create_checkout(self.c, user, plan)  # a second tab of a pending plan: that same checkout
+        except AlreadySubscribed:
+            return multiple()  # the customer holds the plan live: refused, nothing made (decision 110)
 
     @rule(target=payments, co=checkouts, drop=st.booleans(), dups=st.integers(0, 2), hold=st.booleans())
     def settle(self, co, drop, dups, hold):

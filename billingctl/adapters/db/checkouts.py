@@ -22,6 +22,17 @@ class Checkouts(Repository):
             query = query.where(checkout_session.c.user_id == user_id)
         return self.execute(query).mappings().first()
 
+    def open_for_plan(self, user_id: str, item_price_id: str, valid_after):
+        """The user's newest checkout of the plan still to be paid: its session valid after `valid_after`, its
+        subscription still future, no purchase paying it (a second tab gets this one back)."""
+        return self.execute(select(checkout_session).join(
+            subscription, subscription.c.id == checkout_session.c.subscription_id).where(
+            checkout_session.c.user_id == user_id, checkout_session.c.item_price_id == item_price_id,
+            checkout_session.c.status == "open", checkout_session.c.expires_at > valid_after,
+            subscription.c.status == "future",
+            ~select(purchase.c.id).where(purchase.c.subscription_id == checkout_session.c.subscription_id).exists(),
+        ).order_by(checkout_session.c.id.desc()).limit(1)).mappings().first()
+
     def lane_of_order(self, order_id: str) -> str | None:
         return self.execute(select(checkout_session.c.lane).where(_by_order_id(order_id))).scalar()
 

@@ -52,12 +52,25 @@ class Purchases(Repository):
                    purchase.c.provider_recorded_at.is_not(None), subscription.c.activation_pending_since.is_(None),
                    subscription.c.status == "active")).first()
 
-    def gates(self, payment_id: str, subscription_id: str, user_id: str):
-        """One read: the subscription's status, the user's frozen_at, and whether the payment is bought."""
+    def gates(self, payment_id: str, subscription_id: str, user_id: str, item_price_id: str | None = None):
+        """One read: the subscription's status, the user's frozen_at, whether the payment is bought, and
+        whether the user holds another live (active or non-renewing) subscription of the same plan."""
         status = select(subscription.c.status).where(subscription.c.id == subscription_id).scalar_subquery()
         frozen = select(users.c.frozen_at).where(users.c.id == user_id).scalar_subquery()
         bought = select(purchase.c.id).where(purchase.c.transaction_id == payment_id).exists()
-        return self.execute(select(status.label("status"), frozen.label("frozen_at"), bought.label("bought"))).one()
+        same_plan = select(subscription.c.id).where(
+            subscription.c.customer_id == user_id, subscription.c.item_price_id == (item_price_id or ""),
+            subscription.c.status.in_(("active", "non_renewing")), subscription.c.id != subscription_id).exists()
+        paid_other = select(purchase.c.id).where(purchase.c.subscription_id == subscription_id,
+                                                 purchase.c.transaction_id != payment_id).exists()
+        return self.execute(select(status.label("status"), frozen.label("frozen_at"), bought.label("bought"),
+                                   same_plan.label("same_plan"), paid_other.label("paid_other"))).one()
+
+    def other_payment_of(self, subscription_id: str, payment_id: str) -> str | None:
+        """Another payment already recorded for the subscription (its checkout paid once already)."""
+        return self.execute(select(purchase.c.transaction_id).where(
+            purchase.c.subscription_id == subscription_id, purchase.c.transaction_id != payment_id)
+            .order_by(purchase.c.id).limit(1)).scalar()
 
     def first_of_subscription(self, subscription_id: str):
         return self.execute(select(purchase).where(purchase.c.subscription_id == subscription_id)
