@@ -30,6 +30,14 @@ def remote_fields(remote: dict) -> dict:
             "item_price_id": items[0].get("item_price_id")}
 
 
+def _older(local, version: int | None, updated_at) -> bool:
+    """The provider orders a resource's changes by resource_version (milliseconds); updated_at (whole
+    seconds) decides only where a version is missing on either side."""
+    if version is not None and local["provider_resource_version"] is not None:
+        return local["provider_resource_version"] > version
+    return bool(updated_at and local["provider_updated_at"] and local["provider_updated_at"] > updated_at)
+
+
 def diff(local: dict | None, fields: dict) -> dict:
     if local is None:
         return {k: {"local": None, "provider": v} for k, v in fields.items()}
@@ -42,18 +50,23 @@ def apply_remote_subscription(container, remote: dict, source: str = "sync", for
 
     fields = remote_fields(remote)
     updated_at = _ts(remote.get("updated_at"))
+    version = remote.get("resource_version")
+    version = int(version) if isinstance(version, int | float) and not isinstance(version, bool) else None
     now = container.clock.now()
     with container.uow() as uow:
         local = uow.subscriptions.get(remote["id"])
-        if local is not None and not force and updated_at and local["provider_updated_at"] \
-                and local["provider_updated_at"] > updated_at:
+        if local is not None and not force and _older(local, version, updated_at):
             return "older_ignored"
         changes = diff(dict(local) if local else None, fields)
         uow.subscriptions.add({"id": remote["id"], "created_at": _ts(remote.get("created_at")) or now, **fields})
         values = {**fields, "provider_updated_at": updated_at, "synced_at": now}
         if fields["status"] == "active":
             values.update(activation_pending_since=None, activation_error=None)
-        uow.subscriptions.set(remote["id"], **values)
+        if not uow.subscriptions.set_if_not_older(remote["id"], None if force else version, **values):
+            uow.rollback()
+            return "older_ignored"  # a newer copy was applied meanwhile
+        if force and version is not None:
+            uow.subscriptions.set(remote["id"], provider_resource_version=version)
         uow.commit()
     if changes:
         invalidate_customer(container, fields["customer_id"])

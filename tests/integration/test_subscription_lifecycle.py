@@ -122,3 +122,21 @@ def test_one_payment_form_paid_twice_credits_one_term_and_refunds_the_second(wor
     assert world.sandbox.store.get("payment", second["id"])["processor"]["amountRefunded"] == second["amount"]
     assert provider_invoices_holding(world, first["id"]) != [] and provider_invoices_holding(world, second["id"]) == []
     assert world.purchases(second["id"]) == 0
+
+
+# ---- defect 7: provider copies are applied in the provider's order (resource_version) ---------------------
+
+def test_two_provider_copies_of_one_second_are_ordered_by_resource_version(world):
+    from billingctl.services.sync import apply_remote_subscription
+
+    co = subscribed(world)
+    remote = world.sandbox.subscription(co["subscription_id"])
+    second = remote["updated_at"] + 5
+    active = {**remote, "status": "active", "updated_at": second, "resource_version": second * 1000 + 100}
+    cancelled = {**remote, "status": "cancelled", "updated_at": second, "resource_version": second * 1000 + 900}
+    assert apply_remote_subscription(world.c, cancelled, "webhook") == "updated"
+    assert apply_remote_subscription(world.c, active, "webhook") == "older_ignored"  # delivered late
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(co["subscription_id"]) == "cancelled"
+    newer = {**active, "resource_version": second * 1000 + 950}
+    assert apply_remote_subscription(world.c, newer, "webhook") == "updated"

@@ -34,6 +34,16 @@ class Subscriptions(Repository):
     def set(self, subscription_id: str, **values) -> None:
         self.execute(update(subscription).where(subscription.c.id == subscription_id).values(**values))
 
+    def set_if_not_older(self, subscription_id: str, version: int | None, **values) -> bool:
+        """Apply a provider copy unless the one applied last has a newer resource_version (a conditional
+        update: a racing writer with a newer copy wins). False when it was older."""
+        query = update(subscription).where(subscription.c.id == subscription_id)
+        if version is not None:
+            query = query.where((subscription.c.provider_resource_version.is_(None))
+                                | (subscription.c.provider_resource_version <= version))
+            values["provider_resource_version"] = version
+        return self.execute(query.values(**values)).rowcount == 1
+
     def mark_activation_pending(self, subscription_id: str, now) -> None:
         """Activation becomes pending, unless the subscription is active or already pending."""
         self.execute(update(subscription).where(subscription.c.id == subscription_id,

@@ -86,6 +86,9 @@ subscription = Table(
     Column("activation_error", Text),
     _ts("provider_updated_at"),
     _ts("synced_at"),
+    # The provider's resource_version (milliseconds) of the copy applied last: a copy is applied only
+    # when it is not older (its reference orders updates by it; updated_at has whole seconds).
+    Column("provider_resource_version", BigInteger),
 )
 
 invoice = Table(
