@@ -15,15 +15,14 @@ from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, webhook_events
 from billingctl.services.cursors import read_value, write_value
-from billingctl.services.payments import record_payment
 
 # Re-exported: the poller's callers and tests name these through this module.
 from billingctl.services.provider_events import (  # noqa: F401
     MAX_EVENT_ATTEMPTS,
     SOURCE,
     handle_event,
-    orchestrator_payment,
     process_event,
+    record_reported_payment,
 )
 
 log = logging.getLogger("billingctl.events")
@@ -127,8 +126,9 @@ def scan_paid_invoices(container, since: datetime | None) -> dict:
                 reference = txn.get("reference_number") or txn.get("id_at_gateway")
                 if not reference or txn.get("type", "payment") != "payment":
                     continue
-                payment = orchestrator_payment(container, reference, {"invoice": remote, "transaction": txn})
-                if record_payment(container, payment, "invoice_scan")["outcome"] == "recorded":
+                recorded = record_reported_payment(container, reference, {"invoice": remote, "transaction": txn},
+                                                   "invoice_scan")
+                if recorded["outcome"] == "recorded":
                     recovered += 1
             except e.BillingError as exc:
                 failures.append({"invoice_id": remote["id"], "error": exc.message})

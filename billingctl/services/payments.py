@@ -47,6 +47,7 @@ class PaymentFacts:
     # not match is held for review, never credited.
     expected_amount: int | None = None
     expected_currency: str | None = None
+    provider_side: bool = False  # entered at the provider (decision 112)
 
 
 def facts_from_payment(container, payment: dict) -> PaymentFacts:
@@ -99,12 +100,18 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
         expected_currency=expected[1])
 
 
-def record_payment(container, payment: dict, path: str, followups: bool = True) -> dict:
-    """Record a settled payment exactly once, then record it at the provider and activate."""
+def record_payment(container, payment: dict, path: str, followups: bool = True, provider_side: bool = False,
+                   term_paid: bool = False) -> dict:
+    """Record a settled payment exactly once, then record it at the provider and activate.
+    `provider_side`: a payment entered at the provider, not the orchestrator's (a cheque, a wire): never
+    posted back to the provider, and its invoice's term is credited once, when `term_paid` (decision 112)."""
     done = _finished_duplicate(container, payment) if followups else None
     if done is not None:
         return done
     facts = facts_from_payment(container, payment)
+    if provider_side:
+        facts.provider_side = True
+        facts.credits = facts.credits if term_paid and facts.invoice_id else 0
     held = _mismatch(container, payment, facts)
     if held is not None:
         return _hold_mismatch(container, payment, facts, held, path)
@@ -216,6 +223,8 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
             "subscription_id": facts.subscription_id, "user_id": facts.user_id, "item_price_id": facts.item_price_id,
             "amount": facts.amount, "currency_code": facts.currency_code, "credits": facts.credits,
             "processor": facts.processor, "recorded_via": path, "settled_at": facts.settled_at, "created_at": now,
+            # A payment the provider itself holds is never posted back to it (that would pay the invoice twice).
+            "provider_recorded_at": now if facts.provider_side else None,
         })
         if not new:
             stored = uow.purchases.by_payment_id(facts.payment_id)
@@ -225,8 +234,10 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
                          currency_code=facts.currency_code, customer_id=facts.user_id, invoice_id=facts.invoice_id,
                          subscription_id=facts.subscription_id, processor=facts.processor,
                          processor_merchant_id=facts.merchant_id)
-        credited = apply_credits(uow, facts.user_id, facts.credits, f"payment:{facts.payment_id}", "payment",
-                                 facts.payment_id, now)
+        # A term paid at the provider in several parts (a cheque, then a wire) is credited once, by its invoice.
+        term_key = f"invoice:{facts.invoice_id}" if facts.provider_side else f"payment:{facts.payment_id}"
+        credited = (facts.credits > 0 or not facts.provider_side) and apply_credits(
+            uow, facts.user_id, facts.credits, term_key, "payment", facts.payment_id, now)
         if facts.invoice_id:  # a renewal charge ends here, whichever path saw it settle
             end_renewal_attempt(container, uow, _invoice_of(facts), facts.payment_id, "succeeded",
                                 amount=facts.amount)

@@ -48,22 +48,27 @@ def _payment_succeeded(container, content: dict) -> dict:
         if uow.purchases.exists_for_payment(payment_id):
             return {"outcome": "already_recorded", "payment_id": payment_id}
     # The orchestrator webhook was missed: record it now, from the orchestrator's own payment.
-    payment = orchestrator_payment(container, payment_id, content)
-    result = record_payment(container, payment, "event_poller")
+    result = record_reported_payment(container, payment_id, content, "event_poller")
     return {"outcome": result["outcome"], "payment_id": payment_id, "credits_applied": result["credits_applied"]}
 
 
-def orchestrator_payment(container, payment_id: str, content: dict) -> dict:
+def record_reported_payment(container, payment_id: str, content: dict, path: str) -> dict:
+    """A payment the provider holds on an invoice: the orchestrator's own payment when it has one; else
+    one entered at the provider (a cheque, a wire that finance records), which is never posted back to the
+    provider and credits its invoice's term once, when the invoice is paid in full (decision 112)."""
     try:
-        return container.orchestrator.get_payment(payment_id)
+        payment = container.orchestrator.get_payment(payment_id)
     except e.ExternalNotFound:
-        # Recorded at the provider without our orchestrator: build the payment from the event.
         txn, inv = content.get("transaction") or {}, content.get("invoice") or {}
         items = inv.get("line_items") or [{}]
-        return {"id": payment_id, "status": "SETTLED", "orderId": inv.get("id"), "customerId": txn.get("customer_id"),
-                "amount": txn.get("amount"), "currencyCode": txn.get("currency_code"), "date": txn.get("date"),
-                "metadata": {"subscription_id": inv.get("subscription_id") or txn.get("subscription_id"),
-                             "item_price_id": items[0].get("entity_id")}}
+        payment = {"id": payment_id, "status": "SETTLED", "orderId": inv.get("id"),
+                   "customerId": txn.get("customer_id"), "amount": txn.get("amount"),
+                   "currencyCode": txn.get("currency_code"), "date": txn.get("date"),
+                   "metadata": {"subscription_id": inv.get("subscription_id") or txn.get("subscription_id"),
+                                "item_price_id": items[0].get("entity_id")}}
+        paid = inv.get("status") == "paid" or (inv.get("amount_due") is not None and int(inv["amount_due"]) <= 0)
+        return record_payment(container, payment, path, provider_side=True, term_paid=paid)
+    return record_payment(container, payment, path)
 
 
 def _refund(container, kind: str, content: dict) -> dict:

@@ -140,3 +140,27 @@ def test_two_provider_copies_of_one_second_are_ordered_by_resource_version(world
         assert uow.subscriptions.status(co["subscription_id"]) == "cancelled"
     newer = {**active, "resource_version": second * 1000 + 950}
     assert apply_remote_subscription(world.c, newer, "webhook") == "updated"
+
+
+# ---- defect 5: payments entered at the provider (a cheque, a wire) --------------------------------------
+
+def test_a_term_paid_at_the_provider_in_two_parts_is_credited_once_and_never_posted_back(world):
+    """A 1-cent cheque, then a wire for the rest, entered by finance at the provider: the term's credits
+    once, when the invoice is paid in full; nothing recorded at the provider a second time."""
+    from billingctl.services.events import poll
+
+    co = subscribed(world)
+    month_passes(world)
+    invoice = world.sandbox.renew_due()[0]
+    before = world.sandbox.store.count_requests("provider", "POST", "record_payment")
+    world.sandbox.record_payment(invoice["id"], 1, "CHEQUE-0001", payment_method="check")
+    world.sandbox.record_payment(invoice["id"], invoice["total"] - 1, "WIRE-0002", payment_method="bank_transfer")
+    poll(world.c)
+    poll(world.c)
+    assert world.credits() == 2000 + 2000  # the checkout's term and this one, once
+    assert world.sandbox.invoice(invoice["id"])["amount_paid"] == invoice["total"]  # not paid twice
+    assert world.sandbox.store.count_requests("provider", "POST", "record_payment") == before
+    from billingctl.services.payments import pending_activations
+
+    assert pending_activations(world.c) == []  # no follow-up left that would post them back
+    assert co["subscription_id"]

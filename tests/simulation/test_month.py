@@ -42,6 +42,7 @@ PRODUCTION_DAYS = int(os.environ.get("SIM_PRODUCTION_DAYS", 20))
 SEEDS = [int(s) for s in os.environ.get("SIM_SEEDS", "7").split(",")]
 TICK = 4 * 3600  # the model's step; every job of the table runs at least once per tick
 PLANS = ["credits-pro-USD-monthly", "credits-basic-USD-monthly", "credits-pro-nsfw-USD-monthly"]
+HEAVY_PLANS = ("credits-pro-nsfw-USD-monthly", "credits-max-nsfw-USD-monthly")  # the quota-pressure customer's
 WALLET_USERS = ("sim_wallet_0", "sim_wallet_1")  # they pay with a wallet only: no card to renew an NSFW plan on
 
 
@@ -383,17 +384,25 @@ class ProductionModel(Model):
         return self.production_sandbox
 
     def pressure(self) -> None:
+        # A plan of the lane the customer does not hold yet (one live subscription per plan, decision 110);
+        # a pending one is answered again, and its form takes more tries.
+        held = self._held_nsfw_plans()
+        plan = next((p for p in HEAVY_PLANS if p not in held), HEAVY_PLANS[0])
         try:
-            co = checkout.create_checkout(self.c, self.HEAVY, PLANS[2])
+            co = checkout.create_checkout(self.c, self.HEAVY, plan)
         except e.BillingError as exc:
             self.note(f"heavy checkout: refused ({exc.code})")
             return
         tries = self.rng.randint(0, 3)
         for _ in range(tries):
             self.sandbox.decline_checkout(co["order_id"])
-        if self.rng.random() < 0.5:
+        if self.rng.random() < 0.2:
             self.sandbox.pay(co["order_id"])
         self.note(f"heavy checkout {co['subscription_id']}: {tries} declines")
+
+    def _held_nsfw_plans(self) -> set[str]:
+        with self.c.uow() as uow:
+            return {p for p in HEAVY_PLANS if uow.subscriptions.holding_plan(self.HEAVY, p, None)}
 
     def actions(self) -> list[tuple[object, float]]:
         return [*super().actions(), (self.pressure, 6)]
