@@ -73,13 +73,8 @@ def _checkout_once(container, user_id: str, plan, lock, risky_actions) -> dict:
         # No new start, so no new reservation; but a customer whose window is full gets no payment form
         # back either (each try in it is an authorization the quota counts).
         with container.uow() as uow:
-            decision = fraud_quota.check(uow, container.settings, user_id, plan.lane, now, CUSTOMER)
-            if decision is not None and not decision.allowed:
-                fraud_quota.record_velocity(uow, user_id, now, plan.amount, decision.blocking, "checkout")
-                uow.commit()
-                log.warning("checkout blocked: authorization quota exhausted",
-                            extra={"user_id": user_id, "window": decision.blocking})
-                raise e.QuotaExhausted()
+            _refuse_over_quota(uow, user_id, plan, now,
+                               fraud_quota.check(uow, container.settings, user_id, plan.lane, now, CUSTOMER))
         log.info("checkout of a plan already pending: the same checkout is answered",
                  extra={"user_id": user_id, "order_id": pending["order_id"]})
         return {"order_id": pending["order_id"], "subscription_id": pending["subscription_id"],
@@ -90,14 +85,9 @@ def _checkout_once(container, user_id: str, plan, lock, risky_actions) -> dict:
     # The session reserves the slot of its first authorization before anything is created: the check
     # and the reservation are one transaction under the user's row lock (correct without Redis).
     with container.uow() as uow:
-        decision = fraud_quota.reserve(uow, container.settings, user_id, plan.lane, now, CUSTOMER,
-                                       f"checkout:{key}", plan.amount, clock=container.clock)
-        if decision is not None and not decision.allowed:
-            fraud_quota.record_velocity(uow, user_id, now, plan.amount, decision.blocking, "checkout")
-            uow.commit()
-            log.warning("checkout blocked: authorization quota exhausted",
-                        extra={"user_id": user_id, "window": decision.blocking})
-            raise e.QuotaExhausted()
+        _refuse_over_quota(uow, user_id, plan, now, fraud_quota.reserve(
+            uow, container.settings, user_id, plan.lane, now, CUSTOMER, f"checkout:{key}", plan.amount,
+            clock=container.clock))
         uow.commit()
     try:
         return _create(container, user_id, plan, lock, risky_actions, now, key)
@@ -106,6 +96,17 @@ def _checkout_once(container, user_id: str, plan, lock, risky_actions) -> dict:
             fraud_quota.release(uow, f"checkout:{key}")
             uow.commit()
         raise
+
+
+def _refuse_over_quota(uow, user_id: str, plan, now, decision) -> None:
+    """A quota decision that refuses: the velocity signal is written (committed) and the checkout refused."""
+    if decision is None or decision.allowed:
+        return
+    fraud_quota.record_velocity(uow, user_id, now, plan.amount, decision.blocking, "checkout")
+    uow.commit()
+    log.warning("checkout blocked: authorization quota exhausted", extra={"user_id": user_id,
+                                                                          "window": decision.blocking})
+    raise e.QuotaExhausted()
 
 
 def create_pending_subscription(container, user_id: str, item_price_id: str, now, key: str) -> dict:

@@ -172,6 +172,12 @@ def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool, bool]:
             bool(row.same_plan or row.paid_other) and not row.bought)
 
 
+def _left_to_orphan_recovery(facts: PaymentFacts, message: str) -> dict:
+    log.warning(message, extra={"payment_id": facts.payment_id, "subscription_id": facts.subscription_id})
+    return {"payment_id": facts.payment_id, "outcome": "orphaned", "subscription_id": facts.subscription_id,
+            "user_id": facts.user_id, "credits_applied": 0}
+
+
 def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) -> dict:
     now = container.clock.now()
     with container.uow() as uow:
@@ -186,10 +192,8 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
                             subscription_id=facts.subscription_id, item_price_id=facts.item_price_id,
                             amount=facts.amount, currency_code=facts.currency_code, settled_at=facts.settled_at)
             uow.commit()
-            log.warning("second payment for a plan the customer already holds; left to orphan recovery to refund",
-                        extra={"payment_id": facts.payment_id, "subscription_id": facts.subscription_id})
-            return {"payment_id": facts.payment_id, "outcome": "orphaned", "subscription_id": facts.subscription_id,
-                    "user_id": facts.user_id, "credits_applied": 0}
+            return _left_to_orphan_recovery(facts, "second payment for a plan the customer already holds; left to "
+                                                   "orphan recovery to refund")
         if cancelled and facts.invoice_id and is_renewal_payment(payment):
             # A renewal charge that settled after its subscription was cancelled (decision 107): it pays the
             # period of its own invoice, which the workflow already marked paid at the provider. Recorded
@@ -202,10 +206,8 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
             uow.commit()
             # A checkout-retry orphan: settled for a cancelled subscription. The settled-payments poller
             # recovers it (re-subscribe or refund); recording it here would credit a dead plan.
-            log.warning("payment settled for a cancelled subscription; left to orphan recovery",
-                        extra={"payment_id": facts.payment_id, "subscription_id": facts.subscription_id})
-            return {"payment_id": facts.payment_id, "outcome": "orphaned", "subscription_id": facts.subscription_id,
-                    "user_id": facts.user_id, "credits_applied": 0}
+            return _left_to_orphan_recovery(facts, "payment settled for a cancelled subscription; left to orphan "
+                                                   "recovery")
         if frozen:
             # Spec section 4: a freeze disables further payments. A person decides (refund, or unfreeze
             # and retry); nothing is credited or activated meanwhile.
