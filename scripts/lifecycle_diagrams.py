@@ -26,6 +26,10 @@ NOTES = {
     "dispute": "A processor dispute (`dispute`), from Primer's DISPUTE.OPENED and DISPUTE.STATUS (type RETRIEVAL, "
                "DISPUTE or PREARBITRATION; status OPEN ... WON, LOST). open: no merchant-initiated charge for the "
                "customer; lost: the payment's credits reversed, its subscription cancelled (decision 102).",
+    "orphan": "The review row of a settled payment we must not credit automatically (`orphan_recovery`): an orphan "
+              "is retried by recovery; a frozen account, a mismatch or an unattributed payment waits for a person "
+              "(`orphans resolve`); a recovered payment whose invoice was voided is refunded and resolved "
+              "(decision 113). Every status write goes through `services.review.move`.",
 }
 
 

@@ -7,10 +7,11 @@ from typing import Literal
 import typer
 
 from billingctl.cli.context import command, exit_if_partial, get_ctx, noun
+from billingctl.domain.lifecycle import ORPHAN
 
 app = noun("Orphaned payments (settled for a cancelled subscription).")
 
-OrphanState = Literal["retrying", "recovered", "duplicate_refunded", "exhausted", "needs_review", "resolved"]
+OrphanState = Literal[ORPHAN.states]
 
 
 @command(app, "run")

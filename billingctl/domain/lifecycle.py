@@ -189,4 +189,29 @@ def dispute_state(kind: str | None, status: str | None) -> str | None:
     return "lost"  # ACCEPTED or EXPIRED chargeback / pre-arbitration
 
 
-LIFECYCLES = (PAYMENT, DUNNING, DISPUTE)
+# ---- the review row of a settled payment we must not credit automatically (`orphan_recovery`) ------------
+# An orphan (settled for a cancelled checkout) is `retrying` until recovery re-subscribes the customer
+# (`recovered`), refunds a same-plan duplicate (`duplicate_refunded`) or runs out of attempts (`exhausted`);
+# a payment a person must judge (a frozen account, an amount that does not match its order, a payment that
+# names none of our subscriptions) opens as `needs_review`. A person ends any open row (`resolved`: refunded,
+# re-subscribed or handled) or sends it back to recovery (`retrying`). A recovered payment whose invoice
+# turns out voided is refunded and `resolved` (decision 113). Only recovery writes these rows, in order:
+# a step outside the table is illegal (no stale news).
+REVIEW_OPEN = ("retrying",)  # recovery's own work: attempted on its schedule
+REVIEW_HUMAN = ("exhausted", "needs_review")  # a person's work (or a forced retry)
+_REVIEW_ENDS = ("recovered", "duplicate_refunded", "resolved")
+ORPHAN = Lifecycle(
+    name="orphan",
+    states=(*REVIEW_OPEN, *REVIEW_HUMAN, *_REVIEW_ENDS),
+    edges={
+        None: ("retrying", "needs_review"),
+        "retrying": ("retrying", "exhausted", "needs_review", *_REVIEW_ENDS),
+        "needs_review": ("retrying", "needs_review", "exhausted", *_REVIEW_ENDS),
+        "exhausted": ("retrying", "needs_review", *_REVIEW_ENDS),
+        "recovered": ("resolved",),
+    },
+    final=("duplicate_refunded", "resolved"),
+    stale_news=False,
+)
+
+LIFECYCLES = (PAYMENT, DUNNING, DISPUTE, ORPHAN)

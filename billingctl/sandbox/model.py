@@ -290,7 +290,7 @@ class Sandbox:
         invoice = self.invoice(invoice_id)
         if invoice["status"] == "paid":
             raise SandboxError(400, "A paid invoice cannot be voided", "invalid_state_for_request")
-        invoice.update(status="void", voided_at=self.now(), updated_at=self.now())
+        invoice.update(status="voided", voided_at=self.now(), updated_at=self.now())
         self.store.put("invoice", invoice_id, invoice)
         return {"invoice": invoice}
 

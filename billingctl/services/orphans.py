@@ -13,12 +13,13 @@ from datetime import timedelta
 
 from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
+from billingctl.domain import lifecycle
 from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS, orphan_retry_delay
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, review
 from billingctl.services.cursors import read_value, write_value
-from billingctl.services.payments import is_renewal_payment, record_payment, reverse_refund
+from billingctl.services.payments import is_renewal_payment, record_payment, refund, reverse_refund
 
 log = logging.getLogger("billingctl.orphans")
 
@@ -32,9 +33,8 @@ TOO_RECENT = timedelta(seconds=15)  # spec section 1 rule 3: the webhook or the 
 # database read each.
 LISTING_DELAY = timedelta(minutes=2)
 CLAIM = timedelta(minutes=5)
-OPEN = ("retrying",)
-OWNED = ("retrying", "recovered", "duplicate_refunded", "exhausted", "needs_review", "resolved")
-HUMAN = ("exhausted", "needs_review")
+OPEN = lifecycle.REVIEW_OPEN
+HUMAN = lifecycle.REVIEW_HUMAN
 
 
 # ---- the settled-payments poller ------------------------------------------------------------------
@@ -224,7 +224,10 @@ def _recover(container, row: dict, payment: dict) -> str:
 
 
 def _record_on_own_subscription(container, row: dict, payment: dict) -> str:
-    _require_activation(record_payment(container, payment, "orphan_recovery"), f"recorded {row['payment_id']}")
+    recorded = record_payment(container, payment, "orphan_recovery")
+    if recorded.get("invoice_voided") == row["payment_id"]:
+        return "resolved"  # its invoice was voided meanwhile: refunded, and its row ended (decision 113)
+    _require_activation(recorded, f"recorded {row['payment_id']}")
     _finish(container, row["payment_id"], "recovered", resolution="recorded")
     return "recovered"
 
@@ -266,18 +269,6 @@ def _refund_duplicate(container, row: dict, holding: str) -> str:
     _finish(container, payment_id, "duplicate_refunded", resolution="refunded")
     log.warning(DUPLICATE_TEXT, extra={"payment_id": payment_id, "active_subscription": holding})
     return "duplicate_refunded"
-
-
-def refund(container, payment_id: str) -> dict:
-    """Refund what is left of the payment at the orchestrator, once (the client's idempotency key for a
-    refund is the payment id). The amount is always named: a payment already partly refunded (at the
-    orchestrator's console) is refunded for the rest, and a request without an amount would ask for the
-    full amount, which the orchestrator refuses."""
-    payment = container.orchestrator.get_payment(payment_id)
-    refunded, amount = int((payment.get("processor") or {}).get("amountRefunded") or 0), int(payment.get("amount") or 0)
-    if refunded >= amount:
-        return payment
-    return container.orchestrator.refund_payment(payment_id, amount - refunded, reason="duplicate charge")
 
 
 def _resubscribe(container, row: dict, payment: dict) -> str:
@@ -342,7 +333,7 @@ def _failed(container, row: dict, error: str) -> str:
 
 def _finish(container, payment_id: str, status: str, resolution: str | None = None, attempts: int | None = None,
             last_error: str | None = None, new_subscription: str | None = None, resolved_by: str | None = None):
-    values = {"status": status, "updated_at": container.clock.now(), "next_attempt_at": None}
+    values = {"updated_at": container.clock.now(), "next_attempt_at": None}
     if resolution:
         values["resolution"] = resolution
     if attempts is not None:
@@ -354,7 +345,7 @@ def _finish(container, payment_id: str, status: str, resolution: str | None = No
     if new_subscription:
         values["subscription_id"] = new_subscription
     with container.uow() as uow:
-        uow.orphans.set(payment_id, **values)
+        review.move(container, uow, payment_id, status, **values)
         uow.commit()
 
 
@@ -407,7 +398,7 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
         raise e.InvalidInput("a reason is required")
     info = show(container, payment_id)
     row, payment = info["orphan"], info["payment"]
-    if row["status"] in ("recovered", "duplicate_refunded", "resolved"):
+    if row["status"] not in (*OPEN, *HUMAN):
         raise e.Refused(f"payment {payment_id} is already {row['status']}")
     refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)  # 0 when it could not be read
     if action == "refund" and refunded > 0:
@@ -425,7 +416,7 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
         _finish(container, payment_id, "resolved", resolution="refunded", resolved_by=actor)
     elif action == "create-subscription":
         with container.uow() as uow:
-            uow.orphans.set(payment_id, status="retrying")
+            review.move(container, uow, payment_id, "retrying")
             uow.commit()
         claimed = _claim(container, payment_id, force=True)
         if claimed is None:

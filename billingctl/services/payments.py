@@ -455,20 +455,31 @@ def _complete_followups(container, subscription_id: str) -> dict:
     with container.uow(autocommit=True) as uow:
         pending = uow.purchases.unreported(subscription_id)
     for row in pending:
-        if not row["invoice_id"] or not report_to_provider(container, row):
+        reported = report_to_provider(container, row) if row["invoice_id"] else False
+        if reported == VOIDED:
+            result["invoice_voided"] = row["transaction_id"]
+        elif not reported:
             result["provider_recorded"] = False
     return result
 
 
-def report_to_provider(container, row) -> bool:
+VOIDED = "invoice_voided"
+
+
+def report_to_provider(container, row) -> bool | str:
     """Record one purchase on its provider invoice (reference = the orchestrator payment id). True when
-    the invoice is paid afterwards; a refusal the provider does not explain as "already paid" stays pending."""
+    the invoice is paid afterwards; VOIDED when the invoice was voided meanwhile (the payment is then
+    refunded, decision 113); a refusal the provider does not explain stays pending."""
     try:
         container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
         crash_point(container.settings, "provider_record.after_call")
     except e.ExternalInvalidRequest as exc:
-        if exc.details.get("api_error_code") != "invalid_state_for_request" or \
-                _invoice_status(container, row["invoice_id"]) != "paid":
+        status = _invoice_status(container, row["invoice_id"]) \
+            if exc.details.get("api_error_code") == "invalid_state_for_request" else None
+        if status == "voided":
+            refund_for_voided_invoice(container, row)
+            return VOIDED
+        if status != "paid":
             log.error("recording at the provider was refused; left pending: %s", exc.message,
                       extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"],
                              "error_code": exc.details.get("api_error_code")})
@@ -483,6 +494,44 @@ def report_to_provider(container, row) -> bool:
     with container.uow(autocommit=True) as uow:
         uow.purchases.mark_reported(row["id"], container.clock.now())
     return True
+
+
+def refund_for_voided_invoice(container, row) -> None:
+    """A payment settled for a provider invoice voided while the charge was in flight (an operator's
+    `users freeze --void-invoices`, finance at the provider's console): the void is the decision that
+    the period is not collected, so the payment is refunded in full, its credits reversed, its purchase
+    closed (no follow-up records it for ever) and its review row ended `resolved`/`refunded`, with one
+    chat alert (decision 113). Each step is idempotent: a run cut short is finished by the next."""
+    payment_id, now = row["transaction_id"], container.clock.now()
+    payment = refund(container, payment_id, reason="invoice voided")
+    reverse_refund(container, payment_id, int((payment.get("processor") or {}).get("amountRefunded") or 0)
+                   or int(row["amount"] or 0), "invoice_voided")
+    with container.uow() as uow:
+        uow.purchases.close(payment_id, VOIDED, now)
+        uow.invoices.set_status(row["invoice_id"], "voided")
+        review.open_row(uow, now, payment_id=payment_id, user_id=row["user_id"],
+                        subscription_id=row["subscription_id"], item_price_id=row["item_price_id"],
+                        amount=row["amount"], currency_code=row["currency_code"], settled_at=row["settled_at"])
+        review.move(container, uow, payment_id, "resolved", resolution="refunded", next_attempt_at=None,
+                    last_error=f"invoice {row['invoice_id']} was voided at the provider")
+        alerts.raise_alert(uow, container.clock, f"Payment {payment_id} settled for voided invoice "
+                           f"{row['invoice_id']} - refunded, credits reversed", f"voided-invoice:{payment_id}",
+                           payment_id=payment_id, user_id=row["user_id"], invoice_id=row["invoice_id"])
+        uow.commit()
+    log.warning("payment settled for a voided invoice: refunded", extra={
+        "payment_id": payment_id, "invoice_id": row["invoice_id"], "user_id": row["user_id"]})
+
+
+def refund(container, payment_id: str, reason: str = "duplicate charge") -> dict:
+    """Refund what is left of the payment at the orchestrator, once (the client's idempotency key for a
+    refund is the payment id). The amount is always named: a payment already partly refunded (at the
+    orchestrator's console) is refunded for the rest, and a request without an amount would ask for the
+    full amount, which the orchestrator refuses."""
+    payment = container.orchestrator.get_payment(payment_id)
+    refunded, amount = int((payment.get("processor") or {}).get("amountRefunded") or 0), int(payment.get("amount") or 0)
+    if refunded >= amount:
+        return payment
+    return container.orchestrator.refund_payment(payment_id, amount - refunded, reason=reason)
 
 
 def _invoice_status(container, invoice_id: str) -> str | None:

@@ -27,7 +27,6 @@ from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.domain.quota import CUSTOMER, LONGEST, Attempt, starts_over_limit
 from billingctl.services.fraud_quota import FULL
-from billingctl.services.orphans import OWNED as OWNED_BY_RECOVERY
 
 TOO_RECENT = timedelta(seconds=15)
 GRACE = timedelta(hours=1)  # follow-up work (provider record, activation) the jobs finish well within
@@ -66,7 +65,7 @@ def reconcile(container, since=None, progress=None) -> dict:
         with container.uow() as uow:
             recorded = uow.purchases.by_payment_id(pid)
             owner = uow.orphans.status(pid)
-        if recorded is None and owner not in OWNED_BY_RECOVERY:
+        if recorded is None and owner is None:  # any review row owns it (domain.lifecycle.ORPHAN)
             add("payment_unrecorded", {"payment_id": pid,
                                        "detail": "settled at the orchestrator, no purchase and no orphan record"})
         if recorded is not None and owner == "duplicate_refunded":

@@ -5,9 +5,31 @@ recording and recovery can both use it."""
 
 from __future__ import annotations
 
+from billingctl.domain import lifecycle
 from billingctl.services import alerts
+from billingctl.services.lifecycles import report_illegal
 
 FROZEN = "user is frozen"
+
+
+def move(container, uow, payment_id: str, status: str, **values) -> bool:
+    """Every status a review row takes after it opens goes through here (domain.lifecycle.ORPHAN): an
+    allowed step is written by a conditional update; a row already there only takes the new values; a
+    step the table does not allow is reported (logged, counted, alerted) and not written. True when
+    written."""
+    values.setdefault("updated_at", container.clock.now())
+    while True:
+        current = uow.orphans.status(payment_id)
+        step = lifecycle.ORPHAN.step(current, status) if current is not None else lifecycle.Step.ILLEGAL
+        if step == lifecycle.Step.SAME:
+            uow.orphans.set(payment_id, **values)
+            return True
+        if step != lifecycle.Step.APPLY:
+            report_illegal(container, uow, lifecycle.IllegalTransition("orphan", payment_id, current, status))
+            return False
+        if uow.orphans.move(payment_id, status, lifecycle.ORPHAN.sources(status), **values):
+            return True
+        # another writer moved it first: judge again against what it wrote
 
 
 def open_row(uow, now, *, payment_id: str, user_id: str | None, subscription_id: str | None,

@@ -7,6 +7,7 @@ from sqlalchemy import select
 
 from billingctl.adapters.db.tables import alert_outbox, audit_log
 from billingctl.domain import errors as e
+from billingctl.domain.lifecycle import ORPHAN
 from billingctl.services import orphans
 from tests.integration.test_orphans import chat_alerts, orphan, row
 from tests.integration.test_orphans import world as world  # noqa: F401 - the fixture
@@ -47,7 +48,7 @@ def test_resolve_refund_returns_its_plan_and_writes_the_row_the_refund_and_one_a
     assert audits(world) == [("ops", "orphans.resolve.refund", pid, "customer asked", plan)]
     for status in ("resolved", "recovered", "duplicate_refunded"):
         with world.c.uow() as uow:
-            uow.orphans.set(pid, status=status)
+            uow.orphans.move(pid, status, ORPHAN.states)  # planted
             uow.commit()
         with pytest.raises(e.Refused) as refused:
             orphans.resolve(world.c, pid, "mark-handled", "again", "ops")

@@ -230,6 +230,9 @@ def test_a_lost_dispute_reverses_the_payments_credits_once_and_cancels_its_subsc
     assert dispute_row(world, opened["processorDisputeId"])["state"] == "lost" and world.credits() == 0
     assert [k for k in chat_keys(world) if k.startswith("dispute:")] == [
         f"dispute:{opened['processorDisputeId']}", f"dispute:{opened['processorDisputeId']}:lost"]
+    from billingctl.services.reconcile import reconcile
+
+    assert reconcile(world.c)["violations"] == []  # a lost dispute's reversal is books that balance
     month_passes(world)
     assert renewal_charges(world) == [] and run_renewals(world.c)["outcomes"].get("succeeded") is None
 

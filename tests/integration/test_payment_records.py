@@ -155,7 +155,8 @@ def test_the_activations_job_counts_each_kind_of_failure_and_success(world):
     for co in refused:
         world.sandbox.pay(co["order_id"], drop_webhook=True)
         invoice = world.sandbox.start_future_subscription(co["subscription_id"], world.sandbox.now())["invoice"]
-        world.sandbox.void_invoice(invoice["id"])  # the provider will refuse to record the payment on it
+        # the provider will refuse to record the payment on it, for a reason it does not explain as paid
+        world.sandbox.store.add_fault("provider", "400", path=f"/invoices/{invoice['id']}/record_payment", count=-1)
         assert record_payment(world.c, world.sandbox.store.all("payment")[-1], "cli")["provider_recorded"] is False
     assert {r["id"] for r in pending_activations(world.c)} == {
         *(co["subscription_id"] for co in done + orphaned + refused), recorded["subscription_id"]}

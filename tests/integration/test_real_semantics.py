@@ -83,7 +83,8 @@ def test_a_refusal_that_is_not_already_paid_leaves_the_report_pending(world):
     co = world.checkout()
     world.sandbox.pay(co["order_id"], drop_webhook=True)
     invoice = world.sandbox.start_future_subscription(co["subscription_id"], world.sandbox.now())["invoice"]
-    world.sandbox.void_invoice(invoice["id"])  # voided at the provider: not payable, and not paid
+    # refused for a reason the provider does not explain as paid (a voided invoice is refunded: decision 113)
+    world.sandbox.store.add_fault("provider", "400", path=f"/invoices/{invoice['id']}/record_payment", count=-1)
     payment = world.sandbox.store.all("payment")[0]
     result = record_payment(world.c, payment, "cli")
     assert result["provider_recorded"] is False

@@ -6,7 +6,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import insert, select, update
 
-from billingctl.adapters.db.tables import credit_ledger, fraud_event, purchase, subscription, users
+from billingctl.adapters.db.tables import credit_ledger, fraud_event, orphan_recovery, purchase, subscription, users
 from billingctl.bootstrap import Container
 from billingctl.domain.clock import ManualClock
 from billingctl.services.reconcile import reconcile
@@ -53,11 +53,14 @@ def plant_invoice_paid_twice(world):
         uow.commit()
 
 
+def unreport(uow, payment_id):
+    uow.execute(update(purchase).where(purchase.c.transaction_id == payment_id).values(provider_recorded_at=None))
+
+
 def plant_unreported(world):
     _, payment = paid(world)
     with world.c.uow() as uow:
-        uow.execute(update(purchase).where(purchase.c.transaction_id == payment["id"]).values(
-            provider_recorded_at=None))
+        unreport(uow, payment["id"])
         uow.commit()
     world.c.clock.advance(2 * 3600)
 
@@ -111,7 +114,30 @@ def plant_ledger_without_purchase(world):
         uow.commit()
 
 
+def plant_unreported_behind_a_recovered_review_row(world):
+    """The row says recovered, and the purchase still waits for its invoice (issue 35 defect 3): a review
+    row that has ended no longer hides the purchase."""
+    _, payment = paid(world)
+    with world.c.uow() as uow:
+        unreport(uow, payment["id"])
+        uow.execute(insert(orphan_recovery).values(
+            payment_id=payment["id"], user_id="user_a", status="recovered", attempts=1,
+            created_at=world.c.clock.now(), updated_at=world.c.clock.now()))
+        uow.commit()
+    world.c.clock.advance(2 * 3600)
+
+
+def plant_closed_purchase_not_reversed(world):
+    _, payment = paid(world)
+    with world.c.uow() as uow:
+        unreport(uow, payment["id"])
+        assert uow.purchases.close(payment["id"], "invoice_voided", world.c.clock.now())  # its credits kept
+        uow.commit()
+
+
 @pytest.mark.parametrize(("plant", "check"), [
+    (plant_unreported_behind_a_recovered_review_row, "recorded_not_on_provider_invoice"),
+    (plant_closed_purchase_not_reversed, "closed_purchase_not_reversed"),
     (plant_invoice_paid_twice, "invoice_paid_twice"),
     (plant_unreported, "recorded_not_on_provider_invoice"),
     (plant_paid_not_active, "paid_not_active"),

@@ -164,3 +164,40 @@ def test_a_term_paid_at_the_provider_in_two_parts_is_credited_once_and_never_pos
 
     assert pending_activations(world.c) == []  # no follow-up left that would post them back
     assert co["subscription_id"]
+
+
+# ---- defect 3: a freeze that voids the invoice a renewal charge is paying ---------------------------------
+
+def test_a_renewal_settling_on_an_invoice_voided_by_a_freeze_is_refunded_once_and_ends_its_follow_up(world):
+    from billingctl.services import orphans, users
+    from billingctl.services.payments import retry_pending
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    [charge] = [p for p in world.sandbox.store.all("payment") if p["orderId"] != co["order_id"]]
+    frozen = users.freeze(world.c, "user_a", "chargeback suspected", "ops", void_invoices=True)
+    assert frozen["voided"] == [charge["orderId"]]
+    world.sandbox.finish_payment(charge["id"], settle=True)
+    advance_with_sandbox(world.c, 60)
+    users.unfreeze(world.c, "user_a", "cleared", "ops")
+    orphans.retry(world.c, charge["id"], "ops")
+    for _ in range(3):
+        advance_with_sandbox(world.c, 60)
+        assert retry_pending(world.c).outcome.failed == 0  # no follow-up fails every minute for ever
+        orphans.run_orphans(world.c)
+        run_renewals(world.c)
+    assert world.sandbox.store.get("invoice", charge["orderId"])["status"] == "voided"
+    refunded = world.sandbox.store.get("payment", charge["id"])["processor"]["amountRefunded"]
+    assert refunded == charge["amount"]  # the payment went back to the customer, once
+    assert world.credits() == 2000  # the first term only: the voided period was never credited
+    [row] = orphans.list_orphans(world.c)
+    assert (row["payment_id"], row["status"], row["resolution"]) == (charge["id"], "resolved", "refunded")
+    with world.c.uow() as uow:  # its purchase is kept, closed: no follow-up waits on a void invoice
+        assert uow.purchases.by_payment_id(charge["id"])["closed_reason"] == "invoice_voided"
+    from billingctl.services.reconcile import reconcile
+
+    assert reconcile(world.c)["violations"] == []

@@ -10,6 +10,7 @@ from sqlalchemy import insert, select
 
 from billingctl.adapters.db.tables import alert_outbox, fraud_event, orphan_recovery, transaction, user_credits, users
 from billingctl.domain import errors as e
+from billingctl.domain.lifecycle import ORPHAN
 from billingctl.services import orphans
 from billingctl.services import processor_lock as pl
 from billingctl.services.payments import record_payment, update_transaction_status
@@ -164,7 +165,7 @@ def under_retry(world):
 def test_a_failed_manual_resubscription_leaves_the_orphan_to_automatic_recovery(world):
     payment = under_retry(world)
     with world.c.uow() as uow:
-        uow.orphans.set(payment["id"], status="exhausted")
+        uow.orphans.move(payment["id"], "exhausted", ORPHAN.states)  # planted
         uow.commit()
     world.sandbox.store.add_fault("provider", "400", path="subscription_for_items", count=-1)
     with pytest.raises(e.BillingError):

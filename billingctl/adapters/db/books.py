@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlalchemy import Text, delete, func, or_, select, update
 
+from billingctl.adapters.db.purchases import REVERSALS
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.tables import (
     alert_outbox,
@@ -18,6 +19,7 @@ from billingctl.adapters.db.tables import (
     subscription,
     users,
 )
+from billingctl.domain.lifecycle import REVIEW_HUMAN, REVIEW_OPEN
 
 
 def _checks(now, grace) -> list[tuple[str, object, callable]]:
@@ -25,20 +27,22 @@ def _checks(now, grace) -> list[tuple[str, object, callable]]:
     payments = select(credit_ledger.c.id, credit_ledger.c.payment_id, credit_ledger.c.user_id, credit_ledger.c.amount
                       ).outerjoin(purchase, purchase.c.transaction_id == credit_ledger.c.payment_id)
     reversed_ = (select(credit_ledger.c.payment_id, (-func.sum(credit_ledger.c.amount)).label("reversed"))
-                 .where(credit_ledger.c.reason == "refund").group_by(credit_ledger.c.payment_id).subquery())
+                 .where(credit_ledger.c.reason.in_(REVERSALS)).group_by(credit_ledger.c.payment_id).subquery())
     sums = (select(credit_ledger.c.user_id, func.sum(credit_ledger.c.amount).label("total"))
             .group_by(credit_ledger.c.user_id).subquery())
-    handed_to_recovery = select(orphan_recovery.c.payment_id)
+    # A payment in the review queue is a person's or recovery's work until its row ends.
+    handed_to_recovery = select(orphan_recovery.c.payment_id).where(
+        orphan_recovery.c.status.in_((*REVIEW_OPEN, *REVIEW_HUMAN)))
     return [
         ("ledger_without_purchase",
          payments.where(credit_ledger.c.reason == "payment", or_(
              purchase.c.id.is_(None), purchase.c.user_id != credit_ledger.c.user_id,
              purchase.c.credits != credit_ledger.c.amount)),
          lambda r: {"ledger_id": r.id, "payment_id": r.payment_id, "detail": "a credit that matches no purchase"}),
-        ("refund_without_purchase", payments.where(credit_ledger.c.reason == "refund", purchase.c.id.is_(None)),
+        ("refund_without_purchase", payments.where(credit_ledger.c.reason.in_(REVERSALS), purchase.c.id.is_(None)),
          lambda r: {"ledger_id": r.id, "payment_id": r.payment_id, "detail": "a reversal that matches no purchase"}),
         ("ledger_unknown_reason", select(credit_ledger.c.id, credit_ledger.c.reason).where(
-            credit_ledger.c.reason.not_in(("payment", "refund"))),
+            credit_ledger.c.reason.not_in(("payment", *REVERSALS))),
          lambda r: {"ledger_id": r.id, "detail": r.reason}),
         ("refund_exceeds_credit", select(purchase.c.transaction_id, purchase.c.credits, reversed_.c.reversed)
          .join(reversed_, reversed_.c.payment_id == purchase.c.transaction_id)
@@ -52,10 +56,16 @@ def _checks(now, grace) -> list[tuple[str, object, callable]]:
          .where(purchase.c.invoice_id.is_not(None)).group_by(purchase.c.invoice_id).having(func.count() > 1),
          lambda r: {"invoice_id": r.invoice_id, "detail": f"{r.n} settled charges for one subscription period"}),
         ("recorded_not_on_provider_invoice", select(purchase.c.transaction_id, purchase.c.invoice_id).where(
-            purchase.c.provider_recorded_at.is_(None), purchase.c.created_at < now - grace,
-            purchase.c.transaction_id.not_in(handed_to_recovery)),
+            purchase.c.provider_recorded_at.is_(None), purchase.c.closed_at.is_(None),
+            purchase.c.created_at < now - grace, purchase.c.transaction_id.not_in(handed_to_recovery)),
          lambda r: {"payment_id": r.transaction_id, "invoice_id": r.invoice_id,
                     "detail": "recorded by us, not on the provider's invoice"}),
+        ("closed_purchase_not_reversed", select(purchase.c.transaction_id, purchase.c.closed_reason,
+                                                purchase.c.credits, func.coalesce(reversed_.c.reversed, 0).label("r"))
+         .outerjoin(reversed_, reversed_.c.payment_id == purchase.c.transaction_id)
+         .where(purchase.c.closed_at.is_not(None), func.coalesce(reversed_.c.reversed, 0) < purchase.c.credits),
+         lambda r: {"payment_id": r.transaction_id, "detail": f"closed ({r.closed_reason}) but only {int(r.r)} of "
+                                                              f"{r.credits} credits reversed"}),
         ("paid_not_active", select(subscription.c.id, subscription.c.activation_error).where(
             subscription.c.activation_pending_since < now - grace,
             subscription.c.id.in_(select(purchase.c.subscription_id))),

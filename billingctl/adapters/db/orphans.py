@@ -32,7 +32,15 @@ class Orphans(Repository):
             orphan_recovery.c.next_attempt_at.is_(None) if due is None else orphan_recovery.c.next_attempt_at == due,
         ).values(next_attempt_at=until, updated_at=now)).rowcount == 1
 
+    def move(self, payment_id: str, status: str, sources: tuple[str, ...], **values) -> bool:
+        """One step of the row's lifecycle (domain.lifecycle.ORPHAN): a conditional update from the states
+        the table allows; False when another writer moved it first."""
+        return self.execute(update(orphan_recovery).where(
+            orphan_recovery.c.payment_id == payment_id, orphan_recovery.c.status.in_(sources))
+            .values(status=status, **values)).rowcount == 1
+
     def set(self, payment_id: str, **values) -> None:
+        assert "status" not in values, "a status is a lifecycle step: Orphans.move"
         self.execute(update(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id).values(**values))
 
     def oldest_settled(self, statuses: tuple[str, ...]):

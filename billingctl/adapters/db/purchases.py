@@ -18,6 +18,8 @@ from billingctl.adapters.db.tables import (
 )
 
 SUCCESSFUL_TRANSACTION = ("captured", "settled")
+# Ledger reasons that take a payment's credits back: a refund, a lost dispute.
+REVERSALS = ("refund", "dispute_lost")
 
 
 class Purchases(Repository):
@@ -49,7 +51,8 @@ class Purchases(Repository):
             select(purchase.c.subscription_id, purchase.c.user_id)
             .join(subscription, subscription.c.id == purchase.c.subscription_id)
             .where(purchase.c.transaction_id == str(payment_id), purchase.c.invoice_id.is_not(None),
-                   purchase.c.provider_recorded_at.is_not(None), subscription.c.activation_pending_since.is_(None),
+                   or_(purchase.c.provider_recorded_at.is_not(None), purchase.c.closed_at.is_not(None)),
+                   subscription.c.activation_pending_since.is_(None),
                    subscription.c.status == "active")).first()
 
     def gates(self, payment_id: str, subscription_id: str, user_id: str, item_price_id: str | None = None):
@@ -79,11 +82,20 @@ class Purchases(Repository):
     def unreported(self, subscription_id: str) -> list:
         """The subscription's purchases not yet recorded on their provider invoice."""
         return self.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
-                                                   purchase.c.provider_recorded_at.is_(None))).mappings().all()
+                                                   purchase.c.provider_recorded_at.is_(None),
+                                                   purchase.c.closed_at.is_(None))).mappings().all()
 
     def without_invoice(self, subscription_id: str) -> list:
         return self.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
                                                    purchase.c.invoice_id.is_(None))).mappings().all()
+
+    def close(self, payment_id: str, reason: str, now) -> bool:
+        """End the purchase's follow-up at the provider without its invoice (decision 113); True when it
+        was open (a conditional update: one closer wins)."""
+        return self.execute(update(purchase).where(purchase.c.transaction_id == payment_id,
+                                                   purchase.c.provider_recorded_at.is_(None),
+                                                   purchase.c.closed_at.is_(None))
+                            .values(closed_reason=reason, closed_at=now)).rowcount == 1
 
     def mark_reported(self, purchase_id: int, now) -> None:
         self.execute(update(purchase).where(purchase.c.id == purchase_id).values(provider_recorded_at=now))
@@ -109,7 +121,7 @@ class Purchases(Repository):
         """Subscription ids with a purchase not yet recorded at the provider, except a checkout payment
         handed to orphan recovery (its subscription was cancelled): that one is recovery's work."""
         return select(purchase.c.subscription_id).where(
-            purchase.c.provider_recorded_at.is_(None),
+            purchase.c.provider_recorded_at.is_(None), purchase.c.closed_at.is_(None),
             or_(purchase.c.invoice_id.is_not(None),
                 purchase.c.transaction_id.not_in(select(orphan_recovery.c.payment_id))))
 
@@ -147,7 +159,7 @@ class Ledger(Repository):
         """Credits already reversed for a payment's refunds and lost disputes (a positive number)."""
         return -int(self.execute(select(func.coalesce(func.sum(credit_ledger.c.amount), 0)).where(
             credit_ledger.c.payment_id == payment_id,
-            credit_ledger.c.reason.in_(("refund", "dispute_lost")))).scalar_one())
+            credit_ledger.c.reason.in_(REVERSALS))).scalar_one())
 
     def sum_of_user(self, user_id: str) -> int:
         return int(self.execute(select(func.coalesce(func.sum(credit_ledger.c.amount), 0)).where(

@@ -91,3 +91,6 @@ class Invoices(Repository):
     def save(self, invoice_id: str, now, **values) -> None:
         """Insert the invoice, or overwrite it (its creation time kept)."""
         upsert(self.uow, invoice, {"id": invoice_id, "created_at": now, **values}, ["id"])
+
+    def set_status(self, invoice_id: str, status: str) -> None:
+        self.execute(update(invoice).where(invoice.c.id == invoice_id).values(status=status))

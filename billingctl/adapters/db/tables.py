@@ -139,6 +139,10 @@ purchase = Table(
     _ts("created_at", nullable=False),
     # When the payment was recorded on the provider's invoice (NULL: still to do).
     _ts("provider_recorded_at"),
+    # Set when the follow-up ended without the provider's invoice (its invoice was voided, or the payment
+    # was refunded as a duplicate or an orphan): nothing is recorded at the provider, its credits are reversed.
+    Column("closed_reason", String(32)),
+    _ts("closed_at"),
 )
 
 fraud_event = Table(
