@@ -157,7 +157,8 @@ class Container:
                             rate_block_seconds=s.provider_rate_block_seconds
                             if dependency == "subscription_provider" else None)
         return ResilientClient(dependency, client, policy=policy, breaker=self.breakers[dependency],
-                               limiter=limiter, on_error=on_error, idempotency_header=idempotency_header)
+                               limiter=limiter, on_error=on_error, idempotency_header=idempotency_header,
+                               clock=lambda: self.clock.now())  # the container's clock, even when replaced
 
     @cached_property
     def provider(self):

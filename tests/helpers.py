@@ -17,7 +17,10 @@ class LoopbackServer:
 
     def __init__(self, app):
         self.port = free_port()
-        self.server = make_server("127.0.0.1", self.port, app, threaded=True)
+        from billingctl.sandbox.apps import handler_dated_by_the_app
+
+        self.server = make_server("127.0.0.1", self.port, app, threaded=True,
+                                  request_handler=handler_dated_by_the_app())
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     @property

@@ -11,6 +11,8 @@ import uuid
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from email.utils import parsedate_to_datetime
 
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
@@ -49,6 +51,27 @@ def error_body(response: httpx.Response) -> tuple[str | None, str]:
     return _text(body.get("message")), _text(body.get("api_error_code")) or _text(body.get("errorId")) or ""
 
 
+def _param(response: httpx.Response) -> str | None:
+    """The parameter the provider's error names (its `param` field), if any."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return _text(body.get("param")) if isinstance(body, dict) else None
+
+
+def server_time(response: httpx.Response) -> datetime | None:
+    """The answering server's clock, from its `Date` header (RFC 9110: whole seconds, GMT)."""
+    value = response.headers.get("Date")
+    if not value:
+        return None
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
 def _text(value) -> str | None:
     return value[:300] if isinstance(value, str) and value else None
 
@@ -59,7 +82,7 @@ def error_from_response(response: httpx.Response, dependency: str) -> e.External
     message = given or f"{dependency} answered HTTP {response.status_code}"
     status = response.status_code
     details = {"status": status, "api_error_code": api_code, "dependency": dependency,
-               "request_id": response.headers.get("x-request-id")}
+               "request_id": response.headers.get("x-request-id"), "param": _param(response)}
     if status == 429 or api_code == "api_request_limit_exceeded":
         exc = e.RateLimited(message, **details)
         exc.retry_after = _retry_after(response)
@@ -124,6 +147,7 @@ class ResilientClient:
         on_error: Callable[[e.ExternalError], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         idempotency_header: str = "Idempotency-Key",
+        clock: Callable[[], datetime] | None = None,
     ):
         self.dependency = dependency
         self.client = client
@@ -135,6 +159,24 @@ class ResilientClient:
         self.idempotency_header = idempotency_header
         self.requests_sent = 0  # counted for the provider-call budget benchmark
         self._local = threading.local()
+        self.clock = clock
+        # How far the dependency's clock runs ahead of ours (seconds; None until an answer named its time).
+        self.server_offset: float | None = None
+
+    def server_now(self, local_now: datetime) -> datetime:
+        """The dependency's time now, as its last answer's `Date` header showed it (our time when no answer
+        named one yet), in whole seconds, never ahead of it: a date sent as "now" is never in its future."""
+        if self.server_offset is None:
+            return local_now
+        return (local_now + timedelta(seconds=self.server_offset)).replace(microsecond=0)
+
+    def _note_server_time(self, response: httpx.Response) -> None:
+        if self.clock is None:
+            return
+        when = server_time(response)
+        if when is not None:
+            # The header is truncated to its second: the offset is the one that never runs ahead of it.
+            self.server_offset = (when - self.clock()).total_seconds()
 
     @contextmanager
     def attempts(self, max_attempts: int):
@@ -187,6 +229,7 @@ class ResilientClient:
             failure = e.ExternalUnavailable(f"{self.dependency}: {type(exc).__name__}", dependency=self.dependency)
             self._failed(failure, ticket)
             raise failure from exc
+        self._note_server_time(response)
         if response.status_code >= 400:
             failure = error_from_response(response, self.dependency)
             if isinstance(failure, e.RateLimited) and getattr(failure, "retry_after", None) is None \

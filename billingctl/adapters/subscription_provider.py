@@ -31,6 +31,14 @@ class SubscriptionProviderClient:
     def __init__(self, http: ResilientClient):
         self.http = http
 
+    def now(self, local_now: datetime) -> datetime:
+        """The provider's time now (its answers' `Date` header), for a date that means "now" to it
+        (a start date): never in its future, whatever our clock says (decision 115)."""
+        return self.http.server_now(local_now)
+
+    def knows_its_clock(self) -> bool:
+        return self.http.server_offset is not None
+
     # -- plumbing ---------------------------------------------------------------------------
     def _get(self, path: str, params: dict | None = None) -> dict:
         return self.http.request("GET", f"/api/v2{path}", params=params)

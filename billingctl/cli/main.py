@@ -148,6 +148,7 @@ EXAMPLES = {
     "sandbox webhooks": "billingctl sandbox webhooks hold",
     "sandbox clear-faults": "billingctl sandbox clear-faults",
     "sandbox clock": "billingctl sandbox clock 3600",
+    "sandbox backdating": "billingctl sandbox backdating on",
     "sandbox async-charges": "billingctl sandbox async-charges PENDING",
     "sandbox finish": "billingctl sandbox finish pay_123",
     "sandbox dispute": "billingctl sandbox dispute pay_123",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 import typer
 
 from billingctl.cli.context import command, get_ctx, noun
@@ -37,12 +39,15 @@ def serve(port: int = typer.Option(8900, "--port"), host: str = typer.Option("12
     """Serve both simulators on loopback: /provider/api/v2/… and /orchestrator/…"""
     from werkzeug.serving import run_simple
 
-    from billingctl.sandbox.apps import create_combined_app
+    from billingctl.sandbox.apps import create_combined_app, handler_dated_by_the_app
 
     cli, sandbox = _sandbox()
     cli.output.info(f"BILLING_PROVIDER_URL=http://{host}:{port}/provider "
                     f"BILLING_ORCHESTRATOR_URL=http://{host}:{port}/orchestrator")
-    run_simple(host, port, create_combined_app(sandbox), threaded=True, use_reloader=False)
+    run_simple(host, port, create_combined_app(sandbox), threaded=True, use_reloader=False,
+               request_handler=handler_dated_by_the_app())
+
+
 
 
 @command(app, "catalog")
@@ -143,6 +148,15 @@ def clock(advance: float = typer.Argument(0.0, help="Seconds to move the sandbox
     cli, sandbox = _sandbox()
     now = sandbox.store.advance_clock(advance) if advance else sandbox.store.now()
     cli.output.result({"now": now})
+
+
+@command(app, "backdating")
+def backdating(state: Literal["on", "off"] = typer.Argument(..., help="on or off")):
+    """The provider site's backdating setting (off by default, as at the provider): with it off, a start
+    date more than a minute in the past is refused."""
+    cli, sandbox = _sandbox()
+    sandbox.store.set_meta("backdating", state == "on")
+    cli.output.result({"backdating": state})
 
 
 @command(app, "async-charges")

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import time
+from email.utils import formatdate
 
 from flask import Flask, Response, g, jsonify, request
 
@@ -15,6 +17,18 @@ from billingctl.sandbox.model import Sandbox, SandboxError
 # The header the real provider reads for idempotent POSTs (its official SDK sends this one).
 PROVIDER_IDEMPOTENCY_HEADER = "chargebee-idempotency-key"
 ORCHESTRATOR_IDEMPOTENCY_HEADER = "X-Idempotency-Key"
+# The provider's reference: a replayed answer says so in this header; keys are up to 100 characters and
+# kept for 24 hours (its SDK's documentation).
+PROVIDER_REPLAYED_HEADER = "chargebee-idempotency-replayed"
+IDEMPOTENCY_KEY_MAX = 100
+IDEMPOTENCY_WINDOW = 24 * 3600
+# Enum values as the provider's official SDK models spell them (tests/integration/test_provider_sdk.py
+# holds each to the SDK's enum): a list filtered on another value is refused.
+SUBSCRIPTION_STATUSES = ("future", "in_trial", "active", "non_renewing", "paused", "cancelled", "transferred")
+INVOICE_STATUSES = ("paid", "posted", "payment_due", "not_paid", "voided", "pending")
+TRANSACTION_TYPES = ("authorization", "payment", "refund", "payment_reversal")
+ITEM_TYPES = ("plan", "addon", "charge")
+ITEM_PRICE_STATUSES = ("active", "archived", "deleted")
 AUTH_FAILED = {"message": "Sorry, authentication failed. Invalid api key", "type": "invalid_request",
                "api_error_code": "api_authentication_failed", "http_status_code": 401}
 
@@ -22,6 +36,20 @@ RATE_LIMIT_BODY = {"message": "Please try after some time", "type": "operation_f
                    "api_error_code": "api_request_limit_exceeded", "error_code": "api_request_limit_exceeded",
                    "http_status_code": 429}
 BEFORE_KINDS = ("429", "500", "503", "timeout", "reset", "malformed", "slow", "401", "400")
+
+
+def handler_dated_by_the_app():
+    """Werkzeug's request handler adds its own Date (the machine's time) before the app's headers; the
+    sandbox's answers name its own clock's (`_server_date`), once."""
+    from werkzeug.serving import WSGIRequestHandler
+
+    class Handler(WSGIRequestHandler):
+        def send_response(self, code, message=None):
+            self.log_request(code)
+            self.send_response_only(code, message)
+            self.send_header("Server", self.version_string())
+
+    return Handler
 
 
 def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
@@ -67,6 +95,13 @@ def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
         return None
 
     @app.after_request
+    def _server_date(response):
+        # Every HTTP server names its time (RFC 9110 Date); the sandbox's is its own clock, which tests
+        # and `sandbox clock` move apart from ours.
+        response.headers["Date"] = formatdate(store.now(), usegmt=True)
+        return response
+
+    @app.after_request
     def _fault_after(response):
         if 200 <= response.status_code < 300 and request.method == "POST":
             fault = store.take_fault(system, request.method, request.path, ("error_after_effect",))
@@ -108,16 +143,32 @@ def provider_key(header: str) -> str | None:
     return None
 
 
-def _idempotent(sandbox: Sandbox, header: str, fn):
-    """Replay the first successful answer to a repeated idempotency key."""
+def _idempotent(sandbox: Sandbox, header: str, fn, replayed_header: str | None = None):
+    """Replay the first successful answer to a repeated idempotency key with the same parameters (within
+    the provider's window of IDEMPOTENCY_WINDOW seconds, marked by `replayed_header`); the key with other
+    parameters is refused: a client that reuses a key for another request would get another request's
+    answer."""
     key = request.headers.get(header)
-    if key:
-        saved = sandbox.store.idempotent_result(f"{request.path}:{key}")
-        if saved is not None:
-            return jsonify(saved[1]), saved[0]
+    if not key:
+        return jsonify(fn())
+    if replayed_header and len(key) > IDEMPOTENCY_KEY_MAX:
+        raise SandboxError(400, f"{header} : cannot be more than {IDEMPOTENCY_KEY_MAX} characters",
+                           "param_wrong_value", header)
+    params = hashlib.sha256(repr(sorted(request.form.items(multi=True)) if request.form else
+                                 request.get_data()).encode()).hexdigest()
+    now = sandbox.store.now()
+    saved = sandbox.store.idempotent_result(f"{request.path}:{key}")
+    if saved is not None and (not replayed_header or now - saved["at"] < IDEMPOTENCY_WINDOW):
+        if saved["params"] not in (None, params):
+            raise SandboxError(400, "The idempotency key was used earlier with other parameters", "invalid_request",
+                               header)
+        response = jsonify(saved["body"])
+        response.status_code = saved["status"]
+        if replayed_header:
+            response.headers[replayed_header] = "true"
+        return response
     body = fn()
-    if key:
-        sandbox.store.save_idempotent_result(f"{request.path}:{key}", 200, body)
+    sandbox.store.save_idempotent_result(f"{request.path}:{key}", 200, body, params=params, at=now)
     return jsonify(body)
 
 
@@ -137,7 +188,7 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
         return None
 
     def idempotent(fn):
-        return _idempotent(sandbox, PROVIDER_IDEMPOTENCY_HEADER, fn)
+        return _idempotent(sandbox, PROVIDER_IDEMPOTENCY_HEADER, fn, replayed_header=PROVIDER_REPLAYED_HEADER)
 
     def form(name: str, required: bool = True) -> str | None:
         value = request.form.get(name)
@@ -148,7 +199,9 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     def page(kind: str, wrapper: str | None, filters: list, sort: str | None = None, wrap=None):
         """One page read from the store (filtered and sorted by SQLite, decoded page by page);
         next_offset only when more rows exist."""
-        limit = min(int(request.args.get("limit", 10)), 100)
+        limit = int(request.args.get("limit", 10))  # the provider's default page is ten
+        if not 1 <= limit <= 100:
+            raise SandboxError(400, "limit : should be between 1 and 100", "param_wrong_value", "limit")
         offset = int(request.args.get("offset") or 0)
         chunk, more = store.page(kind, filters, sort, offset, limit)
         rows = [wrap(item) if wrap else ({wrapper: item} if wrapper else item) for item in chunk]
@@ -161,12 +214,19 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
         value = request.args.get(f"{name}[after]")
         return [(name, ">", int(value))] if value not in (None, "") else []
 
-    def equals(param: str, field: str) -> list:
+    def equals(param: str, field: str, allowed: tuple[str, ...] | None = None) -> list:
         value = request.args.get(f"{param}[is]")
+        if value not in (None, "") and allowed is not None and value not in allowed:
+            raise SandboxError(400, f"{param}[is] : invalid value {value}"[:200], "param_wrong_value",
+                               f"{param}[is]")
         return [(field, "=", value)] if value not in (None, "") else []
 
-    def sort_key(default: str | None) -> str | None:
-        return request.args.get("sort_by[asc]") or default
+    def sort_key(default: str | None, sortable: tuple[str, ...]) -> str | None:
+        """The list's sort attribute: only those the provider documents as sortable for the resource."""
+        value = request.args.get("sort_by[asc]")
+        if value not in (None, "") and value not in sortable:
+            raise SandboxError(400, f"sort_by[asc] : invalid value {value}"[:200], "param_wrong_value", "sort_by[asc]")
+        return value or default
 
     @app.get(f"{prefix}/subscriptions/<sub_id>")
     def get_subscription(sub_id):
@@ -175,7 +235,8 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
 
     @app.get(f"{prefix}/subscriptions")
     def list_subscriptions():
-        return page("subscription", None, after("updated_at") + equals("status", "status"), sort_key("updated_at"),
+        return page("subscription", None, after("updated_at") + equals("status", "status", SUBSCRIPTION_STATUSES),
+                    sort_key("updated_at", ("created_at", "updated_at")),
                     wrap=lambda s: {"subscription": s, "customer": sandbox.customer(s["customer_id"])})
 
     @app.post(f"{prefix}/customers")
@@ -210,7 +271,7 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     @app.get(f"{prefix}/events")
     def events():
         return page("event", "event", after("occurred_at") + equals("event_type", "event_type"),
-                    sort_key("occurred_at"))
+                    sort_key("occurred_at", ("occurred_at",)))
 
     @app.get(f"{prefix}/invoices/<invoice_id>")
     def get_invoice(invoice_id):
@@ -219,8 +280,9 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     @app.get(f"{prefix}/invoices")
     def list_invoices():
         sandbox.renew_due()  # renewals materialize lazily, on the sandbox's clock
-        return page("invoice", "invoice", equals("status", "status") + equals("subscription_id", "subscription_id")
-                    + after("updated_at"), request.args.get("sort_by[asc]"))
+        return page("invoice", "invoice", equals("status", "status", INVOICE_STATUSES)
+                    + equals("subscription_id", "subscription_id") + after("updated_at"),
+                    sort_key(None, ("date", "updated_at")))
 
     @app.post(f"{prefix}/invoices/<invoice_id>/void")
     def void(invoice_id):
@@ -237,7 +299,8 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
 
     @app.get(f"{prefix}/transactions")
     def list_transactions():
-        return page("transaction", "transaction", equals("type", "type") + after("date"), sort_key("date"))
+        return page("transaction", "transaction", equals("type", "type", TRANSACTION_TYPES) + after("date"),
+                    sort_key("date", ("date", "updated_at")))
 
     @app.get(f"{prefix}/transactions/<txn_id>")
     def get_transaction(txn_id):
@@ -252,7 +315,8 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
 
     @app.get(f"{prefix}/item_prices")
     def list_item_prices():
-        return page("item_price", "item_price", equals("item_type", "item_type") + equals("status", "status"))
+        return page("item_price", "item_price", equals("item_type", "item_type", ITEM_TYPES)
+                    + equals("status", "status", ITEM_PRICE_STATUSES))
 
     @app.get(f"{prefix}/customers/<customer_id>")
     def get_customer(customer_id):

@@ -40,6 +40,9 @@ FOREIGN_CATALOG = [
 # Subscription statuses the provider accepts change_term_end for (the rest: invalid_state_for_request).
 TERM_CHANGE_STATUSES = ("in_trial", "active", "non_renewing")
 PAYABLE_INVOICE_STATUSES = ("payment_due", "not_paid", "posted")
+# How far behind the provider's clock a start date may be and still mean "now" (the sandbox's model: a
+# request's reading of now is seconds old when it arrives); further back is backdating (decision 115).
+PAST_START_TOLERANCE = 60
 # Orchestrator payment statuses that are not final: the charge is in flight.
 IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")
 # Lane workflows route a first payment: SFW to the regular processors, NSFW to the high-risk ones.
@@ -182,6 +185,7 @@ class Sandbox:
             raise SandboxError(400, "subscription_items[item_price_id][0] : must be a plan item price",
                                "param_wrong_value", "subscription_items[item_price_id][0]")
         now = self.now()
+        self._not_backdated(start_date, now)
         future = start_date is not None and start_date > now
         if not future:
             self._collectable(customer, auto_collection)
@@ -207,6 +211,15 @@ class Sandbox:
             result["invoice"] = self._new_invoice(sub, price)
         return result
 
+    def _not_backdated(self, start_date: int | None, now: float) -> None:
+        """The provider refuses a start date in the past unless the site enables backdating, which is off
+        by default (its "Backdating subscriptions" setting; `sandbox backdating on`). A start a few seconds
+        behind its clock is any request's own reading of "now": up to PAST_START_TOLERANCE it starts now."""
+        backdated = start_date is not None and int(start_date) < now - PAST_START_TOLERANCE
+        if backdated and not self.store.meta("backdating"):
+            raise SandboxError(400, "start_date : cannot be earlier than the current date; backdating is not "
+                               "enabled for this site", "param_wrong_value", "start_date")
+
     def start_future_subscription(self, subscription_id: str, start_date: int) -> dict:
         """update_for_items with start_date: the documented way to move a future subscription's start.
         A start at or before now starts it: a new term and its first invoice, which the response carries."""
@@ -215,6 +228,7 @@ class Sandbox:
             raise SandboxError(400, "start_date : can be changed only for future subscriptions",
                                "invalid_state_for_request", "start_date")
         now = self.now()
+        self._not_backdated(start_date, now)
         if start_date > now:
             sub["start_date"] = int(start_date)
             self._save_subscription(sub)

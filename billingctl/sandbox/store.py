@@ -21,7 +21,8 @@ CREATE INDEX IF NOT EXISTS objects_by_item_type ON objects (kind, json_extract(d
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS faults (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, method TEXT,
     path TEXT, kind TEXT, remaining INTEGER, retry_after REAL, delay REAL, skip INTEGER DEFAULT 0);
-CREATE TABLE IF NOT EXISTS idempotency (key TEXT PRIMARY KEY, status INTEGER, body TEXT);
+CREATE TABLE IF NOT EXISTS idempotent_answer (key TEXT PRIMARY KEY, params TEXT, status INTEGER, body TEXT,
+                                              at REAL);
 CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, method TEXT, path TEXT);
 """
 
@@ -147,15 +148,20 @@ class SandboxStore:
         return [json.loads(r["data"]) for r in rows]
 
     # -- idempotency keys: a repeated logical POST gets the first answer ---------------------
-    def idempotent_result(self, key: str) -> tuple[int, dict] | None:
+    def idempotent_result(self, key: str) -> dict | None:
+        """The first answer to an idempotency key: its parameters' digest, status, body and time."""
         with self.tx() as db:
-            row = db.execute("SELECT status, body FROM idempotency WHERE key=?", (key,)).fetchone()
-        return (row["status"], json.loads(row["body"])) if row else None
+            row = db.execute("SELECT params, status, body, at FROM idempotent_answer WHERE key=?", (key,)).fetchone()
+        return {"params": row["params"], "status": row["status"], "body": json.loads(row["body"]),
+                "at": row["at"] or 0.0} if row else None
 
-    def save_idempotent_result(self, key: str, status: int, body: dict) -> None:
+    def save_idempotent_result(self, key: str, status: int, body: dict, params: str | None = None,
+                               at: float | None = None) -> None:
+        """Kept until the key's window has passed (then a new request with it is a new request)."""
         with self.tx() as db:
-            db.execute("INSERT OR IGNORE INTO idempotency (key, status, body) VALUES (?, ?, ?)",
-                       (key, status, json.dumps(body)))
+            db.execute("INSERT OR REPLACE INTO idempotent_answer (key, params, status, body, at) "
+                       "VALUES (?, ?, ?, ?, ?)",
+                       (key, params, status, json.dumps(body), at if at is not None else self.now()))
 
     # -- request log: what the billing service asked of each system (tests, the call budget) -------
     def log_request(self, system: str, method: str, path: str) -> None:

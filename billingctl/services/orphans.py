@@ -274,7 +274,10 @@ def _refund_duplicate(container, row: dict, holding: str) -> str:
 def _resubscribe(container, row: dict, payment: dict) -> str:
     from billingctl.services.checkout import create_pending_subscription
 
-    created = create_pending_subscription(container, row["user_id"], row["item_price_id"], container.clock.now(),
+    # The request is the same on every attempt (its start counted from when the orphan was found): a key
+    # sent again with other parameters is refused by the provider, and the key is what keeps an attempt
+    # cut short after the provider created the subscription from creating a second one.
+    created = create_pending_subscription(container, row["user_id"], row["item_price_id"], row["created_at"],
                                           f"orphan-subscription:{row['payment_id']}")
     sub = created["subscription"]
     from billingctl.adapters.faults import crash_point

@@ -573,10 +573,11 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
             # for a subscription cancelled since. The provider's copy decides what the local one says.
             remote, first_invoice = _started_copy(container, subscription_id), None
         else:
-            remote, first_invoice = _start_at_provider(container, subscription_id, now)
+            remote, first_invoice = _start_at_provider(container, subscription_id)
         if remote.get("current_term_end") is None and bought.item_price_id:
             period = catalog.plan(container, bought.item_price_id).period_days
-            remote = container.provider.change_term_end(subscription_id, now + timedelta(days=period))["subscription"]
+            term_end = container.provider.now(now) + timedelta(days=period)
+            remote = container.provider.change_term_end(subscription_id, term_end)["subscription"]
         if not bought.invoice_id:
             first_invoice = first_invoice or _first_term_invoice(container, subscription_id)
         crash_point(container.settings, "activate.after_provider")
@@ -603,24 +604,34 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
     return {"subscription_id": subscription_id, "outcome": "activated", "status": remote["status"]}
 
 
-def _start_at_provider(container, subscription_id: str, now) -> tuple[dict, dict | None]:
+def _start_at_provider(container, subscription_id: str) -> tuple[dict, dict | None]:
     """(the started subscription, the invoice starting it generated). A subscription that is already
     started (an earlier attempt whose answer was lost) is read back instead."""
-    try:
-        # One key per start date: a retry within this call reuses it, but a later attempt is a new request,
-        # never a replay of an earlier answer that only moved the start (the clock case below).
-        answer = container.provider.start_subscription(
-            subscription_id, now, idempotency_key=f"activate:{subscription_id}:{int(now.timestamp())}")
-        if answer["subscription"].get("status") not in STARTED:
-            # Our clock is ahead of the provider's: it moved the start instead of starting. It starts by
-            # itself at that time; the activations job finishes the follow-ups then.
-            raise e.ExternalError(f"the provider kept {subscription_id} {answer['subscription'].get('status')}: "
-                                  "the start date is ahead of its clock", dependency="subscription_provider")
-        return answer["subscription"], answer.get("invoice")
-    except e.ExternalInvalidRequest as exc:
-        if exc.details.get("api_error_code") != "invalid_state_for_request":
+    provider = container.provider
+    for _ in range(2):
+        # The start is the provider's "now" (its clock, from its answers' Date header: decision 115). A
+        # first answer teaches that clock: a start our clock put in the provider's future (kept future)
+        # or too far in its past (backdating, refused) is sent once more, by the provider's clock.
+        learning = not provider.knows_its_clock()
+        start = provider.now(container.clock.now())
+        try:
+            # One key per start date: a retry within this call reuses it, but a later attempt is a new
+            # request, never a replay of an earlier answer that only moved the start.
+            answer = provider.start_subscription(
+                subscription_id, start, idempotency_key=f"activate:{subscription_id}:{int(start.timestamp())}")
+        except e.ExternalInvalidRequest as exc:
+            if exc.details.get("api_error_code") == "invalid_state_for_request":
+                return _started_copy(container, subscription_id), None
+            if exc.details.get("param") == "start_date" and learning and provider.knows_its_clock():
+                continue
             raise
-        return _started_copy(container, subscription_id), None
+        status = answer["subscription"].get("status")
+        if status in STARTED:
+            return answer["subscription"], answer.get("invoice")
+        if not (learning and provider.knows_its_clock()):
+            break
+    raise e.ExternalError(f"the provider kept {subscription_id} {status}: the start date is ahead of its clock",
+                          dependency="subscription_provider")
 
 
 def _started_copy(container, subscription_id: str) -> dict:

@@ -98,7 +98,7 @@ def test_the_refund_idempotency_key_is_the_payment_id(one_try_world):
     payment = world.sandbox.pay(world.checkout()["order_id"], drop_webhook=True)
     orphans.refund(world.c, payment["id"])
     stored = world.sandbox.store.idempotent_result(f"/payments/{payment['id']}/refund:refund:{payment['id']}")
-    assert stored is not None and stored[0] == 200  # the orchestrator holds the answer under that key
+    assert stored is not None and stored["status"] == 200  # the orchestrator holds the answer under that key
     assert len(world.sandbox.store.get("payment", payment["id"])["refunds"]) == 1
 
 

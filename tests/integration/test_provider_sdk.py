@@ -130,6 +130,76 @@ def test_the_sdk_runs_the_checkout_to_renewal_flow(sdk, served):
     assert refused(lambda: sdk.Subscription.retrieve("sub_nope")) == (404, "resource_not_found")
 
 
+def test_the_sdk_gets_the_refusal_of_a_backdated_start_and_the_documented_invoice_status(sdk, served):
+    from chargebee.models.invoice.operations import Invoice
+
+    sdk.Customer.create({"id": "u2", "auto_collection": "off"})
+    sub_id = sdk.Subscription.create_with_items("u2", {"subscription_items": [{"item_price_id": PLAN}],
+                                                       "start_date": FAR}).subscription.id
+    # Backdating is off by default at the provider: a start an hour in the past is refused.
+    assert refused(lambda: sdk.Subscription.update_for_items(sub_id, {"start_date": int(time.time()) - 3600})) == \
+        (400, "param_wrong_value")
+    started = sdk.Subscription.update_for_items(sub_id, {"start_date": int(time.time()) - 2})  # a request's "now"
+    assert started.subscription.status == "active"
+    voided = sdk.Invoice.void_invoice(started.invoice.id).invoice
+    assert voided.status == Invoice.Status.VOIDED.value  # the SDK's enum, not a name of our own
+
+
+def test_the_sdk_gets_the_refusals_of_lists_it_would_get_from_the_provider(sdk, served):
+    assert len(sdk.ItemPrice.list({}).list) == min(10, len(served.sandbox.store.all("item_price")))  # default 10
+    assert refused(lambda: sdk.Invoice.list({"limit": 101})) == (400, "param_wrong_value")
+    assert refused(lambda: sdk.Invoice.list({"limit": 0})) == (400, "param_wrong_value")
+    assert refused(lambda: sdk.Subscription.list({"status": {"is": "void"}})) == (400, "param_wrong_value")
+    assert refused(lambda: sdk.Invoice.list({"status": {"is": "void"}})) == (400, "param_wrong_value")
+    assert refused(lambda: sdk.Invoice.list({"sort_by": {"asc": "total"}})) == (400, "param_wrong_value")
+    assert sdk.Invoice.list({"status": {"is": "voided"}, "sort_by": {"asc": "date"}}).list == []
+
+
+def test_an_idempotency_key_replays_its_own_request_and_refuses_another(sdk, served):
+    key = {"chargebee-idempotency-key": "key-1"}
+    first = sdk.Customer.create({"id": "k1", "auto_collection": "off"}, key)
+    again = sdk.Customer.create({"id": "k1", "auto_collection": "off"}, key)
+    assert (first.is_idempotency_replayed, again.is_idempotency_replayed) == (False, True)
+    assert again.customer.id == "k1"
+    assert refused(lambda: sdk.Customer.create({"id": "k2", "auto_collection": "off"}, key)) == \
+        (400, "invalid_request")  # the key of another request: never that request's answer
+    assert refused(lambda: sdk.Customer.create({"id": "k3"}, {"chargebee-idempotency-key": "k" * 101})) == \
+        (400, "param_wrong_value")
+    served.sandbox.store.advance_clock(24 * 3600 + 1)  # past the provider's window: a new request
+    assert refused(lambda: sdk.Customer.create({"id": "k1", "auto_collection": "off"}, key)) == \
+        (400, "duplicate_entry")
+
+
+@pytest.mark.parametrize(("ours", "sdk_enum"), [
+    ("SUBSCRIPTION_STATUSES", "subscription.operations:Subscription.Status"),
+    ("INVOICE_STATUSES", "invoice.operations:Invoice.Status"),
+    ("TRANSACTION_TYPES", "transaction.operations:Transaction.Type"),
+    ("ITEM_TYPES", "enums:ItemType"),
+    ("ITEM_PRICE_STATUSES", "item_price.operations:ItemPrice.Status"),
+])
+def test_the_sandboxs_enums_are_the_sdks(ours, sdk_enum):
+    import importlib
+
+    from billingctl.sandbox import apps
+
+    module, _, path = sdk_enum.partition(":")
+    enum = importlib.import_module(f"chargebee.models.{module}")
+    for part in path.split("."):
+        enum = getattr(enum, part)
+    assert set(getattr(apps, ours)) == {member.value for member in enum}
+
+
+def test_every_answer_names_the_sandbox_clock_once_in_its_date_header(served):
+    from email.utils import parsedate_to_datetime
+
+    import httpx
+
+    served.sandbox.store.advance_clock(-3600)  # the provider's clock an hour behind the machine's
+    answer = httpx.get(f"{served.url}/provider/api/v2/invoices", auth=("key", ""))
+    [date] = answer.headers.get_list("date")
+    assert abs(parsedate_to_datetime(date).timestamp() - served.sandbox.store.now()) < 2
+
+
 def test_the_sdk_lists_page_by_page_and_filters_plans(sdk, served):
     plans = sdk.ItemPrice.list({"item_type": {"is": "plan"}, "limit": 4})
     assert len(plans.list) == 4 and plans.next_offset

@@ -12,7 +12,7 @@ from billingctl.adapters.db.tables import checkout_session, dunning_attempt, fra
 from billingctl.domain import errors as e
 from billingctl.services import catalog, orphans
 from billingctl.services.checkout import checkout_status
-from billingctl.services.payments import activate_subscription, pending_activations, record_payment, retry_pending
+from billingctl.services.payments import pending_activations, record_payment, retry_pending
 from billingctl.services.renewals import run_renewals
 
 pytestmark = pytest.mark.integration
@@ -193,25 +193,3 @@ def test_a_dispute_in_the_real_flat_shape_is_recorded_once(world):
 def test_sandbox_lists_search_an_index_never_scan_every_object(world, kind, filters, sort):
     plan = world.sandbox.store.page(kind, filters, sort, 0, 100, plan=True)[0]
     assert plan and all(step.startswith("SEARCH objects USING INDEX") for step in plan), plan
-
-
-def test_activation_with_our_clock_ahead_of_the_providers_completes_once_it_catches_up(world):
-    """The provider moves the start instead of starting when our "now" is in its future; that answer must
-    not be replayed for ever by an idempotency key that stays the same across retries."""
-    from billingctl.domain.clock import ManualClock
-
-    world.c.clock = ManualClock()
-    co = world.checkout()
-    world.c.clock.advance(120)  # our clock two minutes ahead of the provider's
-    result = record_payment(world.c, world.sandbox.pay(co["order_id"], drop_webhook=True), "cli")
-    said = f"the provider kept {co['subscription_id']} future: the start date is ahead of its clock"
-    assert (result["activation"], result["activation_error"]) == ("pending", said)
-    assert world.sandbox.subscription(co["subscription_id"])["status"] == "future"
-    with pytest.raises(e.ExternalError) as refused:  # what `billingctl activate` reports
-        activate_subscription(world.c, co["subscription_id"])
-    assert (refused.value.message, refused.value.details) == (said, {"dependency": "subscription_provider"})
-    world.sandbox.store.advance_clock(180)  # the provider's clock passes ours
-    world.c.clock.advance(60)
-    assert retry_pending(world.c) == {"completed": 1, "failed": 0}
-    assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
-    assert [i["status"] for i in world.sandbox.store.all("invoice")] == ["paid"]

@@ -2,6 +2,8 @@
 subscriptions collected offline, operator actions while a charge is in flight, provider-side payments,
 event order, clocks. Each test failed before its fix, on SQLite and PostgreSQL."""
 
+from datetime import UTC, datetime
+
 import pytest
 
 from tests.integration.test_renewals import PRO, month_passes, subscribed
@@ -201,3 +203,53 @@ def test_a_renewal_settling_on_an_invoice_voided_by_a_freeze_is_refunded_once_an
     from billingctl.services.reconcile import reconcile
 
     assert reconcile(world.c)["violations"] == []
+
+
+# ---- defect 4: activation starts by the provider's clock ---------------------------------------------------
+
+@pytest.mark.parametrize("our_clock_off_by", [5, 120, -5, -300], ids=["ahead-5s", "ahead-2min", "behind-5s",
+                                                                       "behind-5min"])
+@pytest.mark.parametrize("clock_known", [False, True], ids=["first-contact", "clock-known"])
+def test_a_paid_checkout_activates_at_once_whichever_way_our_clock_is_off(world, our_clock_off_by, clock_known):
+    """Ahead: the provider kept the subscription future and every retry moved its start again. Behind by
+    more than a request's own delay: the provider refuses a start in the past (backdating is off)."""
+    from billingctl.domain.clock import ManualClock
+    from billingctl.services.payments import pending_activations
+
+    co = world.checkout()
+    world.c.clock = ManualClock(datetime.fromtimestamp(world.sandbox.store.now() + our_clock_off_by, UTC))
+    if clock_known:
+        world.c.provider.get_subscription(co["subscription_id"])  # any answer names the provider's time
+    else:
+        world.c.provider.http.server_offset = None  # a new process: the start is its first provider call
+    result = world.sandbox.pay(co["order_id"])
+    assert result["status"] == "SETTLED"
+    remote = world.sandbox.subscription(co["subscription_id"])
+    assert remote["status"] == "active" and pending_activations(world.c) == []
+    assert abs(remote["start_date"] - world.sandbox.store.now()) < 5  # started now, by the provider's clock
+    assert world.credits() == 2000
+
+
+def test_the_provider_refuses_a_start_date_in_the_past_unless_backdating_is_enabled(world):
+    from billingctl.domain import errors as e
+
+    co = world.checkout()
+    long_ago = int(world.sandbox.store.now()) - 3600
+    with pytest.raises(e.ExternalInvalidRequest) as refused:
+        world.c.provider.start_subscription(co["subscription_id"], long_ago)
+    assert (refused.value.details["api_error_code"], refused.value.details["param"]) == ("param_wrong_value",
+                                                                                        "start_date")
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "future"
+    world.sandbox.store.set_meta("backdating", True)
+    assert world.c.provider.start_subscription(co["subscription_id"], long_ago)["subscription"]["status"] == "active"
+
+
+def test_the_client_reads_the_providers_time_from_its_date_header(world):
+    world.sandbox.store.advance_clock(-42)  # the provider's clock 42 s behind the machine's
+    from billingctl.domain.clock import ManualClock
+
+    world.c.clock = ManualClock(datetime.fromtimestamp(world.sandbox.store.now() + 42, UTC))
+    list(world.c.provider.list_invoices())
+    assert -44 <= world.c.provider.http.server_offset <= -41
+    provider_now = world.c.provider.now(world.c.clock.now())
+    assert provider_now.microsecond == 0 and provider_now.timestamp() <= world.sandbox.store.now()

@@ -27,6 +27,7 @@ from billingctl.adapters.db.tables import credit_ledger, orphan_recovery, purcha
 from billingctl.bootstrap import Container
 from billingctl.domain.clock import ManualClock
 from billingctl.domain.errors import AlreadySubscribed
+from billingctl.domain.lifecycle import ORPHAN
 from billingctl.services import events, orphans
 from billingctl.services.checkout import create_checkout
 from billingctl.services.payments import record_payment, retry_pending
@@ -171,7 +172,7 @@ class Billing(RuleBasedStateMachine):
                                          .group_by(credit_ledger.c.payment_id)).all())
         for payment in self.sandbox.payments("SETTLED"):
             pid = payment["id"]
-            assert pid in recorded or owned.get(pid) in orphans.OWNED, pid
+            assert pid in recorded or owned.get(pid) in ORPHAN.states, pid
             if pid in recorded:
                 bought = recorded[pid]
                 expected = bought.credits * payment["processor"]["amountRefunded"] // bought.amount
