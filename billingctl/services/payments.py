@@ -607,13 +607,16 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
 def _start_at_provider(container, subscription_id: str) -> tuple[dict, dict | None]:
     """(the started subscription, the invoice starting it generated). A subscription that is already
     started (an earlier attempt whose answer was lost) is read back instead."""
-    provider = container.provider
+    provider, sent, status = container.provider, None, None
     for _ in range(2):
-        # The start is the provider's "now" (its clock, from its answers' Date header: decision 115). A
-        # first answer teaches that clock: a start our clock put in the provider's future (kept future)
-        # or too far in its past (backdating, refused) is sent once more, by the provider's clock.
-        learning = not provider.knows_its_clock()
+        # The start is the provider's "now" (its clock, from its answers' Date header: decision 115). Each
+        # answer teaches that clock afresh: a start our clock put in the provider's future (kept future) or
+        # too far in its past (backdating, refused) is sent once more when the provider's clock, as its
+        # answer showed it, names another start; never twice the same.
         start = provider.now(container.clock.now())
+        if start == sent:
+            break
+        sent = start
         try:
             # One key per start date: a retry within this call reuses it, but a later attempt is a new
             # request, never a replay of an earlier answer that only moved the start.
@@ -622,14 +625,15 @@ def _start_at_provider(container, subscription_id: str) -> tuple[dict, dict | No
         except e.ExternalInvalidRequest as exc:
             if exc.details.get("api_error_code") == "invalid_state_for_request":
                 return _started_copy(container, subscription_id), None
-            if exc.details.get("param") == "start_date" and learning and provider.knows_its_clock():
+            if exc.details.get("param") == "start_date" and provider.knows_its_clock():
                 continue
             raise
         status = answer["subscription"].get("status")
         if status in STARTED:
             return answer["subscription"], answer.get("invoice")
-        if not (learning and provider.knows_its_clock()):
-            break
+    if status is None:
+        raise e.ExternalError(f"the provider refused every start date for {subscription_id}: our clock and its "
+                              "clock disagree", dependency="subscription_provider")
     raise e.ExternalError(f"the provider kept {subscription_id} {status}: the start date is ahead of its clock",
                           dependency="subscription_provider")
 

@@ -209,19 +209,25 @@ def test_a_renewal_settling_on_an_invoice_voided_by_a_freeze_is_refunded_once_an
 
 @pytest.mark.parametrize("our_clock_off_by", [5, 120, -5, -300], ids=["ahead-5s", "ahead-2min", "behind-5s",
                                                                        "behind-5min"])
-@pytest.mark.parametrize("clock_known", [False, True], ids=["first-contact", "clock-known"])
+@pytest.mark.parametrize("clock_known", ["first-contact", "clock-known", "clock-stepped-since"])
 def test_a_paid_checkout_activates_at_once_whichever_way_our_clock_is_off(world, our_clock_off_by, clock_known):
     """Ahead: the provider kept the subscription future and every retry moved its start again. Behind by
-    more than a request's own delay: the provider refuses a start in the past (backdating is off)."""
+    more than a request's own delay: the provider refuses a start in the past (backdating is off).
+    Stepped since: the offset learned from an earlier answer is stale (our clock was stepped, or the
+    process slept): the start's own answer teaches the clock again (a killed recorder's restart showed it)."""
     from billingctl.domain.clock import ManualClock
     from billingctl.services.payments import pending_activations
 
     co = world.checkout()
-    world.c.clock = ManualClock(datetime.fromtimestamp(world.sandbox.store.now() + our_clock_off_by, UTC))
-    if clock_known:
-        world.c.provider.get_subscription(co["subscription_id"])  # any answer names the provider's time
-    else:
+    stepped = clock_known == "clock-stepped-since"
+    world.c.clock = ManualClock(datetime.fromtimestamp(world.sandbox.store.now() + (0 if stepped else our_clock_off_by),
+                                                       UTC))
+    if clock_known == "first-contact":
         world.c.provider.http.server_offset = None  # a new process: the start is its first provider call
+    else:
+        world.c.provider.get_subscription(co["subscription_id"])  # any answer names the provider's time
+    if stepped:
+        world.c.clock.advance(our_clock_off_by)  # our clock stepped after the answer that taught the offset
     result = world.sandbox.pay(co["order_id"])
     assert result["status"] == "SETTLED"
     remote = world.sandbox.subscription(co["subscription_id"])
