@@ -30,6 +30,14 @@ NOTES = {
               "is retried by recovery; a frozen account, a mismatch or an unattributed payment waits for a person "
               "(`orphans resolve`); a recovered payment whose invoice was voided is refunded and resolved "
               "(decision 113). Every status write goes through `services.review.move`.",
+    "subscription": "The provider's subscription as our `subscription` row holds it (Chargebee's statuses). Copies "
+                    "are applied in resource_version order; a documented status outside the table is written (the "
+                    "provider is authoritative) and alerted, an undocumented one refused. Every status write goes "
+                    "through `services.sync.write_remote_subscription` or `services.sync.move_subscription` "
+                    "(decision 117).",
+    "invoice": "The provider's invoice as our `invoice` row holds it (Chargebee's statuses). Applied like the "
+               "subscription, in resource_version order; every status write goes through "
+               "`services.invoices.save_invoice` (decision 117).",
 }
 
 

@@ -1,9 +1,11 @@
-"""The life of each money aggregate as one table of allowed transitions (issue 34): the orchestrator
-payment as we hold it, the renewal (dunning) attempt on an invoice, and the dispute. Every status the
-orchestrator documents is in a table; an event that is not is refused by `Lifecycle.step`, and the
-caller logs, counts (`billing_lifecycle_illegal_transitions_total`) and alerts it. Repositories apply a
-step with a conditional update (`... WHERE status IN lifecycle.sources(target)`), so two writers that
-race cannot move a row backwards.
+"""The life of each money aggregate as one table of allowed transitions (issues 34 and 35): the
+orchestrator payment as we hold it, the renewal (dunning) attempt on an invoice, the dispute, the review
+row of a payment we must not credit automatically, and the provider's subscription and invoice. Every
+status the orchestrator and the provider document is in a table; an event that is not is refused by
+`Lifecycle.step`, and the caller logs, counts (`billing_lifecycle_illegal_transitions_total`) and
+alerts it. Repositories apply a step with a conditional update (`... WHERE status IN
+lifecycle.sources(target)`, or the provider's resource_version for its copies), so two writers that race
+cannot move a row backwards.
 
 Besides "allowed" and "illegal", a step of an aggregate fed by notifications (whose table is a directed
 acyclic graph but for its self-loops) can be *stale*: the event names a state the aggregate has already
@@ -214,4 +216,57 @@ ORPHAN = Lifecycle(
     stale_news=False,
 )
 
-LIFECYCLES = (PAYMENT, DUNNING, DISPUTE, ORPHAN)
+
+
+# ---- the provider's subscription, as we hold it (the `subscription` row) ----------------------------------
+# Chargebee's subscription statuses (its Subscription.Status: future, in_trial, active, non_renewing, paused,
+# cancelled, transferred). The provider is authoritative (spec 1.1): its copies are applied in the order of
+# its resource_version (a conditional update; an older copy is dropped before the table is consulted), so
+# nothing is stale news. A documented status the table does not allow from ours (a future subscription
+# reported paused) is written all the same, because it is the provider's, and counted and alerted: our
+# copy missed a step or the provider did something we did not model. An undocumented status is refused.
+SUBSCRIPTION_STATUSES = ("future", "in_trial", "active", "non_renewing", "paused", "cancelled", "transferred")
+SUBSCRIPTION = Lifecycle(
+    name="subscription",
+    states=SUBSCRIPTION_STATUSES,
+    edges={
+        None: SUBSCRIPTION_STATUSES,  # the first copy we see may be in any status
+        # A future subscription starts (in trial or active) on its start date, or is cancelled before; a
+        # cancel scheduled for its first term end makes it non_renewing.
+        "future": ("in_trial", "active", "non_renewing", "cancelled"),
+        "in_trial": ("active", "non_renewing", "paused", "cancelled"),
+        "active": ("non_renewing", "paused", "cancelled", "transferred"),
+        # A scheduled cancel can be removed (active again) or reached (cancelled).
+        "non_renewing": ("active", "paused", "cancelled", "transferred"),
+        "paused": ("active", "non_renewing", "cancelled"),
+        # A cancelled subscription can be reactivated (in trial or active).
+        "cancelled": ("active", "in_trial"),
+    },
+    final=("transferred",),
+    stale_news=False,
+)
+
+
+# ---- the provider's invoice, as we hold it (the `invoice` row) --------------------------------------------
+# Chargebee's invoice statuses (Invoice.Status: paid, posted, payment_due, not_paid, voided, pending). A
+# pending invoice is still open for charges; closing it posts it (payment_due or not_paid when collection
+# fails, paid when collected). A paid invoice becomes payable again when its payment is removed (a
+# transaction voided or deleted, a chargeback recorded); only an unpaid invoice can be voided, and a voided
+# invoice stays voided. Applied like the subscription: provider copies in resource_version order.
+INVOICE_STATUSES = ("pending", "posted", "payment_due", "not_paid", "voided", "paid")
+INVOICE = Lifecycle(
+    name="invoice",
+    states=INVOICE_STATUSES,
+    edges={
+        None: INVOICE_STATUSES,
+        "pending": ("posted", "payment_due", "not_paid", "paid", "voided"),
+        "posted": ("payment_due", "not_paid", "paid", "voided"),
+        "payment_due": ("not_paid", "paid", "voided"),
+        "not_paid": ("payment_due", "paid", "voided"),
+        "paid": ("posted", "payment_due", "not_paid"),
+    },
+    final=("voided",),
+    stale_news=False,
+)
+
+LIFECYCLES = (PAYMENT, DUNNING, DISPUTE, ORPHAN, SUBSCRIPTION, INVOICE)

@@ -159,6 +159,13 @@ class Sandbox:
         sub["resource_version"] = int(self.store.now() * 1000)
         return self.store.put("subscription", sub["id"], sub)
 
+    def _save_invoice(self, invoice: dict) -> dict:
+        """Every change of an invoice, like a subscription's, gets updated_at and a new resource_version
+        (milliseconds): the provider's clients order copies by it."""
+        invoice["updated_at"] = self.now()
+        invoice["resource_version"] = int(self.store.now() * 1000)
+        return self.store.put("invoice", invoice["id"], invoice)
+
     def emit(self, event_type: str, content: dict, occurred_at: int | None = None) -> dict:
         event = {"id": self.store.next_id("ev"), "occurred_at": occurred_at or self.now(), "source": "api",
                  "api_version": "v2", "event_type": event_type, "webhook_status": "not_configured",
@@ -252,7 +259,7 @@ class Sandbox:
                    "linked_payments": [], "object": "invoice", "recurring": True, "price_type": "tax_exclusive",
                    "exchange_rate": 1.0, "deleted": False, "sub_total": price["price"], "write_off_amount": 0,
                    "credits_applied": 0, "amount_adjusted": 0, "base_currency_code": price["currency_code"]}
-        self.store.put("invoice", invoice["id"], invoice)
+        self._save_invoice(invoice)
         self.emit("invoice_generated", {"invoice": invoice})
         return invoice
 
@@ -269,7 +276,7 @@ class Sandbox:
             self._save_subscription(sub)
             invoice = self._new_invoice(sub, price)
             invoice["recurring"] = True
-            self.store.put("invoice", invoice["id"], invoice)
+            self._save_invoice(invoice)
             self.emit("subscription_renewed", {"subscription": sub, "invoice": invoice})
             invoices.append(invoice)
         return invoices
@@ -304,8 +311,8 @@ class Sandbox:
         invoice = self.invoice(invoice_id)
         if invoice["status"] == "paid":
             raise SandboxError(400, "A paid invoice cannot be voided", "invalid_state_for_request")
-        invoice.update(status="voided", voided_at=self.now(), updated_at=self.now())
-        self.store.put("invoice", invoice_id, invoice)
+        invoice.update(status="voided", voided_at=self.now())
+        self._save_invoice(invoice)
         return {"invoice": invoice}
 
     def record_payment(self, invoice_id: str, amount: int, reference_number: str,
@@ -341,7 +348,7 @@ class Sandbox:
         invoice["linked_payments"] = [*(invoice.get("linked_payments") or []),
                                       {"txn_id": txn["id"], "applied_amount": int(amount), "applied_at": now,
                                        "txn_status": "success", "txn_date": now, "txn_amount": int(amount)}]
-        self.store.put("invoice", invoice_id, invoice)
+        self._save_invoice(invoice)
         sub = self.store.get("subscription", invoice["subscription_id"]) or {}
         self.emit("payment_succeeded", {"transaction": txn, "invoice": invoice, "subscription": sub})
         return {"invoice": invoice, "transaction": txn}

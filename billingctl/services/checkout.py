@@ -18,7 +18,7 @@ from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import looks_like_id
 from billingctl.domain.quota import CUSTOMER
 from billingctl.services import catalog, fraud_quota
-from billingctl.services.sync import cancel_at_provider
+from billingctl.services.sync import cancel_at_provider, write_remote_subscription
 
 log = logging.getLogger("billingctl.checkout")
 
@@ -238,12 +238,12 @@ def cleanup_expired(container, dry_run: bool = False) -> dict:
                     skipped.append(row["id"])
                     continue
             try:
-                cancel_at_provider(container, row["id"])
+                remote = cancel_at_provider(container, row["id"])
             except e.BillingError as exc:
                 failed.append({"id": row["id"], "error": exc.message})
                 continue
             with container.uow() as uow:
-                uow.subscriptions.set(row["id"], status="cancelled", synced_at=container.clock.now())
+                write_remote_subscription(container, uow, remote, "checkout-cleanup", force=True)
                 uow.checkouts.cancel(row["id"])
                 uow.commit()
             cancelled.append(row["id"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 
-from billingctl.domain.lifecycle import IllegalTransition
+from billingctl.domain.lifecycle import IllegalTransition, Lifecycle, Step
 from billingctl.services import alerts
 
 log = logging.getLogger("billingctl.lifecycle")
@@ -20,6 +20,25 @@ def report_illegal(container, uow, exc: IllegalTransition) -> None:
     alerts.raise_alert(uow, container.clock, f"{exc} - manual review required",
                        f"illegal:{exc.lifecycle}:{exc.key}:{exc.source}:{exc.target}", lifecycle=exc.lifecycle,
                        key=exc.key)
+
+
+def provider_status(container, uow, machine: Lifecycle, key: str, current: str | None, target) -> Step | None:
+    """The step from our copy's status to the one the provider's copy names (domain.lifecycle.SUBSCRIPTION,
+    INVOICE). None when the provider's status is one it does not document: refused (nothing written),
+    reported. Otherwise the step; the caller writes the copy (the provider is authoritative) and, once it
+    is written, reports an ILLEGAL step with `provider_step_written`."""
+    if not isinstance(target, str) or target not in machine.states:
+        report_illegal(container, uow, IllegalTransition(machine.name, key, current, str(target)[:32]))
+        return None
+    return machine.step(current, target)
+
+
+def provider_step_written(container, uow, machine: Lifecycle, key: str, current: str | None, target: str,
+                          step: Step) -> None:
+    """A provider copy outside our table was written: our copy missed a step, or the provider did something
+    we did not model. Counted and alerted, in the writer's transaction."""
+    if step == Step.ILLEGAL:
+        report_illegal(container, uow, IllegalTransition(machine.name, key, current, target))
 
 
 def unknown_notification(container, event_type: str, subject: str | None) -> dict:

@@ -20,8 +20,10 @@ from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
 from billingctl.services import alerts, catalog, fraud_quota, review
+from billingctl.services.invoices import apply_copy, name_invoice, save_copy
 from billingctl.services.lifecycles import report_illegal
 from billingctl.services.processor_lock import lock_after_settle
+from billingctl.services.sync import write_remote_subscription
 
 log = logging.getLogger("billingctl.payments")
 
@@ -243,10 +245,10 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) ->
         if facts.invoice_id:  # a renewal charge ends here, whichever path saw it settle
             end_renewal_attempt(container, uow, _invoice_of(facts), facts.payment_id, "succeeded",
                                 amount=facts.amount)
-        if facts.invoice_id:
-            uow.invoices.save(facts.invoice_id, now, subscription_id=facts.subscription_id,
-                              customer_id=facts.user_id, total_amount=facts.amount,
-                              currency_code=facts.currency_code, status="paid", paid_at=facts.settled_at or now)
+        if facts.invoice_id:  # its status is the provider's copy's (decision 117), written by the follow-up
+            name_invoice(uow, facts.invoice_id, now, subscription_id=facts.subscription_id, customer_id=facts.user_id,
+                         total_amount=facts.amount, currency_code=facts.currency_code,
+                         paid_at=facts.settled_at or now)
         uow.subscriptions.add({"id": facts.subscription_id, "status": "future", "customer_id": facts.user_id,
                                "created_at": now, "coupon_ids": [], "item_price_id": facts.item_price_id,
                                "lane": facts.lane})
@@ -471,11 +473,15 @@ def report_to_provider(container, row) -> bool | str:
     the invoice is paid afterwards; VOIDED when the invoice was voided meanwhile (the payment is then
     refunded, decision 113); a refusal the provider does not explain stays pending."""
     try:
-        container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
+        answer = container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
         crash_point(container.settings, "provider_record.after_call")
+        copy = answer.get("invoice")
     except e.ExternalInvalidRequest as exc:
-        status = _invoice_status(container, row["invoice_id"]) \
+        copy = _invoice_copy(container, row["invoice_id"]) \
             if exc.details.get("api_error_code") == "invalid_state_for_request" else None
+        status = (copy or {}).get("status")
+        if status != "paid":  # a paid copy is saved below, with the purchase marked reported
+            apply_copy(container, copy)
         if status == "voided":
             refund_for_voided_invoice(container, row)
             return VOIDED
@@ -491,8 +497,11 @@ def report_to_provider(container, row) -> bool | str:
         log.warning("recording at the provider failed; will retry: %s", exc.message,
                     extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
         return False
-    with container.uow(autocommit=True) as uow:
+    with container.uow() as uow:
+        if copy and copy.get("status"):
+            save_copy(container, uow, copy)
         uow.purchases.mark_reported(row["id"], container.clock.now())
+        uow.commit()
     return True
 
 
@@ -507,8 +516,7 @@ def refund_for_voided_invoice(container, row) -> None:
     reverse_refund(container, payment_id, int((payment.get("processor") or {}).get("amountRefunded") or 0)
                    or int(row["amount"] or 0), "invoice_voided")
     with container.uow() as uow:
-        uow.purchases.close(payment_id, VOIDED, now)
-        uow.invoices.set_status(row["invoice_id"], "voided")
+        uow.purchases.close(payment_id, VOIDED, now)  # the invoice's voided copy was saved by the caller
         review.open_row(uow, now, payment_id=payment_id, user_id=row["user_id"],
                         subscription_id=row["subscription_id"], item_price_id=row["item_price_id"],
                         amount=row["amount"], currency_code=row["currency_code"], settled_at=row["settled_at"])
@@ -534,9 +542,9 @@ def refund(container, payment_id: str, reason: str = "duplicate charge") -> dict
     return container.orchestrator.refund_payment(payment_id, amount - refunded, reason=reason)
 
 
-def _invoice_status(container, invoice_id: str) -> str | None:
+def _invoice_copy(container, invoice_id: str) -> dict | None:
     try:
-        return container.provider.get_invoice(invoice_id)["invoice"].get("status")
+        return container.provider.get_invoice(invoice_id)["invoice"]
     except e.BillingError:
         return None
 
@@ -581,8 +589,8 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
         if not bought.invoice_id:
             first_invoice = first_invoice or _first_term_invoice(container, subscription_id)
         crash_point(container.settings, "activate.after_provider")
-    except CancelledAtProvider:
-        return _orphan_cancelled_checkout(container, subscription_id)
+    except CancelledAtProvider as cancelled:
+        return _orphan_cancelled_checkout(container, subscription_id, cancelled.remote)
     except e.ExternalError as exc:
         container.metrics.activation_errors.inc()
         with container.uow() as uow:
@@ -592,11 +600,9 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
         raise
     with container.uow() as uow:
         if not bought.invoice_id and first_invoice:
-            _assign_invoice(uow, bought, subscription_id, first_invoice, now)
-        uow.subscriptions.set(subscription_id, status=remote["status"],
-                              current_term_end=parse_time(remote.get("current_term_end")),
-                              start_date=parse_time(remote.get("start_date")), activation_pending_since=None,
-                              activation_error=None, synced_at=now)
+            _assign_invoice(container, uow, bought, subscription_id, first_invoice)
+        write_remote_subscription(container, uow, remote, "activation", activation_pending_since=None,
+                                  activation_error=None)
         uow.commit()
     if bought.invoice_id:
         return {"subscription_id": subscription_id, "outcome": "already_active", "status": remote["status"]}
@@ -643,7 +649,7 @@ def _started_copy(container, subscription_id: str) -> dict:
     and a status that is neither started nor cancelled (still future, paused) cannot be activated."""
     remote = container.provider.get_subscription(subscription_id)["subscription"]
     if remote.get("status") == "cancelled":
-        raise CancelledAtProvider(subscription_id)
+        raise CancelledAtProvider(remote)
     if remote.get("status") not in STARTED:
         raise e.ExternalError(f"the provider holds {subscription_id} {remote.get('status')}: it cannot be activated",
                               dependency="subscription_provider")
@@ -653,12 +659,17 @@ def _started_copy(container, subscription_id: str) -> dict:
 class CancelledAtProvider(Exception):
     """The checkout's subscription was cancelled at the provider before its payment settled."""
 
+    def __init__(self, remote: dict):
+        super().__init__(remote["id"])
+        self.remote = remote
 
-def _orphan_cancelled_checkout(container, subscription_id: str) -> dict:
+
+def _orphan_cancelled_checkout(container, subscription_id: str, remote: dict | None = None) -> dict:
     """The provider is authoritative (spec section 1.1): a checkout it cancelled is never activated, and
     the payment that settled for it is an orphan (re-subscribed or refunded by orphan recovery, which
     moves the purchase and its credits to the new subscription, or reverses them with the refund). The
-    subscription leaves "activation pending"."""
+    subscription leaves "activation pending"; its row takes the provider's cancelled copy (`remote`; none
+    when the local copy is cancelled already)."""
     now = container.clock.now()
     with container.uow() as uow:
         paid = uow.purchases.without_invoice(subscription_id)
@@ -666,8 +677,12 @@ def _orphan_cancelled_checkout(container, subscription_id: str) -> dict:
             review.open_row(uow, now, payment_id=row["transaction_id"], user_id=row["user_id"],
                             subscription_id=subscription_id, item_price_id=row["item_price_id"], amount=row["amount"],
                             currency_code=row["currency_code"], settled_at=row["settled_at"])
-        uow.subscriptions.set(subscription_id, status="cancelled", activation_pending_since=None,
-                              activation_error=None, synced_at=now)
+        if remote is None:
+            uow.subscriptions.set(subscription_id, activation_pending_since=None, activation_error=None,
+                                  synced_at=now)
+        else:
+            write_remote_subscription(container, uow, remote, "activation", force=True, activation_pending_since=None,
+                                      activation_error=None)
         uow.commit()
     log.warning("checkout cancelled at the provider before its payment: handed to orphan recovery",
                 extra={"subscription_id": subscription_id, "payment_ids": [r["transaction_id"] for r in paid]})
@@ -680,13 +695,12 @@ def _first_term_invoice(container, subscription_id: str) -> dict | None:
     return invoices[0] if invoices else None
 
 
-def _assign_invoice(uow, bought, subscription_id: str, remote: dict, now) -> None:
+def _assign_invoice(container, uow, bought, subscription_id: str, remote: dict) -> None:
     """The checkout's payment pays the invoice of the first term: the purchase, the checkout and the
-    local invoice row learn its id."""
+    local invoice row learn its id (the row is the provider's copy: still payable until the follow-up
+    records the payment on it)."""
     uow.purchases.assign_invoice(bought.id, bought.transaction_id, subscription_id, remote["id"])
-    uow.invoices.save(remote["id"], now, subscription_id=subscription_id, customer_id=bought.user_id,
-                      total_amount=bought.amount, currency_code=bought.currency_code, status="paid",
-                      paid_at=bought.settled_at or now)
+    save_copy(container, uow, remote)
 
 
 def pending_activations(container) -> list[dict]:

@@ -10,6 +10,7 @@ from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, inbox
+from billingctl.services.invoices import apply_copy
 from billingctl.services.payments import apply_refund_report, record_payment
 from billingctl.services.sync import apply_remote_subscription
 
@@ -24,6 +25,9 @@ MAX_EVENT_ATTEMPTS = 5
 def process_event(container, event: dict) -> dict:
     kind = event.get("event_type")
     content = event.get("content") or {}
+    if isinstance(content.get("invoice"), dict) and content["invoice"].get("id"):
+        # Every event that carries the invoice (generated, renewed, started, a payment) brings its copy.
+        apply_copy(container, content["invoice"])
     if kind == "payment_succeeded":
         return _payment_succeeded(container, content)
     if kind in ("payment_refunded", "credit_note_created"):
@@ -34,7 +38,6 @@ def process_event(container, event: dict) -> dict:
                                       "status": content["subscription"].get("status")})
         return {"outcome": outcome}
     if kind == "invoice_generated" and content.get("invoice"):
-        _upsert_invoice(container, content["invoice"])
         return {"outcome": "invoice_stored"}
     return {"outcome": "ignored"}
 
@@ -87,15 +90,6 @@ def _refund(container, kind: str, content: dict) -> dict:
     payment = container.orchestrator.get_payment(payment_id)
     refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
     return apply_refund_report(container, payment_id, refunded, "event_poller")
-
-
-def _upsert_invoice(container, remote: dict) -> None:
-    now = container.clock.now()
-    with container.uow(autocommit=True) as uow:
-        uow.invoices.save(remote["id"], now, subscription_id=remote.get("subscription_id"),
-                          customer_id=remote.get("customer_id"), total_amount=remote.get("total"),
-                          currency_code=remote.get("currency_code"), status=remote.get("status"),
-                          paid_at=parse_time(remote.get("paid_at")))
 
 
 def _analytics(container, event: dict, payload: dict) -> None:

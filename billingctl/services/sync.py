@@ -8,8 +8,10 @@ from datetime import UTC, datetime
 
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
+from billingctl.domain.lifecycle import SUBSCRIPTION
 from billingctl.domain.plans import require_id
 from billingctl.services.cursors import write_value
+from billingctl.services.lifecycles import provider_status, provider_step_written
 
 log = logging.getLogger("billingctl.sync")
 
@@ -46,33 +48,61 @@ def diff(local: dict | None, fields: dict) -> dict:
 
 def apply_remote_subscription(container, remote: dict, source: str = "sync", force: bool = False) -> str:
     """Overwrite the local copy from the provider's, unless the local copy is already newer."""
+    with container.uow() as uow:
+        outcome = write_remote_subscription(container, uow, remote, source, force)
+        uow.commit()
+    return outcome
+
+
+def write_remote_subscription(container, uow, remote: dict, source: str, force: bool = False, **extra) -> str:
+    """Apply one provider copy of a subscription in the caller's transaction, as one step of
+    domain.lifecycle.SUBSCRIPTION (decision 117): "updated", "unchanged", "older_ignored" (the copy held is
+    newer, by resource_version) or "refused" (a status the provider does not document: reported, nothing
+    written). `force` (an operator's sync, a copy just read) applies it whatever version is held; `extra`
+    columns are written with the copy (one statement)."""
+    from billingctl.services.invoices import resource_version
     from billingctl.services.subscriptions import invalidate_customer
 
     fields = remote_fields(remote)
-    updated_at = _ts(remote.get("updated_at"))
-    version = remote.get("resource_version")
-    version = int(version) if isinstance(version, int | float) and not isinstance(version, bool) else None
+    updated_at, version = _ts(remote.get("updated_at")), resource_version(remote)
     now = container.clock.now()
-    with container.uow() as uow:
-        local = uow.subscriptions.get(remote["id"])
-        if local is not None and not force and _older(local, version, updated_at):
-            return "older_ignored"
-        changes = diff(dict(local) if local else None, fields)
+    local = uow.subscriptions.get(remote["id"])
+    if local is not None and not force and _older(local, version, updated_at):
+        return "older_ignored"
+    current = local["status"] if local is not None else None
+    step = provider_status(container, uow, SUBSCRIPTION, remote["id"], current, fields["status"])
+    if step is None:
+        return "refused"
+    changes = diff(dict(local) if local else None, fields)
+    if local is None:
         uow.subscriptions.add({"id": remote["id"], "created_at": _ts(remote.get("created_at")) or now, **fields})
-        values = {**fields, "provider_updated_at": updated_at, "synced_at": now}
-        if fields["status"] == "active":
-            values.update(activation_pending_since=None, activation_error=None)
-        if not uow.subscriptions.set_if_not_older(remote["id"], None if force else version, **values):
-            uow.rollback()
-            return "older_ignored"  # a newer copy was applied meanwhile
-        if force and version is not None:
-            uow.subscriptions.set(remote["id"], provider_resource_version=version)
-        uow.commit()
+    values = {**fields, "provider_updated_at": updated_at, "synced_at": now, **extra}
+    if fields["status"] == "active":
+        values.update(activation_pending_since=None, activation_error=None)
+    if not uow.subscriptions.set_if_not_older(remote["id"], None if force else version, **values):
+        return "older_ignored"  # a newer copy was applied meanwhile
+    if force and version is not None:
+        uow.subscriptions.set(remote["id"], provider_resource_version=version)
+    provider_step_written(container, uow, SUBSCRIPTION, remote["id"], current, fields["status"], step)
     if changes:
         invalidate_customer(container, fields["customer_id"])
         log.info("local subscription updated from the provider", extra={"subscription_id": remote["id"],
                                                                         "source": source, "fields": sorted(changes)})
     return "updated" if changes else "unchanged"
+
+
+def move_subscription(container, uow, subscription_id: str, target: str, **values) -> bool:
+    """Our own write of a subscription's status where the provider sent no copy (it answered that the
+    subscription no longer exists: cancelled): one step of SUBSCRIPTION from the status read in this
+    transaction, by a conditional update; False when there is no row or a racing writer moved it first."""
+    current = uow.subscriptions.status(subscription_id)
+    if current is None:
+        return False
+    step = provider_status(container, uow, SUBSCRIPTION, subscription_id, current, target)
+    if step is None or not uow.subscriptions.move(subscription_id, current, status=target, **values):
+        return False
+    provider_step_written(container, uow, SUBSCRIPTION, subscription_id, current, target, step)
+    return True
 
 
 def sync_subscription(container, subscription_id: str, dry_run: bool = False) -> dict:
@@ -126,7 +156,7 @@ def sync_all(container, since: datetime | None, progress=None) -> dict:
                 updated += 1
         except e.ExternalNotFound:
             with container.uow() as uow:
-                uow.subscriptions.set(sid, status="cancelled", synced_at=container.clock.now())
+                move_subscription(container, uow, sid, "cancelled", synced_at=container.clock.now())
                 uow.commit()
             log.warning("subscription no longer exists at the provider; marked cancelled",
                         extra={"subscription_id": sid})

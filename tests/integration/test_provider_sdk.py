@@ -354,3 +354,14 @@ def test_our_client_sends_what_the_sdk_sends(operation, served, sdk, ours):
     assert mine[0] == theirs[0]
     assert mine[0]["authorization"] == "Basic"
     assert mine[0]["idempotency"] is (mine[0]["method"] == "POST")
+
+
+@pytest.mark.parametrize(("machine", "ours"), [("SUBSCRIPTION", "SUBSCRIPTION_STATUSES"),
+                                               ("INVOICE", "INVOICE_STATUSES")])
+def test_the_subscription_and_invoice_tables_cover_every_status_the_sdk_documents(machine, ours):
+    """Decision 117: each table is over exactly the statuses the provider documents (the sandbox's
+    constants are held to the SDK's enums above)."""
+    from billingctl.domain import lifecycle
+    from billingctl.sandbox import apps
+
+    assert set(getattr(lifecycle, machine).states) == set(getattr(apps, ours))

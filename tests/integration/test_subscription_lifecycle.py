@@ -259,3 +259,101 @@ def test_the_client_reads_the_providers_time_from_its_date_header(world):
     assert -44 <= world.c.provider.http.server_offset <= -41
     provider_now = world.c.provider.now(world.c.clock.now())
     assert provider_now.microsecond == 0 and provider_now.timestamp() <= world.sandbox.store.now()
+
+
+# ---- the subscription and the invoice as transition tables (decision 117) --------------------------------
+
+def _local_invoice(world, invoice_id):
+    with world.c.uow() as uow:
+        return uow.invoices.get(invoice_id)
+
+
+def _chat_keys(world):
+    from sqlalchemy import select
+
+    from billingctl.adapters.db.tables import alert_outbox
+
+    with world.c.uow() as uow:
+        return set(uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "chat")).scalars())
+
+
+def _illegal(world, machine):
+    return world.c.metrics.sample("billing_lifecycle_illegal_transitions_total", {"lifecycle": machine}) or 0
+
+
+def test_the_local_invoices_are_the_providers_copies_after_a_checkout_and_a_renewal(world):
+    """Judged from the provider's books: each invoice we hold says what the provider's says, at its
+    resource_version. Before, the first term's invoice was written "paid" before the payment was recorded
+    on it, and no row held a version."""
+    co, invoice, payment = world.renewal_charged_unseen()
+    from billingctl.services.payments import record_payment
+
+    assert record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
+    remote = [i for i in world.sandbox.store.all("invoice") if i["subscription_id"] == co["subscription_id"]]
+    assert len(remote) == 2
+    for copy in remote:
+        local = _local_invoice(world, copy["id"])
+        assert (local["status"], local["provider_resource_version"]) == ("paid", copy["resource_version"])
+    assert _illegal(world, "invoice") == 0
+
+
+def test_an_older_invoice_copy_delivered_late_never_overwrites_a_newer_one(world):
+    """Webhooks arrive in any order: the invoice_generated copy (payment_due) delivered after the payment's
+    copy (paid) left the local invoice payment_due while the provider held it paid."""
+    from billingctl.services.provider_events import handle_event
+
+    co, invoice, payment = world.renewal_charged_unseen()
+    events = [ev for ev in world.sandbox.store.all("event")
+              if (ev["content"].get("invoice") or {}).get("id") == invoice["id"]]
+    assert [ev["event_type"] for ev in events][:1] == ["invoice_generated"] and len(events) >= 2
+    for event in reversed(events):  # the newest first
+        handle_event(world.c, event, via="webhook")
+    assert _local_invoice(world, invoice["id"])["status"] == world.sandbox.invoice(invoice["id"])["status"] == "paid"
+    assert _illegal(world, "invoice") == 0
+
+
+def test_a_provider_status_outside_the_table_is_written_and_alerted_an_undocumented_one_refused(world):
+    """The provider is authoritative: a documented status our table does not allow from ours (a voided
+    invoice reported paid) is its word, written, and counted and alerted once; a status it does not
+    document is refused (nothing written) and alerted."""
+    from billingctl.services.invoices import apply_copy
+    from billingctl.services.sync import apply_remote_subscription
+
+    co = world.checkout()
+    inv = {"id": "inv_t1", "subscription_id": co["subscription_id"], "customer_id": "user_a", "total": 1999,
+           "currency_code": "USD", "status": "voided", "resource_version": 1}
+    assert apply_copy(world.c, inv) == "applied"
+    assert apply_copy(world.c, {**inv, "status": "paid", "resource_version": 2}) == "applied"
+    assert _local_invoice(world, "inv_t1")["status"] == "paid"
+    assert _illegal(world, "invoice") == 1 and "illegal:invoice:inv_t1:voided:paid" in _chat_keys(world)
+    assert apply_copy(world.c, {**inv, "status": "archived", "resource_version": 3}) == "refused"
+    assert _local_invoice(world, "inv_t1")["status"] == "paid"
+    assert _illegal(world, "invoice") == 2 and "illegal:invoice:inv_t1:paid:archived" in _chat_keys(world)
+
+    remote = world.sandbox.subscription(co["subscription_id"])  # future
+    assert apply_remote_subscription(world.c, {**remote, "status": "paused",
+                                               "resource_version": remote["resource_version"] + 1}) == "updated"
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(co["subscription_id"]) == "paused"
+    assert _illegal(world, "subscription") == 1
+    assert f"illegal:subscription:{co['subscription_id']}:future:paused" in _chat_keys(world)
+    assert apply_remote_subscription(world.c, {**remote, "status": "expired",
+                                               "resource_version": remote["resource_version"] + 2}) == "refused"
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(co["subscription_id"]) == "paused"
+    assert _illegal(world, "subscription") == 2
+
+
+def test_an_older_subscription_copy_is_dropped_before_the_table_is_consulted(world):
+    """A copy behind the one held (by resource_version) is stale: nothing written, nothing alerted."""
+    from billingctl.services.sync import apply_remote_subscription
+
+    co = world.checkout()
+    world.sandbox.pay(co["order_id"])
+    remote = world.sandbox.subscription(co["subscription_id"])
+    assert remote["status"] == "active"
+    older = {**remote, "status": "future", "resource_version": remote["resource_version"] - 1}
+    assert apply_remote_subscription(world.c, older, source="event") == "older_ignored"
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(co["subscription_id"]) == "active"
+    assert _illegal(world, "subscription") == 0

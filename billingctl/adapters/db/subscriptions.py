@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import or_, select, update
 
 from billingctl.adapters.db.repository import Repository
-from billingctl.adapters.db.sql import insert_ignore, upsert
+from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import invoice, subscription
 
 STARTED_OR_HELD = ("active", "non_renewing")
@@ -33,6 +33,12 @@ class Subscriptions(Repository):
 
     def set(self, subscription_id: str, **values) -> None:
         self.execute(update(subscription).where(subscription.c.id == subscription_id).values(**values))
+
+    def move(self, subscription_id: str, expected_status: str, **values) -> bool:
+        """A conditional update: only while the row still holds `expected_status` (read in this transaction)."""
+        return self.execute(update(subscription).where(subscription.c.id == subscription_id,
+                                                       subscription.c.status == expected_status)
+                            .values(**values)).rowcount == 1
 
     def set_if_not_older(self, subscription_id: str, version: int | None, **values) -> bool:
         """Apply a provider copy unless the one applied last has a newer resource_version (a conditional
@@ -88,9 +94,24 @@ class Subscriptions(Repository):
 
 
 class Invoices(Repository):
-    def save(self, invoice_id: str, now, **values) -> None:
-        """Insert the invoice, or overwrite it (its creation time kept)."""
-        upsert(self.uow, invoice, {"id": invoice_id, "created_at": now, **values}, ["id"])
+    """The local copy of the provider's invoices. Its status is written only by services.invoices
+    (domain.lifecycle.INVOICE): from provider copies, in resource_version order."""
 
-    def set_status(self, invoice_id: str, status: str) -> None:
-        self.execute(update(invoice).where(invoice.c.id == invoice_id).values(status=status))
+    def get(self, invoice_id: str):
+        return self.execute(select(invoice).where(invoice.c.id == invoice_id)).mappings().first()
+
+    def add(self, values: dict) -> bool:
+        """Insert the row unless it exists; True when new."""
+        return insert_ignore(self.uow, invoice, values, ["id"])
+
+    def update(self, invoice_id: str, expected_status: str | None, version: int | None, **values) -> bool:
+        """A conditional update: the row still holds `expected_status` (read in this transaction: a racing
+        writer's step is never overwritten unseen) and no copy newer than `version` was applied."""
+        query = update(invoice).where(invoice.c.id == invoice_id)
+        query = query.where(invoice.c.status.is_(None) if expected_status is None
+                            else invoice.c.status == expected_status)
+        if version is not None:
+            query = query.where((invoice.c.provider_resource_version.is_(None))
+                                | (invoice.c.provider_resource_version <= version))
+            values["provider_resource_version"] = version
+        return self.execute(query.values(**values)).rowcount == 1

@@ -102,6 +102,8 @@ invoice = Table(
     _ts("paid_at"),
     Column("status", String(32)),
     _ts("created_at", nullable=False),
+    # The provider's resource_version of the copy applied last (decision 117), like the subscription's.
+    Column("provider_resource_version", BigInteger),
 )
 
 transaction = Table(

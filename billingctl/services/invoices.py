@@ -1,0 +1,60 @@
+"""The local copy of the provider's invoices, one step of domain.lifecycle.INVOICE at a time (decision
+117). Its status is only ever the provider's: a copy the provider sent (an event, the answer to a payment
+recorded on the invoice, a read), applied in resource_version order; a payment we record names its invoice
+(ids, amount) without inventing a status for it."""
+
+from __future__ import annotations
+
+from billingctl.domain.clock import parse_time
+from billingctl.domain.lifecycle import INVOICE
+from billingctl.services.lifecycles import provider_status, provider_step_written
+
+
+def resource_version(remote: dict) -> int | None:
+    version = remote.get("resource_version")
+    return int(version) if isinstance(version, int | float) and not isinstance(version, bool) else None
+
+
+def save_copy(container, uow, remote: dict) -> str:
+    """Apply one provider copy of an invoice in the caller's transaction: "applied", "older_ignored" (a
+    newer copy is held) or "refused" (a status the provider does not document: reported, nothing written)."""
+    invoice_id, status, version = remote["id"], remote.get("status"), resource_version(remote)
+    local = uow.invoices.get(invoice_id)
+    held = local["provider_resource_version"] if local is not None else None
+    if version is not None and held is not None and held > version:
+        return "older_ignored"
+    current = local["status"] if local is not None else None
+    step = provider_status(container, uow, INVOICE, invoice_id, current, status)
+    if step is None:
+        return "refused"
+    fields = {"subscription_id": remote.get("subscription_id"), "customer_id": remote.get("customer_id"),
+              "total_amount": remote.get("total"), "currency_code": remote.get("currency_code"), "status": status,
+              "paid_at": parse_time(remote.get("paid_at"))}
+    if local is None and uow.invoices.add({"id": invoice_id, "created_at": container.clock.now(),
+                                          "provider_resource_version": version, **fields}):
+        return "applied"
+    if local is None:  # a racing writer inserted it first: step from what it wrote
+        local = uow.invoices.get(invoice_id)
+        current = local["status"]
+        step = INVOICE.step(current, status)
+    if not uow.invoices.update(invoice_id, current, version, **fields):
+        return "older_ignored"
+    provider_step_written(container, uow, INVOICE, invoice_id, current, status, step)
+    return "applied"
+
+
+def name_invoice(uow, invoice_id: str, now, **fields) -> None:
+    """A payment we record names its invoice: the row exists (ids, amount, currency) before the provider's
+    copy says what its status is. An existing row is left as the provider's copies made it."""
+    uow.invoices.add({"id": invoice_id, "created_at": now, "status": None, **fields})
+
+
+def apply_copy(container, remote: dict | None) -> str | None:
+    """`save_copy` in a transaction of its own (the copy an answer or an event showed); None without one
+    (an invoice named without its status is a reference, not a copy)."""
+    if not remote or not remote.get("id") or remote.get("status") is None:
+        return None
+    with container.uow() as uow:
+        outcome = save_copy(container, uow, remote)
+        uow.commit()
+    return outcome
