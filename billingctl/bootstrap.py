@@ -26,7 +26,8 @@ class Container:
 
     def __init__(self, settings: Settings, clock=None, metrics: Metrics | None = None):
         self.settings = settings
-        self.clock = clock or (OffsetClock(lambda: self.sandbox.store.offset()) if settings.clock == "sandbox"
+        skew = settings.clock_skew_seconds
+        self.clock = clock or (OffsetClock(lambda: self.sandbox.store.offset() + skew) if settings.clock == "sandbox"
                                else SystemClock())
         self._metrics = metrics
 

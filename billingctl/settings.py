@@ -150,6 +150,9 @@ class Settings(BaseSettings):
     # clock`), so that every process of a simulation (jobs, the web app) lives on the same simulated day.
     # Never in production.
     clock: Literal["system", "sandbox"] = "system"
+    # With the sandbox's clock: how far ours is off the sandbox's (seconds, + ahead), as a host whose time
+    # drifted (simulations, decision 115). Only with BILLING_CLOCK=sandbox.
+    clock_skew_seconds: float = Field(default=0, ge=-3600, le=3600)
 
     @field_validator("session_jwt_algorithms", mode="before")
     @classmethod
@@ -210,6 +213,9 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _secrets_by_environment(self) -> Settings:
+        if self.clock_skew_seconds and self.clock != "sandbox":
+            raise ValueError("BILLING_CLOCK_SKEW_SECONDS needs BILLING_CLOCK=sandbox (it moves our clock off the "
+                             "sandbox's)")
         if self.env == "production":
             missing = [
                 name

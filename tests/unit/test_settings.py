@@ -155,3 +155,11 @@ def test_the_sandbox_clock_is_for_simulations_only():
     with pytest.raises(ConfigError, match="BILLING_CLOCK"):
         load_settings(env="production", clock="sandbox", session_jwt_algorithms="RS256", **PROD_SECRETS,
                       **PROD_PLAIN)
+
+
+def test_a_clock_skew_is_only_for_the_sandbox_clock():
+    """Decision 115: simulations run our processes with their clock off the sandbox's; the skew is
+    refused with the system clock (nothing in production moves our time)."""
+    assert load_settings(clock="sandbox", clock_skew_seconds=7).clock_skew_seconds == 7
+    with pytest.raises(ConfigError, match="BILLING_CLOCK_SKEW_SECONDS"):
+        load_settings(clock_skew_seconds=7)
