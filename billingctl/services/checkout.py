@@ -12,6 +12,7 @@ import logging
 import uuid
 from datetime import timedelta
 
+from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
@@ -239,8 +240,10 @@ def cleanup_expired(container, dry_run: bool = False) -> dict:
                     continue
             try:
                 remote = cancel_at_provider(container, row["id"])
-            except e.BillingError as exc:
-                failed.append({"id": row["id"], "error": exc.message})
+            except Exception as exc:  # one checkout never stops the others (issue 37): counted, logged, next
+                item_failed(log, "checkout clean-up", exc, subscription_id=row["id"])
+                failed.append({"id": row["id"], "error": exc.message if isinstance(exc, e.BillingError)
+                               else type(exc).__name__})
                 continue
             with container.uow() as uow:
                 write_remote_subscription(container, uow, remote, "checkout-cleanup", force=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime, timedelta
 
+from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
@@ -21,6 +22,7 @@ from billingctl.services.provider_events import (  # noqa: F401
     MAX_EVENT_ATTEMPTS,
     SOURCE,
     handle_event,
+    payment_reference,
     process_event,
     record_reported_payment,
 )
@@ -123,15 +125,17 @@ def scan_paid_invoices(container, since: datetime | None) -> dict:
                 continue
             try:
                 txn = container.provider.get_transaction(link["txn_id"])
-                reference = txn.get("reference_number") or txn.get("id_at_gateway")
+                reference = payment_reference(txn)
                 if not reference or txn.get("type", "payment") != "payment":
                     continue
                 recorded = record_reported_payment(container, reference, {"invoice": remote, "transaction": txn},
                                                    "invoice_scan")
                 if recorded["outcome"] == "recorded":
                     recovered += 1
-            except e.BillingError as exc:
-                failures.append({"invoice_id": remote["id"], "error": exc.message})
+            except Exception as exc:  # one invoice never stops the scan (issue 37): counted, logged, next
+                item_failed(log, "invoice scan", exc, invoice_id=remote["id"])
+                failures.append({"invoice_id": remote["id"],
+                                 "error": exc.message if isinstance(exc, e.BillingError) else type(exc).__name__})
     return {"invoices_checked": checked, "recovered": recovered, "failed": failures}
 
 

@@ -721,6 +721,10 @@ def retry_pending(container) -> dict:
                 log.warning("pending activation still failing: %s", exc.message, extra={"subscription_id": row["id"]})
                 failed += 1
                 continue
+            except Exception:  # one row's crash never stops the others' (issue 37): counted, logged, next
+                log.exception("pending activation crashed", extra={"subscription_id": row["id"]})
+                failed += 1
+                continue
         if outcome["activation"] in ("activated", "already_active") and outcome["provider_recorded"]:
             done += 1
         else:

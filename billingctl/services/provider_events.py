@@ -9,6 +9,7 @@ import logging
 from billingctl.adapters.logs import item_failed
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
+from billingctl.domain.plans import looks_like_id
 from billingctl.services import alerts, inbox
 from billingctl.services.invoices import apply_copy
 from billingctl.services.payments import apply_refund_report, record_payment
@@ -42,11 +43,26 @@ def process_event(container, event: dict) -> dict:
     return {"outcome": "ignored"}
 
 
+def payment_reference(txn: dict) -> str | None:
+    """The payment id of a provider transaction: its reference (the orchestrator payment id we record it
+    with), or, for free text a person typed at the provider (a cheque number with accents or spaces: no
+    orchestrator payment has such an id), the provider's own transaction id. The text never becomes an
+    identifier of ours: it poisoned every later call that named it (issue 37). None when neither is an id."""
+    reference = txn.get("reference_number") or txn.get("id_at_gateway")
+    if looks_like_id(reference):
+        return reference
+    return txn["id"] if reference and looks_like_id(txn.get("id")) else None
+
+
 def _payment_succeeded(container, content: dict) -> dict:
     txn = content.get("transaction") or {}
-    payment_id = txn.get("reference_number") or txn.get("id_at_gateway")
-    if not payment_id:
+    if not (txn.get("reference_number") or txn.get("id_at_gateway")):
         return {"outcome": "no_reference"}
+    payment_id = payment_reference(txn)
+    if payment_id is None:
+        log.error("payment_succeeded names no usable payment reference; left for review",
+                  extra={"transaction_id": str(txn.get("id"))[:64]})
+        return {"outcome": "invalid_reference"}
     with container.uow() as uow:
         if uow.purchases.exists_for_payment(payment_id):
             return {"outcome": "already_recorded", "payment_id": payment_id}

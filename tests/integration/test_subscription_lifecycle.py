@@ -357,3 +357,53 @@ def test_an_older_subscription_copy_is_dropped_before_the_table_is_consulted(wor
     with world.c.uow() as uow:
         assert uow.subscriptions.status(co["subscription_id"]) == "active"
     assert _illegal(world, "subscription") == 0
+
+
+# ---- issue 37 item 3: one event's identifier never poisons the jobs --------------------------------------
+
+def test_a_payment_entered_at_the_provider_with_a_free_text_reference_is_credited_and_poisons_nothing(world):
+    """Finance typed a cheque number with non-ASCII characters as the reference: it is no orchestrator id,
+    so the payment is known by the provider's own transaction id. Before, the reference became our payment
+    id and every later provider call that named it raised UnicodeEncodeError."""
+    from billingctl.services.events import poll
+    from billingctl.services.payments import pending_activations, retry_pending
+
+    subscribed(world)
+    month_passes(world)
+    invoice = world.sandbox.renew_due()[0]
+    paid = world.sandbox.record_payment(invoice["id"], invoice["total"], "Chèque n°12", payment_method="check")
+    poll(world.c)
+    assert world.credits() == 2000 + 2000
+    with world.c.uow() as uow:
+        assert uow.purchases.exists_for_payment(paid["transaction"]["id"])
+        assert not uow.purchases.exists_for_payment("Chèque n°12")
+    assert pending_activations(world.c) == []
+    assert dict(retry_pending(world.c)) == {"completed": 0, "failed": 0}
+
+
+def test_the_activations_job_isolates_a_row_that_crashes_and_completes_the_others(world, caplog):
+    """A purchase left by the old code with a reference no header can carry: its follow-up crashes
+    (UnicodeEncodeError, not one of our errors); the job counts and logs it with its traceback, and the
+    other customers' activations complete. Before, the job exited on it every run."""
+    from billingctl.services.payments import pending_activations, retry_pending
+
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    co = world.checkout("user_b")
+    world.sandbox.pay(co["order_id"])
+    assert [r["id"] for r in pending_activations(world.c)] == [co["subscription_id"]]
+    poisoned = world.checkout("user_c")
+    with world.c.uow() as uow:
+        uow.users.ensure("user_c", world.c.clock.now())
+        uow.purchases.add({"invoice_id": "inv_poison", "transaction_id": "Chèque n°12",
+                           "subscription_id": poisoned["subscription_id"], "user_id": "user_c",
+                           "item_price_id": "credits-pro-USD-monthly", "amount": 1999, "currency_code": "USD",
+                           "credits": 2000, "processor": None, "recorded_via": "event_poller",
+                           "settled_at": world.c.clock.now(), "created_at": world.c.clock.now(),
+                           "provider_recorded_at": None})
+        uow.commit()
+    world.sandbox.store.clear_faults()
+    result = retry_pending(world.c)
+    assert (result["completed"], result["failed"]) == (1, 1)
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
+    assert any(r.levelname == "ERROR" and r.exc_info and r.getMessage() == "pending activation crashed"
+               for r in caplog.records)
