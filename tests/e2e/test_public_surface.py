@@ -505,6 +505,67 @@ def test_a_wrongly_typed_payment_is_400_and_writes_nothing(c, client, payment):
     assert rows(c, event_inbox) == []
 
 
+def _signed_raw(c, client, raw: bytes, setting="orchestrator_webhook_secret", path="/webhooks/orchestrator/payments"):
+    from billingctl.sandbox.model import sign_body
+
+    return client.post(path, data=raw, headers={"X-Signature-Primary": sign_body(c.settings.secret(setting), raw),
+                                                "Content-Type": "application/json"})
+
+
+def _payment_body(c, payment_json: str) -> bytes:
+    signed_at = int(c.clock.now().timestamp())
+    return f'{{"eventType": "PAYMENT.STATUS", "signedAt": "{signed_at}", "payment": {payment_json}}}'.encode()
+
+
+@pytest.mark.parametrize("payment_json", [
+    '{"id": "pay_1", "status": "SETTLED", "amount": NaN}',
+    '{"id": "pay_1", "status": "SETTLED", "amount": 1999, "metadata": {"lane": Infinity}}',
+    '{"id": "pay_1", "status": "SETTLED", "amount": -Infinity}',
+    '{"id": "pay_1", "status": "SETTLED", "orderId": "ord\\u0000x"}',
+    '{"id": "pay_1", "status": "SETTLED", "metadata": {"note\\u0000": "x"}}',
+    '{"id": "%s", "status": "SETTLED"}' % ("p" * 65),
+    '{"id": "pay_1", "status": "SETTLED", "orderId": "%s"}' % ("o" * 65),
+    '{"id": "pay_1", "status": "SETTLED", "currencyCode": "USDX"}',
+    '{"id": "pay_1", "status": "%s"}' % ("S" * 33),
+    '{"id": "pay_1", "status": "SETTLED", "metadata": {"subscription_id": 1.5}}',
+    '{"id": "pay_1", "status": "SETTLED", "metadata": {"user_id": {"id": "u"}}}',
+    '{"id": "pay_1", "status": "SETTLED", "processor": {"name": "%s"}}' % ("n" * 65),
+], ids=["nan", "infinity-nested", "minus-infinity", "nul-in-string", "nul-in-key", "id-past-its-column",
+        "order-past-its-column", "currency-past-its-column", "status-past-its-column", "metadata-number",
+        "metadata-object", "processor-past-its-column"])
+def test_a_signed_payment_postgresql_cannot_store_is_400_and_writes_nothing(c, client, payment_json):
+    """Issue 37 item 2: each of these was a 500 on PostgreSQL (its json type refuses NaN and NUL, its
+    columns their lengths), with a traceback carrying the payload. Parsed strictly, with every cap the
+    column's, they are a short 400 and nothing is stored."""
+    from billingctl.adapters.db.tables import event_inbox, transaction
+
+    response = _signed_raw(c, client, _payment_body(c, payment_json))
+    assert response.status_code == 400 and response.get_json()["error"] == "invalid_input", response.get_json()
+    assert rows(c, event_inbox) == [] and rows(c, transaction) == []
+
+
+def test_over_long_fields_on_the_other_receivers_are_400(c, client):
+    from billingctl.adapters.db.tables import event_inbox
+
+    dispute = {"eventType": "DISPUTE.OPENED", "paymentId": "pay_1", "processorDisputeId": "d" * 129}
+    assert _signed_orchestrator(c, client, dispute, "orchestrator_disputes_secret",
+                                "/webhooks/orchestrator/disputes").status_code == 400
+    dispute = {"eventType": "DISPUTE." + "X" * 60, "paymentId": "pay_1", "processorDisputeId": "d_1"}
+    assert _signed_orchestrator(c, client, dispute, "orchestrator_disputes_secret",
+                                "/webhooks/orchestrator/disputes").status_code == 400
+    auth = {"Authorization": "Basic " + base64.b64encode(
+        f"{c.settings.secret('provider_webhook_username')}:{c.settings.secret('provider_webhook_password')}".encode()
+    ).decode()}
+    event = {"id": "e" * 129, "event_type": "subscription_changed", "content": {}}
+    assert client.post("/webhooks/subscription-provider", json=event, headers=auth).status_code == 400
+    event = {"id": "ev_3", "event_type": "subscription_changed", "content": {"invoice": {"id": "i" * 65}}}
+    assert client.post("/webhooks/subscription-provider", json=event, headers=auth).status_code == 400
+    raw = b'{"id": "ev_4", "event_type": "subscription_changed", "content": {"x": NaN}}'
+    assert client.post("/webhooks/subscription-provider", data=raw, headers={
+        **auth, "Content-Type": "application/json"}).status_code == 400
+    assert rows(c, event_inbox) == []
+
+
 def test_wrongly_typed_fields_on_the_other_receivers_are_400(c, client):
     from billingctl.adapters.db.tables import event_inbox
 

@@ -165,3 +165,20 @@ def test_subscriptions_with_followups_leave_out_a_checkout_payment_handed_to_orp
             uow.purchases.mark_reported(uow.purchases.by_payment_id(pid)["id"], NOW)
     found = uow.execute(uow.purchases.with_followups_subquery()).scalars().all()
     assert sorted(found) == ["sub_a", "sub_b", "sub_d"]
+
+
+def test_a_database_error_never_carries_its_statements_parameters(container):
+    """Issue 37: errors logged with their traceback printed the SQL parameters (emails, payloads)."""
+    from sqlalchemy import insert
+    from sqlalchemy.exc import IntegrityError
+
+    from billingctl.adapters.db.tables import users
+
+    row = {"id": "u_pii", "email": "someone.private@example.com", "created_at": NOW}
+    with container.uow() as uow:
+        uow.execute(insert(users).values(**row))
+        uow.commit()
+    with pytest.raises(IntegrityError) as failed:
+        with container.uow() as uow:
+            uow.execute(insert(users).values(**row))
+    assert "someone.private@example.com" not in str(failed.value)

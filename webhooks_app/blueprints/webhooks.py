@@ -4,7 +4,6 @@ nothing the second time an event arrives (the event inbox)."""
 
 from __future__ import annotations
 
-import json
 import logging
 
 from flask import Blueprint, current_app, jsonify, request
@@ -23,7 +22,7 @@ def container():
 
 def _json(raw: bytes) -> dict:
     try:
-        body = json.loads(raw)
+        body = schemas.strict_json(raw)  # no NaN, Infinity or NUL: PostgreSQL refuses them (issue 37)
     except ValueError:
         raise InvalidInput("malformed JSON body") from None
     if not isinstance(body, dict):

@@ -16,11 +16,13 @@ def make_engine(url: str) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         return _sqlite_engine(parsed)
     # No pre-ping (a round trip per transaction): a dropped connection is retried by the unit of work.
-    return create_engine(parsed, pool_size=10, max_overflow=20)
+    # hide_parameters: a database error's message (logged, with its traceback) never carries the
+    # statement's parameters, which hold emails and payloads (issue 37).
+    return create_engine(parsed, pool_size=10, max_overflow=20, hide_parameters=True)
 
 
 def _sqlite_engine(url) -> Engine:
-    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+    engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, hide_parameters=True)
 
     # pysqlite's own transaction handling defers BEGIN and never takes a write lock up front, so two
     # writers can deadlock on upgrade. We open every transaction with BEGIN IMMEDIATE: writers queue
