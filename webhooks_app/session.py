@@ -15,28 +15,50 @@ from billingctl.domain.errors import AuthenticationFailed
 from webhooks_app.auth import bearer_token
 
 
+def _decode(token: str, settings, key, verify_exp: bool = True) -> dict:
+    required = ["exp", "sub"] + (["aud"] if settings.session_jwt_audience else []) + (
+        ["iss"] if settings.session_jwt_issuer else [])
+    return jwt.decode(token, key, algorithms=list(settings.session_jwt_algorithms),
+                      audience=settings.session_jwt_audience, issuer=settings.session_jwt_issuer,
+                      options={"require": required, "verify_aud": bool(settings.session_jwt_audience),
+                               "verify_exp": verify_exp},
+                      leeway=0)
+
+
 def _verify(token: str, settings) -> str:
     key = settings.secret("session_jwt_key")
     if not key:
         raise AuthenticationFailed("session verification is not configured")
     try:
-        required = ["exp", "sub"] + (["aud"] if settings.session_jwt_audience else []) + (
-            ["iss"] if settings.session_jwt_issuer else [])
-        claims = jwt.decode(token, key, algorithms=list(settings.session_jwt_algorithms),
-                            audience=settings.session_jwt_audience, issuer=settings.session_jwt_issuer,
-                            options={"require": required, "verify_aud": bool(settings.session_jwt_audience)},
-                            leeway=0)
+        claims = _decode(token, settings, key)
     except jwt.ExpiredSignatureError:
+        # Only a token that is ours in every other way is sent to sign in again (issue 37: an expired
+        # token for another audience was redirected as if it were ours).
+        try:
+            _valid_claims(_decode(token, settings, key, verify_exp=False), settings)
+        except jwt.PyJWTError:
+            raise AuthenticationFailed("invalid session token") from None
         raise
     except jwt.PyJWTError:
         raise AuthenticationFailed("invalid session token") from None
+    return _valid_claims(claims, settings)
+
+
+def _valid_claims(claims: dict, settings) -> str:
+    """The session's user id, once the lifetime and the subject are sound: `exp` a number (PyJWT also
+    takes digits in a string, which broke the arithmetic below: a 500) and `sub` one of our ids (no NUL,
+    newline, path or space: it becomes a database key and a log field)."""
+    from billingctl.domain.plans import looks_like_id
+
+    exp, issued = claims.get("exp"), claims.get("iat")
+    if not isinstance(exp, int | float) or isinstance(exp, bool):
+        raise AuthenticationFailed("invalid session token")
     now = time.time()
     max_age = settings.session_jwt_max_age_seconds
-    issued = claims.get("iat")
-    if claims["exp"] - now > max_age or (isinstance(issued, int | float) and claims["exp"] - issued > max_age):
+    if exp - now > max_age or (isinstance(issued, int | float) and exp - issued > max_age):
         raise AuthenticationFailed("invalid session token: lifetime beyond the allowed maximum")
     sub = claims.get("sub")
-    if not isinstance(sub, str) or not sub or len(sub) > 64:
+    if not looks_like_id(sub) or len(sub) > 64:
         raise AuthenticationFailed("invalid session token")
     return sub
 

@@ -587,3 +587,22 @@ def test_wrongly_typed_fields_on_the_other_receivers_are_400(c, client):
     event = {"id": "ev_2", "event_type": "subscription_changed", "content": {"subscription": "sub_1"}}
     assert client.post("/webhooks/subscription-provider", json=event, headers=auth).status_code == 400
     assert [r["event_id"] for r in rows(c, event_inbox)] == ["iv_1"]  # only the sound one
+
+
+def test_the_providers_webhook_password_rotates_with_two_values(make_settings, db_url):
+    """Issue 37 item 5: every webhook secret could hold two values during a rotation but the provider's
+    Basic-auth password: rotating it meant refusing the provider's webhooks for a while."""
+    container = Container(make_settings(database_url=db_url, provider_webhook_password="old-pass-1,new-pass-2"),
+                          clock=ManualClock())
+    client = create_public_app(container=container).test_client()
+    user = container.settings.secret("provider_webhook_username")
+
+    def post(password):
+        auth = base64.b64encode(f"{user}:{password}".encode()).decode()
+        return client.post("/webhooks/subscription-provider", json={"id": f"ev_{password}", "event_type": "x_y",
+                                                                   "content": {}},
+                           headers={"Authorization": f"Basic {auth}"}).status_code
+
+    assert (post("old-pass-1"), post("new-pass-2"), post("other-pass"), post("old-pass-1,new-pass-2")) == \
+        (200, 200, 401, 401)
+    container.close()

@@ -81,6 +81,30 @@ def test_bad_sessions_are_401(api, case):
     assert api.provider_subscriptions() == []
 
 
+@pytest.mark.parametrize("claims", [
+    {"sub": "u1", "exp": str(int(time.time()) + 60)},  # a number as a string: PyJWT takes it
+    {"sub": "u1\x00", "exp": int(time.time()) + 60},
+    {"sub": "u1\n", "exp": int(time.time()) + 60},
+    {"sub": "../admin", "exp": int(time.time()) + 60},
+    {"sub": "u 1", "exp": int(time.time()) + 60},
+], ids=["exp-string", "nul-in-sub", "newline-in-sub", "path-in-sub", "space-in-sub"])
+def test_a_session_whose_claims_are_malformed_is_401_and_creates_no_user(api, claims):
+    """Issue 37 item 5: `exp` as a string and a NUL in `sub` were 500s; `user\n` and `../admin` were
+    accepted as user ids."""
+    headers = {"Authorization": "Bearer " + jwt.encode(claims, api.key, algorithm="HS256")}
+    response = api.client.post("/api/billing/checkout", json={"item_price_id": PRO}, headers=headers)
+    assert response.status_code == 401 and response.get_json()["error"] == "unauthorized"
+    assert api.count(users) == 0 and api.provider_subscriptions() == []
+
+
+def test_an_expired_token_that_is_also_invalid_is_401_not_a_sign_in_redirect(prod_api):
+    """Issue 37 item 5: an expired token for another audience got 307 (sign in again), as if it were
+    ours: only a token that is ours in every other way is redirected."""
+    expired_elsewhere = prod_api.headers("u", aud="another-app", ttl=-5)
+    assert prod_api.client.get("/api/billing/products", headers=expired_elsewhere).status_code == 401
+    assert prod_api.client.get("/api/billing/products", headers=prod_api.headers("u", ttl=-5)).status_code == 307
+
+
 def test_identity_comes_only_from_the_session(api):
     response = api.checkout("alice", extra={"user_id": "mallory", "amount": 1, "test_processor": "FREE"})
     assert response.status_code == 201

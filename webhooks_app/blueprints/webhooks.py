@@ -10,7 +10,7 @@ from flask import Blueprint, current_app, jsonify, request
 
 from billingctl.domain.errors import InvalidInput
 from webhooks_app import schemas
-from webhooks_app.signatures import check_timestamp, secrets_of, verify_orchestrator
+from webhooks_app.signatures import check_timestamp, matches_any, secrets_of, verify_orchestrator
 
 log = logging.getLogger("webhooks_app.webhooks")
 bp = Blueprint("webhooks", __name__, url_prefix="/webhooks")
@@ -68,9 +68,10 @@ def subscription_provider():
     username, password = c.settings.secret("provider_webhook_username"), c.settings.secret("provider_webhook_password")
     given_user = auth.username if auth and auth.type == "basic" else None
     given_password = auth.password if auth and auth.type == "basic" else None
-    # Both compared, always, in constant time; a missing configured value fails closed.
+    # Both compared, always, in constant time; a missing configured value fails closed. The password may
+    # hold two comma-separated values while it is rotated, like every other webhook secret.
     user_ok = constant_time_equal(given_user, username)
-    password_ok = constant_time_equal(given_password, password)
+    password_ok = matches_any(given_password, secrets_of(password))
     if not (username and password and user_ok and password_ok):
         from billingctl.domain.errors import AuthenticationFailed
 
@@ -110,8 +111,6 @@ def orchestrator_disputes():
 
 @bp.post("/workflow-completion")
 def workflow_completion():
-    from webhooks_app.signatures import matches_any, secrets_of
-
     c = container()
     expected = secrets_of(c.settings.secret("workflow_callback_secret"))
     if not expected or not matches_any(request.headers.get("X-Webhook-Secret"), expected):
