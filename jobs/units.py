@@ -124,6 +124,8 @@ Unit=billing-job-{job.name}.service
 WantedBy=timers.target
 """
     gunicorn = billingctl.replace("billingctl", "gunicorn")
+    # No control socket (gunicorn 25+): both services would share its default path ($HOME/.gunicorn/
+    # gunicorn.ctl, the second taking it from the first), and nothing here uses gunicornc (issue 37).
     for app, port in (("public", 8000), ("internal", 8001)):
         bind = "0.0.0.0" if app == "public" else "127.0.0.1"
         units[f"billing-{app}.service"] = f"""# Generated from jobs/units.py; do not edit by hand.
@@ -134,7 +136,7 @@ Wants=network-online.target
 
 [Service]
 Type=simple
-ExecStart={gunicorn} --bind {bind}:{port} --workers 4 --timeout 30 'webhooks_app.wsgi:{app}()'
+ExecStart={gunicorn} --bind {bind}:{port} --workers 4 --timeout 30 --no-control-socket 'webhooks_app.wsgi:{app}()'
 Restart=on-failure
 RestartSec=2
 {LONG_RUNNING_TAIL}"""

@@ -288,3 +288,46 @@ def test_a_run_that_finds_the_lease_held_stops_before_the_jobs_heavy_imports(con
     assert "sqlalchemy" in imported  # the lease is a database row
     heavy = {"httpx", "limits", "tenacity", "redis", "flask", "billingctl.services.events", "rich"}
     assert not heavy & imported, sorted(heavy & imported)
+
+
+def test_the_web_units_start_gunicorn_without_a_control_socket(tmp_path):
+    """Issue 37 item 5: gunicorn 25+ opens a control socket by default, at one path for both services
+    ($HOME/.gunicorn/gunicorn.ctl): the second took it from the first. The units turn it off, and the
+    version range in pyproject.toml is one where the flag exists."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.servers import free_port
+
+    units = render_units()
+    for app in ("public", "internal"):
+        start = next(line for line in units[f"billing-{app}.service"].splitlines() if line.startswith("ExecStart="))
+        args = shlex.split(start.removeprefix("ExecStart="))
+        assert "--no-control-socket" in args
+    args[0] = os.path.join(os.path.dirname(sys.executable), "gunicorn")
+    port = free_port()
+    args[args.index("--bind") + 1] = f"127.0.0.1:{port}"
+    args[args.index("--workers") + 1] = "1"
+    log = tmp_path / "gunicorn.log"
+    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "BILLING_SANDBOX_DB": str(tmp_path / "s.db"),
+           "BILLING_DATABASE_URL": f"sqlite:///{tmp_path / 'b.db'}"}
+    with open(log, "wb") as out:
+        server = subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=out)
+        try:
+            for _ in range(100):
+                try:
+                    httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=0.5)
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+        finally:
+            server.terminate()
+            server.wait(30)
+    text = log.read_text()
+    assert "Listening at" in text and "Control socket" not in text and "[ERROR]" not in text, text
+    assert not (tmp_path / ".gunicorn").exists()

@@ -37,7 +37,8 @@ def test_five_thousand_webhooks_through_gunicorn(settings, container, tmp_path):
            "BILLING_SANDBOX_DB": settings.sandbox_db, "BILLING_PROVIDER_RATE_LIMIT": "1000000"}
     log_file = open(tmp_path / "gunicorn.log", "wb")  # noqa: SIM115 - a pipe nobody reads would block the workers
     server = subprocess.Popen([gunicorn, "--bind", f"127.0.0.1:{port}", "--workers", "4", "--timeout", "60",
-                               "--log-level", "warning", "webhooks_app.wsgi:public()"], env=env, cwd=tmp_path,
+                               "--log-level", "warning",
+                               "--no-control-socket", "webhooks_app.wsgi:public()"], env=env, cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=log_file)
     secret = container.settings.secret("orchestrator_webhook_secret")
     statuses: dict[int, int] = {}

@@ -50,8 +50,9 @@ def stack(settings, container, tmp_path, redis_url):
     app_port, prom_port = free_port(), free_port()
     app_log = open(tmp_path / "gunicorn.log", "wb")  # noqa: SIM115 - a pipe nobody reads would block
     app = subprocess.Popen([gunicorn, "--bind", f"127.0.0.1:{app_port}", "--workers", "2", "--log-level", "warning",
-                            "webhooks_app.wsgi:internal()"], env={"PATH": os.environ["PATH"], **env},
-                           cwd=ROOT, stdout=subprocess.DEVNULL, stderr=app_log)
+                            "--no-control-socket", "webhooks_app.wsgi:internal()"],
+                           env={"PATH": os.environ["PATH"], **env}, cwd=ROOT, stdout=subprocess.DEVNULL,
+                           stderr=app_log)
     config = tmp_path / "prometheus.yml"
     config.write_text(f"""global:
   scrape_interval: 1s

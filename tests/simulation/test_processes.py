@@ -110,8 +110,8 @@ def _gunicorn(env: dict, log: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     binary = shutil.which("gunicorn") or os.path.join(os.path.dirname(sys.executable), "gunicorn")
     process = subprocess.Popen([binary, "--bind", f"127.0.0.1:{port}", "--workers", "2", "--log-level", "warning",
-                                "webhooks_app.wsgi:public()"], env=env, cwd=ROOT, stdout=subprocess.DEVNULL,
-                               stderr=open(log, "wb"))  # noqa: SIM115 - the log outlives this function
+                                "--no-control-socket", "webhooks_app.wsgi:public()"], env=env, cwd=ROOT,
+                               stdout=subprocess.DEVNULL, stderr=open(log, "wb"))  # noqa: SIM115 - the log outlives this function
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:
