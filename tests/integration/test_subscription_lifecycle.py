@@ -207,8 +207,10 @@ def test_a_renewal_settling_on_an_invoice_voided_by_a_freeze_is_refunded_once_an
 
 # ---- defect 4: activation starts by the provider's clock ---------------------------------------------------
 
-@pytest.mark.parametrize("our_clock_off_by", [5, 120, -5, -300], ids=["ahead-5s", "ahead-2min", "behind-5s",
-                                                                       "behind-5min"])
+# Behind by 4 minutes, not 5: the orchestrator's webhook must still be inside its 5-minute signature
+# window by our clock (at exactly 5 minutes, the seconds the run takes pushed it out: a flaky CI run).
+@pytest.mark.parametrize("our_clock_off_by", [5, 120, -5, -240], ids=["ahead-5s", "ahead-2min", "behind-5s",
+                                                                       "behind-4min"])
 @pytest.mark.parametrize("clock_known", ["first-contact", "clock-known", "clock-stepped-since"])
 def test_a_paid_checkout_activates_at_once_whichever_way_our_clock_is_off(world, our_clock_off_by, clock_known):
     """Ahead: the provider kept the subscription future and every retry moved its start again. Behind by
