@@ -13,11 +13,9 @@ import subprocess
 import sys
 import time
 
-import httpx
-
 from bench.common import container, median, seed_payments, workdir
 from billingctl.sandbox.model import sign_body
-from tests.servers import free_port
+from tests.servers import free_port, serving
 
 DURATION = int(os.environ.get("BENCH_WRK_SECONDS", "10"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
@@ -27,13 +25,9 @@ def _gunicorn(app: str, env: dict, cwd) -> tuple[subprocess.Popen, int]:
     port = free_port()
     binary = shutil.which("gunicorn") or os.path.join(os.path.dirname(sys.executable), "gunicorn")
     proc = subprocess.Popen([binary, "--bind", f"127.0.0.1:{port}", "--workers", "2", "--log-level", "warning",
-                             app], env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(200):
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/", timeout=0.5)
-            break
-        except httpx.TransportError:
-            time.sleep(0.05)
+                             "--no-control-socket", app], env=env, cwd=cwd, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    serving(f"http://127.0.0.1:{port}/", pause=0.05)
     return proc, port
 
 

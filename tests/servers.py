@@ -19,6 +19,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def serving(url: str, attempts: int = 200, pause: float = 0.1) -> bool:
+    """Whether an HTTP server answers `url` (any status) within `attempts` tries; a started gunicorn,
+    nginx or Prometheus is waited for with it."""
+    import httpx
+
+    for _ in range(attempts):
+        try:
+            httpx.get(url, timeout=0.5)
+            return True
+        except httpx.TransportError:
+            time.sleep(pause)
+    return False
+
+
 def _pg_bin(name: str) -> str:
     for d in PG_BIN_DIRS:
         if os.path.exists(os.path.join(d, name)):

@@ -298,11 +298,8 @@ def test_the_web_units_start_gunicorn_without_a_control_socket(tmp_path):
     import shlex
     import subprocess
     import sys
-    import time
 
-    import httpx
-
-    from tests.servers import free_port
+    from tests.servers import free_port, serving
 
     units = render_units()
     for app in ("public", "internal"):
@@ -319,12 +316,7 @@ def test_the_web_units_start_gunicorn_without_a_control_socket(tmp_path):
     with open(log, "wb") as out:
         server = subprocess.Popen(args, env=env, cwd=ROOT, stdout=out, stderr=out)
         try:
-            for _ in range(100):
-                try:
-                    httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=0.5)
-                    break
-                except httpx.TransportError:
-                    time.sleep(0.1)
+            serving(f"http://127.0.0.1:{port}/metrics", attempts=100)
         finally:
             server.terminate()
             server.wait(30)

@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from bench.common import seed_payments
 from billingctl.adapters.db.tables import credit_ledger, purchase, users
 from billingctl.sandbox.model import sign_body
-from tests.servers import free_port
+from tests.servers import free_port, serving
 
 pytestmark = pytest.mark.reliability
 UNIQUE, CLIENTS, DEADLINE = int(os.environ.get("LOAD_UNIQUE", 3334)), 8, 600
@@ -45,12 +45,7 @@ def test_five_thousand_webhooks_through_gunicorn(settings, container, tmp_path):
     lock = threading.Lock()
     started = time.monotonic()
     try:
-        for _ in range(200):
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/robots.txt", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.1)
+        serving(f"http://127.0.0.1:{port}/robots.txt")
 
         def send(chunk):
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:

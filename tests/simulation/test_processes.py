@@ -21,14 +21,13 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 from billingctl.adapters.db.engine import make_engine
 from billingctl.adapters.db.migrate import upgrade
 from billingctl.bootstrap import Container
 from tests.conftest import create_database
-from tests.servers import PostgresServer, RedisServer, _pg_bin, free_port
+from tests.servers import PostgresServer, RedisServer, _pg_bin, free_port, serving
 from tests.simulation.test_month import SEEDS, Model
 
 pytestmark = pytest.mark.simulation
@@ -113,12 +112,8 @@ def _gunicorn(env: dict, log: Path) -> tuple[subprocess.Popen, str]:
                                 "--no-control-socket", "webhooks_app.wsgi:public()"], env=env, cwd=ROOT,
                                stdout=subprocess.DEVNULL, stderr=open(log, "wb"))  # noqa: SIM115 - the log outlives this function
     url = f"http://127.0.0.1:{port}"
-    for _ in range(200):
-        try:
-            httpx.get(f"{url}/robots.txt", timeout=0.5)
-            return process, url
-        except httpx.TransportError:
-            time.sleep(0.1)
+    if serving(f"{url}/robots.txt"):
+        return process, url
     raise AssertionError("gunicorn did not start")
 
 
