@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from datetime import datetime
 
 from billingctl.adapters.http import ResilientClient
+from billingctl.adapters.payloads import PayloadInvalid, Payment
 from billingctl.adapters.subscription_provider import seg
+from billingctl.domain import errors as e
 
 API_VERSION = "2.4"
+log = logging.getLogger("billingctl.orchestrator")
 
 
-def processor_of(payment: dict) -> tuple[str | None, str | None]:
-    """(processor name, merchant account id); the orchestrator spells the account id two ways."""
-    processor = payment.get("processor") or {}
-    name = processor.get("name") or None
-    mid = processor.get("processorMerchantId") or processor.get("processor_merchant_id") or None
-    return name, mid
 
 
 class OrchestratorClient:
@@ -39,29 +37,32 @@ class OrchestratorClient:
         return self.http.request("POST", "/client-session", json=body, idempotency_key=idempotency_key)
 
     def create_payment(self, *, payment_method_token: str, amount: int, currency_code: str, order_id: str,
-                       customer_id: str, metadata: dict, idempotency_key: str | None = None) -> dict:
+                       customer_id: str, metadata: dict, idempotency_key: str | None = None) -> Payment:
         """A merchant-initiated charge on a vaulted token, flagged as the scheduled payment of a subscription
         (Primer's paymentMethod.paymentType SUBSCRIPTION), so the processor sends it as a recurring MIT."""
         body = {"paymentMethodToken": payment_method_token, "amount": amount, "currencyCode": currency_code,
                 "orderId": order_id, "customerId": customer_id, "metadata": metadata,
                 "paymentMethod": {"paymentType": "SUBSCRIPTION"}}
-        return self.http.request("POST", "/payments", json=body, idempotency_key=idempotency_key,
-                                 timeout=self.charge_timeout, once=True)
+        return self._payment(self.http.request("POST", "/payments", json=body, idempotency_key=idempotency_key,
+                                 timeout=self.charge_timeout, once=True))
 
-    def capture_payment(self, payment_id: str, amount: int | None = None) -> dict:
+    def capture_payment(self, payment_id: str, amount: int | None = None) -> Payment:
         """Capture an AUTHORIZED payment (in full when no amount is given)."""
         body = {"final": True} | ({"amount": amount} if amount is not None else {})
-        return self.http.request("POST", f"/payments/{seg(payment_id)}/capture", json=body,
-                                 idempotency_key=f"capture:{payment_id}", timeout=self.charge_timeout, once=True)
+        return self._payment(self.http.request("POST", f"/payments/{seg(payment_id)}/capture", json=body,
+                                 idempotency_key=f"capture:{payment_id}", timeout=self.charge_timeout, once=True))
 
-    def cancel_payment(self, payment_id: str, reason: str = "") -> dict:
+    def cancel_payment(self, payment_id: str, reason: str = "") -> Payment:
         """Void a payment that has not settled (PENDING or AUTHORIZED)."""
-        return self.http.request("POST", f"/payments/{seg(payment_id)}/cancel", json={"reason": reason},
-                                 idempotency_key=f"cancel:{payment_id}", timeout=self.charge_timeout, once=True)
+        return self._payment(self.http.request("POST", f"/payments/{seg(payment_id)}/cancel", json={"reason": reason},
+                                 idempotency_key=f"cancel:{payment_id}", timeout=self.charge_timeout, once=True))
 
     def list_payments(self, status: str = "SETTLED", from_date: datetime | None = None,
                       cursor: str | None = None, limit: int = 100, customer_id: str | None = None,
-                      order_id: str | None = None) -> Iterator[dict]:
+                      order_id: str | None = None) -> Iterator[Payment]:
+        """Payment summaries, page after page. One the orchestrator lists in a shape we cannot read is
+        logged (its id) and counted as an external error, and the others are still yielded: one bad entry
+        never hides the rest (decision 122)."""
         while True:
             params = {"status": status, "limit": limit} if status else {"limit": limit}
             if customer_id:
@@ -73,23 +74,48 @@ class OrchestratorClient:
             if cursor:
                 params["cursor"] = cursor
             page = self.http.request("GET", "/payments", params=params)
-            yield from page.get("data", [])
+            for entry in page.get("data", []):
+                try:
+                    yield Payment.read(entry)
+                except PayloadInvalid as exc:
+                    self.unreadable(entry, exc)
             cursor = page.get("nextCursor")
             if not cursor:
                 return
 
-    def payments_of_order(self, order_id: str) -> list[dict]:
+    def _payment(self, answer) -> Payment:
+        """The orchestrator's answer as a typed payment: one it cannot have meant (a field missing or of the
+        wrong type) is an external error (counted), never a half-read dict handed to a service."""
+        try:
+            return Payment.read(answer)
+        except PayloadInvalid as exc:
+            raise self._unreadable(exc) from None
+
+    def _unreadable(self, exc: PayloadInvalid) -> e.ExternalPayloadInvalid:
+        failure = e.ExternalPayloadInvalid(f"the orchestrator answered a payment we cannot read ({exc})",
+                                           dependency=self.dependency)
+        if self.http.on_error is not None:
+            self.http.on_error(failure)
+        return failure
+
+    def unreadable(self, entry, exc: PayloadInvalid) -> None:
+        ident = entry.get("id") if isinstance(entry, dict) else None
+        failure = self._unreadable(exc)
+        log.error("the orchestrator listed a payment we cannot read; skipped: %s", failure.message,
+                  extra={"payment_id": str(ident)[:64] if ident is not None else None})
+
+    def payments_of_order(self, order_id: str) -> list[Payment]:
         """Every payment of one order, whatever its status (summaries), oldest first."""
         return list(self.list_payments(status=None, order_id=order_id))
 
-    def get_payment(self, payment_id: str) -> dict:
-        return self.http.request("GET", f"/payments/{seg(payment_id)}")
+    def get_payment(self, payment_id: str) -> Payment:
+        return self._payment(self.http.request("GET", f"/payments/{seg(payment_id)}"))
 
     def refund_payment(self, payment_id: str, amount: int | None = None, reason: str = "",
-                       idempotency_key: str | None = None) -> dict:
+                       idempotency_key: str | None = None) -> Payment:
         body = {"reason": reason} | ({"amount": amount} if amount is not None else {})
-        return self.http.request("POST", f"/payments/{seg(payment_id)}/refund", json=body,
-                                 idempotency_key=idempotency_key or f"refund:{payment_id}")
+        return self._payment(self.http.request("POST", f"/payments/{seg(payment_id)}/refund", json=body,
+                                 idempotency_key=idempotency_key or f"refund:{payment_id}"))
 
     def list_payment_instruments(self, customer_id: str) -> list[dict]:
         return self.http.request("GET", "/payment-instruments", params={"customer_id": customer_id}).get("data", [])

@@ -24,7 +24,7 @@ def run():
         from billingctl.services.orphans import _read_cursor
 
         cursor = _read_cursor(cli.container)
-        seen = [p["id"] for p in cli.container.orchestrator.list_payments("SETTLED", from_date=cursor)]
+        seen = [p.id for p in cli.container.orchestrator.list_payments("SETTLED", from_date=cursor)]
         cli.output.result({"dry_run": True, "cursor": cursor, "settled_payments_to_check": seen})
         return
 

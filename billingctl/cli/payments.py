@@ -17,7 +17,7 @@ def record(payment_id: str = typer.Argument(..., help="The orchestrator payment 
     cli = get_ctx()
     if cli.dry_run:
         payment = cli.container.orchestrator.get_payment(payment_id)
-        cli.output.result({"dry_run": True, "payment_id": payment_id, "status": payment.get("status")})
+        cli.output.result({"dry_run": True, "payment_id": payment_id, "status": payment.status})
         return
     result = record_payment_by_id(cli.container, payment_id)
     cli.output.result(result, human=f"{payment_id}: {result['outcome']}, credits applied {result['credits_applied']}")

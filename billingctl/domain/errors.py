@@ -143,6 +143,12 @@ class ExternalNotFound(NotFound):
     code = "external_not_found"
 
 
+class ExternalPayloadInvalid(ExternalError):
+    """The external system answered in a shape its reference does not document."""
+
+    code = "external_payload_invalid"
+
+
 class OutcomeUnknown(ExternalError):
     """The call failed but may have taken effect; compare state with the external system."""
 

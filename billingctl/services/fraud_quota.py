@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict
+from typing import TYPE_CHECKING
 
 from billingctl.domain.quota import CUSTOMER, LONGEST, MERCHANT, QuotaDecision, authorization_quota
+
+if TYPE_CHECKING:
+    from billingctl.adapters.payloads import Payment
 
 log = logging.getLogger("billingctl.fraud")
 
@@ -71,21 +75,21 @@ def release(uow, key: str) -> None:
 AUTHORIZED_STATUSES = ("AUTHORIZED", "SETTLING", "SETTLED", "DECLINED", "FAILED")
 
 
-def count_authorization(uow, now, payment: dict, lane: str | None, user_id: str | None) -> bool:
+def count_authorization(uow, now, payment: Payment, lane: str | None, user_id: str | None) -> bool:
     """Spec section 3 quota rule 4, read as: every authorization the orchestrator reports on the NSFW
     lane counts once per payment id, whichever path reports it. The first authorization of an order (a
     checkout session, a renewal invoice) takes the slot reserved for it as `order:<order id>`; each
     further one is a row of its own."""
-    if lane != "nsfw" or not user_id or payment.get("status") not in AUTHORIZED_STATUSES:
+    if lane != "nsfw" or not user_id or payment.status not in AUTHORIZED_STATUSES:
         return False
-    key = f"payment:{payment['id']}"
+    key = f"payment:{payment.id}"
     if uow.fraud.exists(key):
         return False
-    if payment.get("orderId") and rename(uow, f"order:{payment['orderId']}", key):
+    if payment.order_id and rename(uow, f"order:{payment.order_id}", key):
         return True
-    initiator = MERCHANT if (payment.get("metadata") or {}).get("merchant_initiated") else CUSTOMER
-    return record_attempt(uow, user_id, now, int(payment.get("amount") or 0), initiator, dedupe_key=key,
-                          order_id=payment.get("orderId"), payment_id=payment["id"])
+    initiator = MERCHANT if payment.metadata.merchant_initiated else CUSTOMER
+    return record_attempt(uow, user_id, now, payment.charged, initiator, dedupe_key=key,
+                          order_id=payment.order_id, payment_id=payment.id)
 
 
 def record_velocity(uow, user_id: str, now, amount: int, window: str | None, source: str) -> None:

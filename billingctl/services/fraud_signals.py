@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 
+from billingctl.adapters.payloads import Dispute
 from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
 from billingctl.services import alerts
@@ -25,19 +26,21 @@ log = logging.getLogger("billingctl.fraud")
 OPENED = ("DISPUTE.OPENED", "DISPUTE.OPEN")  # the unified "new dispute" notification (and its older name)
 
 
-def dispute_event_id(event_type: str, body: dict) -> str:
+def dispute_event_id(event_type: str, body: Dispute) -> str:
     """The inbox key: one event per (dispute, type, status) — a new status of one dispute is a new event."""
-    return f"{event_type}:{body['processorDisputeId']}:{body.get('type') or ''}:{body.get('status') or ''}"
+    body = Dispute.read(body)
+    return f"{event_type}:{body.dispute_id}:{body.type or ''}:{body.status or ''}"
 
 
-def record_dispute(container, event_type: str, body: dict) -> dict:
+def record_dispute(container, event_type: str, body: Dispute) -> dict:
+    body = Dispute.read(body)  # the notification as it was stored: typed once, here
     if event_type in OPENED:
         kind, status = "DISPUTE", "OPEN"
     elif event_type == "DISPUTE.STATUS":
-        kind, status = body.get("type"), body.get("status")
+        kind, status = body.type, body.status
     else:
-        return unknown_notification(container, event_type, body.get("processorDisputeId"))
-    payment_id, dispute_id = body["paymentId"], body["processorDisputeId"]
+        return unknown_notification(container, event_type, body.dispute_id)
+    payment_id, dispute_id = body.payment_id, body.dispute_id
     target = lifecycle.dispute_state(kind, status)
     now = container.clock.now()
     if target is None:
@@ -64,11 +67,12 @@ def record_dispute(container, event_type: str, body: dict) -> dict:
             return {"outcome": step.value, "dispute_id": dispute_id, "state": source}
         decided = now if target != "open" else None
         if row is None:
-            processor = (body.get("processor") or body.get("processorId") or "")[:64] or None
+            processor = (body.processor or body.processor_id or "")[:64] or None
             moved = uow.disputes.open({
                 "dispute_id": dispute_id, "payment_id": payment_id, "user_id": user_id, "state": target,
-                "order_id": (body.get("orderId") or "")[:64] or None, "amount": body.get("amount", amount),
-                "currency_code": body.get("currency") or None, "processor": processor, "created_at": now,
+                "order_id": body.order_id or None,
+                "amount": body.amount if "amount" in body.model_fields_set else amount,
+                "currency_code": body.currency or None, "processor": processor, "created_at": now,
                 "updated_at": now, "decided_at": decided, **words})
         else:
             moved = uow.disputes.move(dispute_id, target, lifecycle.DISPUTE.sources(target), now,
@@ -98,21 +102,20 @@ def _owner(container, payment_id: str) -> tuple[str | None, int | None, str | No
     except e.BillingError as exc:  # the dispute is still recorded and alerted; the user is looked up by hand
         log.warning("disputed payment could not be read: %s", exc.message, extra={"payment_id": payment_id})
         return None, None, None
-    metadata = payment.get("metadata") or {}
-    return payment.get("customerId") or metadata.get("user_id"), payment.get("amount"), metadata.get("subscription_id")
+    return payment.user_id, payment.amount, payment.metadata.subscription_id
 
 
 def _enter(container, uow, state: str, source: str | None, dispute_id: str, payment_id: str, user_id: str,
-           amount, body: dict) -> None:
-    clock, processor = container.clock, body.get("processorId") or body.get("processor") or ""
+           amount, body: Dispute) -> None:
+    clock, processor = container.clock, body.processor_id or body.processor or ""
     if state == "open":
         uow.fraud.add(user_id, "dispute_opened", clock.now(), {
             "merchant_context": "full", "amount": amount, "payment_id": payment_id, "dispute_id": dispute_id,
-            "processor": processor or None}, dedupe_key=f"dispute:{dispute_id}:{body.get('type') or 'DISPUTE'}")
+            "processor": processor or None}, dedupe_key=f"dispute:{dispute_id}:{body.type or 'DISPUTE'}")
         text = (f"Dispute opened on payment {payment_id} by user {user_id}" if source is None else
-                f"Dispute {dispute_id} reopened ({body.get('type')}) on payment {payment_id} by user {user_id}")
+                f"Dispute {dispute_id} reopened ({body.type}) on payment {payment_id} by user {user_id}")
         alerts.raise_alert(uow, clock, text, f"dispute:{dispute_id}" if source is None else
-                           f"dispute:{dispute_id}:{body.get('type')}:open", amount=amount, processor=processor)
+                           f"dispute:{dispute_id}:{body.type}:open", amount=amount, processor=processor)
         return
     if state == "lost":
         reversed_credits = _reverse_credits(uow, clock.now(), dispute_id, payment_id)
@@ -121,7 +124,7 @@ def _enter(container, uow, state: str, source: str | None, dispute_id: str, paym
                            f"dispute:{dispute_id}:lost", amount=amount, processor=processor)
         return
     alerts.raise_alert(uow, clock, f"Dispute {dispute_id} {state} on payment {payment_id} by user {user_id}: "
-                                   "renewals resume", f"dispute:{dispute_id}:{state}:{body.get('type')}",
+                                   "renewals resume", f"dispute:{dispute_id}:{state}:{body.type}",
                        amount=amount, processor=processor)
 
 

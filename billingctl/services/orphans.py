@@ -12,6 +12,7 @@ import logging
 from datetime import timedelta
 
 from billingctl.adapters.logs import item_failed
+from billingctl.adapters.payloads import Payment
 from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
 from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS, orphan_retry_delay
@@ -52,8 +53,8 @@ def run_orphans(container, progress=None) -> dict:
     for payment in listed:
         if progress:
             progress(1)
-        settled_at = parse_time(payment.get("date")) or now
-        if cursor is not None and settled_at < cursor and _handled_before(container, payment["id"]):
+        settled_at = payment.settled_at or now
+        if cursor is not None and settled_at < cursor and _handled_before(container, payment.id):
             continue  # read again within the overlap, and handled by an earlier run: nothing to count
         if now - settled_at < TOO_RECENT:
             outcome = "too_recent"
@@ -64,7 +65,7 @@ def run_orphans(container, progress=None) -> dict:
                 outcome = "error"
                 log.warning("settled payment check failed; looked at again next run: %s",
                             getattr(exc, "message", None) or f"{type(exc).__name__}: {exc}",
-                            extra={"payment_id": payment.get("id")})
+                            extra={"payment_id": payment.id})
         if outcome in ("too_recent", "error"):
             unsettled.append(settled_at)
         counts[outcome] = counts.get(outcome, 0) + 1
@@ -89,8 +90,9 @@ def _handled_before(container, payment_id: str) -> bool:
         return status not in (None, *OPEN) or (status is None and uow.purchases.exists_for_payment(payment_id))
 
 
-def handle_payment(container, payment: dict) -> str:
-    payment_id = payment["id"]
+def handle_payment(container, payment: Payment) -> str:
+    payment = Payment.read(payment)
+    payment_id = payment.id
     with container.uow() as uow:
         # The orphan row first: a failed recovery attempt may have written the purchase already.
         row = uow.orphans.get(payment_id)
@@ -98,10 +100,10 @@ def handle_payment(container, payment: dict) -> str:
             return "recorded"
     if row is not None and row["status"] not in OPEN:
         return row["status"]
-    if "customerId" not in payment or "paymentMethod" not in payment:
+    if payment.is_summary:
         # The list holds summaries: recording needs the customer, the instrument and the refunded amount.
         payment = container.orchestrator.get_payment(payment_id)
-    sub_id = (payment.get("metadata") or {}).get("subscription_id")
+    sub_id = payment.metadata.subscription_id
     if row is None:
         status = _subscription_status(container, sub_id) if sub_id and not is_renewal_payment(payment) else None
         if status != "cancelled":  # a renewal charge is never an orphan: it pays its own invoice (decision 107)
@@ -115,14 +117,13 @@ def handle_payment(container, payment: dict) -> str:
 
 
 def _hold_unattributed(container, payment: dict, reason: str) -> str:
-    metadata = payment.get("metadata") or {}
     with container.uow() as uow:
-        review.hold_unattributed(uow, container.clock, payment_id=payment["id"],
-                                 user_id=payment.get("customerId") or metadata.get("user_id"), reason=reason,
-                                 subscription_id=None, item_price_id=None, amount=payment.get("amount"),
-                                 currency_code=payment.get("currencyCode"), settled_at=parse_time(payment.get("date")))
+        review.hold_unattributed(uow, container.clock, payment_id=payment.id,
+                                 user_id=payment.user_id, reason=reason,
+                                 subscription_id=None, item_price_id=None, amount=payment.amount,
+                                 currency_code=payment.currency_code, settled_at=payment.settled_at)
         uow.commit()
-    log.warning("settled payment names none of our subscriptions: held for review", extra={"payment_id": payment["id"]})
+    log.warning("settled payment names none of our subscriptions: held for review", extra={"payment_id": payment.id})
     return "needs_review"
 
 
@@ -139,15 +140,14 @@ def _subscription_status(container, sub_id: str) -> str | None:
 
 def _open(container, payment: dict) -> None:
     now = container.clock.now()
-    metadata = payment.get("metadata") or {}
     with container.uow() as uow:
-        user_id = payment.get("customerId") or metadata.get("user_id")
-        review.open_row(uow, now, payment_id=payment["id"], user_id=user_id,
-                        subscription_id=metadata.get("subscription_id"), item_price_id=metadata.get("item_price_id"),
-                        amount=payment.get("amount"), currency_code=payment.get("currencyCode"),
-                        settled_at=parse_time(payment.get("date")))
+        user_id = payment.user_id
+        review.open_row(uow, now, payment_id=payment.id, user_id=user_id,
+                        subscription_id=payment.metadata.subscription_id, item_price_id=payment.metadata.item_price_id,
+                        amount=payment.amount, currency_code=payment.currency_code,
+                        settled_at=payment.settled_at)
         uow.commit()
-    log.warning("orphaned payment found: settled for a cancelled subscription", extra={"payment_id": payment["id"]})
+    log.warning("orphaned payment found: settled for a cancelled subscription", extra={"payment_id": payment.id})
 
 
 def _claim(container, payment_id: str, force: bool = False) -> dict | None:
@@ -209,8 +209,8 @@ def _recover(container, row: dict, payment: dict) -> str:
         _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
     if holding:  # the plan is held (by another subscription, or by its own, paid by another payment)
         return _refund_duplicate(container, row, holding)  # idempotent: a refund already made is not repeated
-    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
-    if refunded >= int(payment.get("amount") or 0) > 0:
+    refunded = payment.refunded
+    if refunded >= payment.charged > 0:
         # Refunded at the orchestrator before recovery: nothing to re-subscribe, nothing to refund.
         _reverse_credits(container, row["payment_id"])
         _finish(container, row["payment_id"], "resolved", resolution="refunded_elsewhere")
@@ -290,8 +290,7 @@ def _resubscribe(container, row: dict, payment: dict) -> str:
 def _finish_resubscription(container, row: dict, payment: dict, sub_id: str) -> str:
     # Like a checkout: the payment pays the first invoice of the new subscription, which activation
     # starts (and so invoices); nothing is left payment_due for the renewals job to charge again.
-    recovered = {**payment, "orderId": sub_id,
-                 "metadata": {**(payment.get("metadata") or {}), "subscription_id": sub_id}}
+    recovered = payment.but(order_id=sub_id, metadata=payment.metadata.model_copy(update={"subscription_id": sub_id}))
     _require_activation(record_payment(container, recovered, "orphan_recovery"), f"re-subscribed {sub_id}")
     _finish(container, row["payment_id"], "recovered", resolution="resubscribed", new_subscription=sub_id)
     return "recovered"
@@ -308,7 +307,7 @@ def _move_purchase(container, payment_id: str, new_subscription: str) -> None:
 def _reverse_credits(container, payment_id: str) -> None:
     """Credits a refunded orphan was given before it became one go back (a no-op when it never was)."""
     payment = container.orchestrator.get_payment(payment_id)
-    reverse_refund(container, payment_id, int((payment.get("processor") or {}).get("amountRefunded") or 0),
+    reverse_refund(container, payment_id, payment.refunded,
                    "orphan_recovery")
 
 
@@ -375,6 +374,13 @@ def list_orphans(container, state: str | None = None) -> list[dict]:
 
 
 def show(container, payment_id: str) -> dict:
+    row, payment, holds = _looked_up(container, payment_id)
+    return {"orphan": row, "payment": payment.wire() if isinstance(payment, Payment) else {"unavailable": payment},
+            "user_subscriptions": holds}
+
+
+def _looked_up(container, payment_id: str) -> tuple[dict, Payment | str, list]:
+    """(the review row, the orchestrator's payment or why it could not be read, the user's holdings)."""
     with container.uow() as uow:
         row = uow.orphans.get(payment_id)
         if row is None:
@@ -383,8 +389,8 @@ def show(container, payment_id: str) -> dict:
     try:
         payment = container.orchestrator.get_payment(payment_id)
     except e.BillingError as exc:
-        payment = {"unavailable": exc.message}
-    return {"orphan": dict(row), "payment": payment, "user_subscriptions": holds}
+        payment = exc.message
+    return dict(row), payment, holds
 
 
 def retry(container, payment_id: str, actor: str) -> dict:
@@ -399,17 +405,19 @@ def retry(container, payment_id: str, actor: str) -> dict:
 def resolve(container, payment_id: str, action: str, reason: str, actor: str, dry_run: bool = False) -> dict:
     if not reason or not reason.strip():
         raise e.InvalidInput("a reason is required")
-    info = show(container, payment_id)
-    row, payment = info["orphan"], info["payment"]
+    row, payment, _ = _looked_up(container, payment_id)
     if row["status"] not in (*OPEN, *HUMAN):
         raise e.Refused(f"payment {payment_id} is already {row['status']}")
-    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)  # 0 when it could not be read
+    refunded = payment.refunded if isinstance(payment, Payment) else 0  # 0 when it could not be read
     if action == "refund" and refunded > 0:
         raise e.Refused(f"payment {payment_id} was already refunded ({refunded})")
     if action == "create-subscription" and refunded > 0:
         raise e.Refused(f"payment {payment_id} was refunded: a subscription cannot be created for it")
     if action not in ("refund", "create-subscription", "mark-handled"):
         raise e.InvalidInput("choose one of --create-subscription, --refund, --mark-handled")
+    if action != "mark-handled" and not isinstance(payment, Payment):
+        raise e.ExternalUnavailable(f"payment {payment_id} could not be read at the orchestrator: {payment}",
+                                    dependency="orchestrator")
     plan = {"payment_id": payment_id, "action": action, "state": row["status"]}
     if dry_run:
         return {**plan, "dry_run": True}

@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
 from billingctl.adapters.faults import crash_point
+from billingctl.adapters.payloads import Payment
 from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
 from billingctl.domain.batch import BatchResult
-from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
 from billingctl.services import alerts, catalog, fraud_quota, review
 from billingctl.services.invoices import apply_copy, name_invoice, save_copy
@@ -52,20 +52,17 @@ class PaymentFacts:
     provider_side: bool = False  # entered at the provider (decision 112)
 
 
-def facts_from_payment(container, payment: dict) -> PaymentFacts:
+def facts_from_payment(container, payment: Payment) -> PaymentFacts:
     """What recording needs, from the payment plus our own checkout record; the provider is asked
     only for what we do not hold locally."""
-    from billingctl.adapters.orchestrator import processor_of
-
-    if not isinstance(payment, dict) or not payment.get("id"):
-        raise e.InvalidInput("payment id is missing")
-    if payment.get("status") not in CAPTURED_STATUSES:
-        raise e.InvalidInput(f"payment {payment['id']} is {payment.get('status')}, not SETTLED")
-    metadata = payment.get("metadata") or {}
-    order_id = payment.get("orderId") or None
-    subscription_id = metadata.get("subscription_id") or None
-    item_price_id = metadata.get("item_price_id") or None
-    user_id = payment.get("customerId") or metadata.get("user_id")
+    payment = Payment.read(payment)
+    if payment.status not in CAPTURED_STATUSES:
+        raise e.InvalidInput(f"payment {payment.id} is {payment.status}, not SETTLED")
+    metadata = payment.metadata
+    order_id = payment.order_id or None
+    subscription_id = metadata.subscription_id or None
+    item_price_id = metadata.item_price_id or None
+    user_id = payment.user_id
     # A checkout's order id is its subscription id, and its invoice exists only once activation starts
     # the subscription; a renewal charge's order id is the renewal invoice.
     invoice_id = None if order_id == subscription_id else order_id
@@ -82,7 +79,7 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
     if not subscription_id and invoice_id:
         subscription_id = container.provider.get_invoice(invoice_id)["invoice"]["subscription_id"]
     if not subscription_id:
-        raise e.InvalidInput(f"payment {payment['id']} names no subscription or invoice")
+        raise e.InvalidInput(f"payment {payment.id} names no subscription or invoice")
     if not item_price_id:
         with container.uow(autocommit=True) as uow:
             item_price_id = uow.subscriptions.item_price_id(subscription_id)
@@ -91,22 +88,22 @@ def facts_from_payment(container, payment: dict) -> PaymentFacts:
         item_price_id = remote["subscription_items"][0]["item_price_id"]
         user_id = user_id or remote["customer_id"]
     if not user_id:
-        raise e.InvalidInput(f"payment {payment['id']} names no customer")
+        raise e.InvalidInput(f"payment {payment.id} names no customer")
     plan = catalog.plan(container, item_price_id)
-    processor, merchant_id = processor_of(payment)
     return PaymentFacts(
-        payment_id=payment["id"], user_id=str(user_id), subscription_id=subscription_id, invoice_id=invoice_id,
-        item_price_id=item_price_id, lane=metadata.get("lane") or plan.lane, amount=int(payment.get("amount") or 0),
-        currency_code=payment.get("currencyCode") or plan.currency_code, credits=plan.credits, processor=processor,
-        merchant_id=merchant_id, settled_at=parse_time(payment.get("date")), expected_amount=expected[0],
-        expected_currency=expected[1])
+        payment_id=payment.id, user_id=str(user_id), subscription_id=subscription_id, invoice_id=invoice_id,
+        item_price_id=item_price_id, lane=metadata.lane or plan.lane, amount=payment.charged,
+        currency_code=payment.currency_code or plan.currency_code, credits=plan.credits,
+        processor=payment.processor.name or None, merchant_id=payment.processor.merchant_id or None,
+        settled_at=payment.settled_at, expected_amount=expected[0], expected_currency=expected[1])
 
 
-def record_payment(container, payment: dict, path: str, followups: bool = True, provider_side: bool = False,
+def record_payment(container, payment: Payment, path: str, followups: bool = True, provider_side: bool = False,
                    term_paid: bool = False) -> dict:
     """Record a settled payment exactly once, then record it at the provider and activate.
     `provider_side`: a payment entered at the provider, not the orchestrator's (a cheque, a wire): never
     posted back to the provider, and its invoice's term is credited once, when `term_paid` (decision 112)."""
+    payment = Payment.read(payment)  # typed already, or a stored notification's payment (read once here)
     done = _finished_duplicate(container, payment) if followups else None
     if done is not None:
         return done
@@ -124,45 +121,42 @@ def record_payment(container, payment: dict, path: str, followups: bool = True, 
         if followups:
             # The subscription the purchase belongs to (orphan recovery may have recorded it elsewhere).
             result.update(complete_followups(container, result["subscription_id"]))
-    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
+    refunded = payment.refunded
     if refunded and result["outcome"] == "recorded":
         # Recorded after it was refunded (a late poller): the refund reports may all be behind us.
         result["refund"] = reverse_refund(container, facts.payment_id, refunded, path)
     if result["outcome"] == "recorded" and facts.lane == "nsfw" and _is_checkout_payment(payment):
         from billingctl.services.checkout import set_primary_after_first_payment
 
-        token = (payment.get("paymentMethod") or {}).get("paymentMethodToken")
+        token = payment.payment_method.token
         result["set_primary"] = set_primary_after_first_payment(container, facts.user_id, token)
     return result
 
 
-def _finished_duplicate(container, payment: dict) -> dict | None:
+def _finished_duplicate(container, payment: Payment) -> dict | None:
     """The duplicate fast path, one read before any lock, provider call or transaction: a payment whose
     purchase exists, is recorded on its provider invoice and whose subscription is active with no
     activation pending has nothing left to do. Anything less takes the full path, which finishes the follow-ups."""
-    if not isinstance(payment, dict) or not payment.get("id") or payment.get("status") != "SETTLED":
+    if payment.status != "SETTLED":
         return None  # the full path refuses it with the right message
     with container.uow(autocommit=True) as reader:
-        row = reader.purchases.finished(payment["id"])
+        row = reader.purchases.finished(payment.id)
     if row is None:
         return None
-    return {"payment_id": payment["id"], "outcome": "duplicate", "subscription_id": row.subscription_id,
+    return {"payment_id": payment.id, "outcome": "duplicate", "subscription_id": row.subscription_id,
             "user_id": row.user_id, "credits_applied": 0, "provider_recorded": True, "activation": "already_active"}
 
 
-def _is_checkout_payment(payment: dict) -> bool:
-    return (payment.get("paymentMethod") or {}).get("paymentType") == "FIRST_PAYMENT"
+def _is_checkout_payment(payment: Payment) -> bool:
+    return payment.payment_method.payment_type == "FIRST_PAYMENT"
 
 
-def is_renewal_payment(payment: dict) -> bool:
+def is_renewal_payment(payment: Payment) -> bool:
     """A merchant-initiated renewal charge: flagged SUBSCRIPTION, or ordered as an invoice (a checkout's
     order is its subscription). It pays its invoice's period; it is never an orphan to re-subscribe."""
-    if (payment.get("paymentMethod") or {}).get("paymentType") == "SUBSCRIPTION":
+    if payment.payment_method.payment_type == "SUBSCRIPTION" or payment.metadata.merchant_initiated:
         return True
-    metadata = payment.get("metadata") or {}
-    order_id, subscription_id = payment.get("orderId"), metadata.get("subscription_id")
-    if metadata.get("merchant_initiated"):
-        return True
+    order_id, subscription_id = payment.order_id, payment.metadata.subscription_id
     return bool(order_id and subscription_id and order_id != subscription_id)
 
 
@@ -180,7 +174,7 @@ def _left_to_orphan_recovery(facts: PaymentFacts, message: str) -> dict:
             "user_id": facts.user_id, "credits_applied": 0}
 
 
-def _record_locally(container, facts: PaymentFacts, path: str, payment: dict) -> dict:
+def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment) -> dict:
     now = container.clock.now()
     with container.uow() as uow:
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
@@ -279,31 +273,29 @@ def apply_credits(uow, user_id: str, amount: int, source_key: str, reason: str, 
     return uow.ledger.apply(user_id, amount, source_key, reason, payment_id, now)
 
 
-def _lane_of(uow, payment: dict) -> str | None:
-    lane = (payment.get("metadata") or {}).get("lane")
-    if lane or not payment.get("orderId"):
+def _lane_of(uow, payment: Payment) -> str | None:
+    lane = payment.metadata.lane
+    if lane or not payment.order_id:
         return lane
-    return uow.checkouts.lane_of_order(payment["orderId"])
+    return uow.checkouts.lane_of_order(payment.order_id)
 
 
-def update_transaction_status(container, payment: dict) -> dict:
+def update_transaction_status(container, payment: Payment) -> dict:
     """PAYMENT.STATUS other than a capture: the transaction row follows the payment's lifecycle
     (domain.lifecycle.PAYMENT). A status the orchestrator does not document, or one that contradicts what
     we hold, is refused: logged, counted and alerted; stale news (PENDING after DECLINED) changes nothing."""
-    from billingctl.adapters.orchestrator import processor_of
-
+    payment = Payment.read(payment)
     now = container.clock.now()
-    processor, mid = processor_of(payment)
     with container.uow() as uow:
-        fraud_quota.count_authorization(uow, now, payment, _lane_of(uow, payment), payment.get("customerId"))
-        step = save_transaction(container, uow, payment["id"], payment.get("status"), now,
-                                amount=int(payment.get("amount") or 0), currency_code=payment.get("currencyCode"),
-                                customer_id=payment.get("customerId"), invoice_id=payment.get("orderId"),
-                                processor=processor, processor_merchant_id=mid)
+        fraud_quota.count_authorization(uow, now, payment, _lane_of(uow, payment), payment.customer_id)
+        step = save_transaction(container, uow, payment.id, payment.status, now, amount=payment.charged,
+                                currency_code=payment.currency_code, customer_id=payment.customer_id,
+                                invoice_id=payment.order_id, processor=payment.processor.name or None,
+                                processor_merchant_id=payment.processor.merchant_id or None)
         uow.commit()
-    status = lifecycle.payment_status(payment.get("status"))
+    status = lifecycle.payment_status(payment.status)
     outcome = {"apply": "status_updated", "same": "status_updated", "stale": "stale"}.get(step, "illegal")
-    return {"payment_id": payment["id"], "outcome": outcome, "status": status or payment.get("status")}
+    return {"payment_id": payment.id, "outcome": outcome, "status": status or payment.status}
 
 
 def save_transaction(container, uow, payment_id: str, orchestrator_status: str | None, now, **values) -> str:
@@ -388,11 +380,11 @@ def _expected_charge(container, facts: PaymentFacts) -> tuple[int | None, str | 
     return (int(charged), None) if charged is not None else (None, None)
 
 
-def _mismatch(container, payment: dict, facts: PaymentFacts) -> str | None:
+def _mismatch(container, payment: Payment, facts: PaymentFacts) -> str | None:
     """Why a captured payment cannot be credited as its order's (None when it can): a partial settle, an
     amount captured below the amount, another amount or another currency than the order's."""
-    captured = (payment.get("processor") or {}).get("amountCaptured")
-    if payment.get("status") == "PARTIALLY_SETTLED" or (captured is not None and int(captured) < facts.amount):
+    captured = payment.processor.amount_captured
+    if payment.status == "PARTIALLY_SETTLED" or (captured is not None and captured < facts.amount):
         return "partially_settled"
     amount, currency = _expected_charge(container, facts)
     if currency is not None and facts.currency_code != currency:
@@ -402,22 +394,20 @@ def _mismatch(container, payment: dict, facts: PaymentFacts) -> str | None:
     return None
 
 
-def _hold_mismatch(container, payment: dict, facts: PaymentFacts, reason: str, path: str) -> dict:
+def _hold_mismatch(container, payment: Payment, facts: PaymentFacts, reason: str, path: str) -> dict:
     """Money was captured, but not what the order asked for: nothing is credited, activated or reported to
     the provider; the payment waits in the review queue (`orphans show/resolve`) with one chat alert, and a
     renewal's attempt ends `held` (no automatic charge follows it)."""
-    from billingctl.adapters.orchestrator import processor_of
-
     now = container.clock.now()
-    captured = int((payment.get("processor") or {}).get("amountCaptured") or 0)
-    processor, mid = processor_of(payment)
+    captured = int(payment.processor.amount_captured or 0)
     detail = (f"{reason}: captured {captured} of {facts.amount} {facts.currency_code}"
               if reason == "partially_settled" else f"{reason}: {facts.amount} {facts.currency_code}")
     with container.uow() as uow:
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
-        save_transaction(container, uow, facts.payment_id, payment.get("status"), now, amount=facts.amount,
+        save_transaction(container, uow, facts.payment_id, payment.status, now, amount=facts.amount,
                          currency_code=facts.currency_code, customer_id=facts.user_id, invoice_id=facts.invoice_id,
-                         subscription_id=facts.subscription_id, processor=processor, processor_merchant_id=mid)
+                         subscription_id=facts.subscription_id, processor=facts.processor,
+                         processor_merchant_id=facts.merchant_id)
         new = review.hold_mismatch(uow, container.clock, payment_id=facts.payment_id, user_id=facts.user_id,
                                    subscription_id=facts.subscription_id, item_price_id=facts.item_price_id,
                                    amount=facts.amount, currency_code=facts.currency_code, settled_at=facts.settled_at,
@@ -513,8 +503,7 @@ def refund_for_voided_invoice(container, row) -> None:
     chat alert (decision 113). Each step is idempotent: a run cut short is finished by the next."""
     payment_id, now = row["transaction_id"], container.clock.now()
     payment = refund(container, payment_id, reason="invoice voided")
-    reverse_refund(container, payment_id, int((payment.get("processor") or {}).get("amountRefunded") or 0)
-                   or int(row["amount"] or 0), "invoice_voided")
+    reverse_refund(container, payment_id, payment.refunded or int(row["amount"] or 0), "invoice_voided")
     with container.uow() as uow:
         uow.purchases.close(payment_id, VOIDED, now)  # the invoice's voided copy was saved by the caller
         review.open_row(uow, now, payment_id=payment_id, user_id=row["user_id"],
@@ -530,13 +519,13 @@ def refund_for_voided_invoice(container, row) -> None:
         "payment_id": payment_id, "invoice_id": row["invoice_id"], "user_id": row["user_id"]})
 
 
-def refund(container, payment_id: str, reason: str = "duplicate charge") -> dict:
+def refund(container, payment_id: str, reason: str = "duplicate charge") -> Payment:
     """Refund what is left of the payment at the orchestrator, once (the client's idempotency key for a
     refund is the payment id). The amount is always named: a payment already partly refunded (at the
     orchestrator's console) is refunded for the rest, and a request without an amount would ask for the
     full amount, which the orchestrator refuses."""
     payment = container.orchestrator.get_payment(payment_id)
-    refunded, amount = int((payment.get("processor") or {}).get("amountRefunded") or 0), int(payment.get("amount") or 0)
+    refunded, amount = payment.refunded, payment.charged
     if refunded >= amount:
         return payment
     return container.orchestrator.refund_payment(payment_id, amount - refunded, reason=reason)
@@ -748,7 +737,7 @@ def apply_refund_report(container, payment_id: str, refunded_total: int, path: s
     if result["outcome"] != "unknown_payment":
         return result
     payment = container.orchestrator.get_payment(payment_id)
-    if payment.get("status") != "SETTLED":
+    if payment.status != "SETTLED":
         return result
     log.info("refund reported before its settle: recording the payment first", extra={"payment_id": payment_id})
     return record_payment(container, payment, path)

@@ -161,7 +161,6 @@ def clear(container, user_id: str, lane: str, reason: str, actor: str, dry_run: 
 
 def repair(container, user_id: str, lane: str, actor: str = "operator") -> dict:
     """Rule 11: re-lock from the orchestrator's payment history; one outcome per repair."""
-    from billingctl.adapters.orchestrator import processor_of
 
     _check_lane(lane)
     column = processor_column(lane)
@@ -185,20 +184,20 @@ def repair(container, user_id: str, lane: str, actor: str = "operator") -> dict:
         raise Refused(f"user {user_id} is already locked on {lane} to {row[column]}")
     try:
         history = [p for p in container.orchestrator.list_payments("SETTLED", customer_id=user_id)
-                   if lane_of_processor(processor_of(p)[0], container.settings.processor_lanes) == lane]
+                   if lane_of_processor(p.processor.name, container.settings.processor_lanes) == lane]
     except Exception as exc:
         return unavailable(exc)
     if not history:
         outcome("no_history")
         return {"user_id": user_id, "lane": lane, "outcome": "no_history"}
-    first = sorted(history, key=lambda p: str(p.get("date")))[0]
-    processor, mid = processor_of(first)
+    first = sorted(history, key=lambda p: str(p.date))[0]
+    processor, mid = first.processor.name, first.processor.merchant_id
     try:
         with container.uow() as uow:
             uow.locks.ensure(user_id, container.clock.now())
             values = {column: processor} | ({"nsfw_processor_mid": mid} if lane == "nsfw" else {})
             won = uow.locks.relock(user_id, column, values)
-            details = {"lane": lane, "processor": processor, "payment": first["id"]}
+            details = {"lane": lane, "processor": processor, "payment": first.id}
             uow.audit.record(actor=actor, action="lock.repair", target=user_id, reason=None,
                              details=details, now=container.clock.now())
             uow.commit()
@@ -207,7 +206,7 @@ def repair(container, user_id: str, lane: str, actor: str = "operator") -> dict:
     outcome("locked")  # by this repair, or by the settle that won the race while it ran
     if not won:
         raise Refused(f"user {user_id} was locked on {lane} while repairing")
-    return {"user_id": user_id, "lane": lane, "outcome": "locked", "processor": processor, "from_payment": first["id"]}
+    return {"user_id": user_id, "lane": lane, "outcome": "locked", "processor": processor, "from_payment": first.id}
 
 
 def backfill_mid(container, actor: str = "operator", dry_run: bool = False) -> dict:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 from billingctl.adapters.logs import item_failed
+from billingctl.adapters.payloads import Payment
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import looks_like_id
@@ -80,11 +81,11 @@ def record_reported_payment(container, payment_id: str, content: dict, path: str
     except e.ExternalNotFound:
         txn, inv = content.get("transaction") or {}, content.get("invoice") or {}
         items = inv.get("line_items") or [{}]
-        payment = {"id": payment_id, "status": "SETTLED", "orderId": inv.get("id"),
-                   "customerId": txn.get("customer_id"), "amount": txn.get("amount"),
-                   "currencyCode": txn.get("currency_code"), "date": txn.get("date"),
-                   "metadata": {"subscription_id": inv.get("subscription_id") or txn.get("subscription_id"),
-                                "item_price_id": items[0].get("entity_id")}}
+        payment = Payment.read({
+            "id": payment_id, "status": "SETTLED", "order_id": inv.get("id"), "customer_id": txn.get("customer_id"),
+            "amount": txn.get("amount"), "currency_code": txn.get("currency_code"), "date": txn.get("date"),
+            "metadata": {"subscription_id": inv.get("subscription_id") or txn.get("subscription_id"),
+                         "item_price_id": items[0].get("entity_id")}})
         paid = inv.get("status") == "paid" or (inv.get("amount_due") is not None and int(inv["amount_due"]) <= 0)
         return record_payment(container, payment, path, provider_side=True, term_paid=paid)
     return record_payment(container, payment, path)
@@ -104,7 +105,7 @@ def _refund(container, kind: str, content: dict) -> dict:
         return {"outcome": "unknown_payment"}
     # The orchestrator's cumulative refunded amount makes every report of one refund agree.
     payment = container.orchestrator.get_payment(payment_id)
-    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
+    refunded = payment.refunded
     return apply_refund_report(container, payment_id, refunded, "event_poller")
 
 

@@ -24,7 +24,6 @@ from datetime import timedelta
 from itertools import groupby
 
 from billingctl.domain.batch import BatchResult
-from billingctl.domain.clock import parse_time
 from billingctl.domain.quota import CUSTOMER, LONGEST, Attempt, starts_over_limit
 from billingctl.services.fraud_quota import FULL
 
@@ -58,10 +57,10 @@ def reconcile(container, since=None, progress=None) -> dict:
         checked_payments += 1
         if progress:
             progress(1)
-        settled = parse_time(payment.get("date"))
+        settled = payment.settled_at
         if settled is not None and now - settled < TOO_RECENT:
             continue
-        pid = payment["id"]
+        pid = payment.id
         with container.uow() as uow:
             recorded = uow.purchases.by_payment_id(pid)
             owner = uow.orphans.status(pid)
@@ -71,7 +70,7 @@ def reconcile(container, since=None, progress=None) -> dict:
         if recorded is not None and owner == "duplicate_refunded":
             add("payment_recorded_and_refunded", {"payment_id": pid,
                                                   "detail": "recorded although recovery refunded it as a duplicate"})
-        order = payment.get("orderId")
+        order = payment.order_id
         if order and order in orders:
             if not (_fully_refunded(container, pid) or _fully_refunded(container, orders[order])):
                 add("order_charged_twice", {"payment_id": pid, "order_id": order, "first_payment_id": orders[order],
@@ -151,14 +150,14 @@ def _check_provider_transactions(container, since, add) -> None:
 def _fully_refunded(container, payment_id: str) -> bool:
     """A second charge already refunded in full is resolved: the check clears once the refund is done."""
     payment = container.orchestrator.get_payment(payment_id)
-    return int((payment.get("processor") or {}).get("amountRefunded") or 0) >= int(payment.get("amount") or 0) > 0
+    return payment.refunded >= payment.charged > 0
 
 
 def _check_refund(container, payment_id: str, credits: int, add) -> None:
     """Refunded at the orchestrator (the list holds no refunded amount: the payment is read) but not
     reversed in the ledger."""
     payment = container.orchestrator.get_payment(payment_id)
-    refunded, amount = int((payment.get("processor") or {}).get("amountRefunded") or 0), int(payment.get("amount") or 0)
+    refunded, amount = payment.refunded, payment.charged
     if not refunded or not amount:
         return
     expected = (int(credits) * min(refunded, amount)) // amount

@@ -179,11 +179,11 @@ def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
     with container.uow() as uow:
         fraud_quota.count_authorization(uow, now, payment, lane, user_id)
         uow.commit()
-    if payment.get("status") in IN_FLIGHT:
+    if payment.status in IN_FLIGHT:
         _record(container, invoice, "pending", attempt_no=attempt_no, lane=lane, processor=processor,
-                amount=amount, payment_id=payment.get("id"), decline_code=payment.get("status"))
-        log.info("renewal charge in flight", extra={"invoice_id": invoice["id"], "payment_id": payment.get("id"),
-                                                     "status": payment.get("status")})
+                amount=amount, payment_id=payment.id, decline_code=payment.status)
+        log.info("renewal charge in flight", extra={"invoice_id": invoice["id"], "payment_id": payment.id,
+                                                     "status": payment.status})
         return "pending"
     return _charged(container, invoice, payment, attempt_no, lane, processor, amount, history)
 
@@ -194,21 +194,21 @@ def _read_back(container, invoice, history, attempt_no, lane, processor, amount)
     fails charges nothing this tick."""
     known = {h["payment_id"] for h in history if h["payment_id"]}
     try:
-        made = [p for p in container.orchestrator.payments_of_order(invoice["id"]) if p["id"] not in known]
+        made = [p for p in container.orchestrator.payments_of_order(invoice["id"]) if p.id not in known]
         if not made:
             return None
-        payment = container.orchestrator.get_payment(made[-1]["id"])
+        payment = container.orchestrator.get_payment(made[-1].id)
     except e.ExternalError as exc:
         log.warning("a lost charge could not be read back; nothing charged this tick: %s", exc.message,
                     extra={"invoice_id": invoice["id"]})
         return "read_back_failed"
     log.warning("a charge whose answer was lost was found at the orchestrator: it is this attempt",
-                extra={"invoice_id": invoice["id"], "payment_id": payment["id"], "status": payment.get("status")})
-    if payment.get("status") in IN_FLIGHT:
+                extra={"invoice_id": invoice["id"], "payment_id": payment.id, "status": payment.status})
+    if payment.status in IN_FLIGHT:
         with container.uow() as uow:
             fraud_quota.count_authorization(uow, container.clock.now(), payment, lane, invoice.get("customer_id"))
             dunning_step(container, uow, invoice, "pending", attempt_no=attempt_no, lane=lane, processor=processor,
-                         amount=amount, payment_id=payment["id"], decline_code=payment.get("status"))
+                         amount=amount, payment_id=payment.id, decline_code=payment.status)
             uow.commit()
         return "pending"
     return _charged(container, invoice, payment, attempt_no, lane, processor, amount, history)
@@ -260,7 +260,7 @@ def _charged(container, invoice, payment, attempt_no, lane, processor, amount, h
     recorded (held for review when it is not the invoice's amount: a partial settle is never charged
     again in full); a decline moves the retry schedule on; a status the orchestrator does not document
     is reported and left in flight, never charged again."""
-    status = payment.get("status")
+    status = payment.status
     with container.uow() as uow:  # an answer that was in flight takes its reservation now
         fraud_quota.count_authorization(uow, container.clock.now(), payment, lane, invoice.get("customer_id"))
         uow.commit()
@@ -270,23 +270,23 @@ def _charged(container, invoice, payment, attempt_no, lane, processor, amount, h
         outcome = record_payment(container, payment, "renewal")["outcome"]
         ended = "held" if outcome == "held_mismatch" else "succeeded"
         with container.uow() as uow:
-            end_renewal_attempt(container, uow, invoice, payment["id"], ended, attempted=True, attempt_no=attempt_no,
+            end_renewal_attempt(container, uow, invoice, payment.id, ended, attempted=True, attempt_no=attempt_no,
                                 lane=lane, processor=processor, amount=amount)
             uow.commit()
         return ended
     if status not in ("DECLINED", "FAILED", "CANCELLED"):
         with container.uow() as uow:
             report_illegal(container, uow, lifecycle.IllegalTransition(
-                "payment", str(payment.get("id")), "pending", str(status)))
+                "payment", str(payment.id), "pending", str(status)))
             if pending is None:
                 dunning_step(container, uow, invoice, "pending", attempt_no=attempt_no, lane=lane,
-                             processor=processor, amount=amount, payment_id=payment.get("id"),
+                             processor=processor, amount=amount, payment_id=payment.id,
                              decline_code=str(status)[:64])
             uow.commit()
         return "in_flight"
-    code = (payment.get("statusReason") or {}).get("code") or status
+    code = payment.status_reason.code or status
     return _failed(container, invoice, "declined", code, attempt_no, lane, processor, amount, history,
-                   payment_id=payment.get("id"), resolves=pending)
+                   payment_id=payment.id, resolves=pending)
 
 
 def _resolve_in_flight(container, invoice, last, history) -> str:
@@ -294,13 +294,13 @@ def _resolve_in_flight(container, invoice, last, history) -> str:
     workflow left is captured, a PENDING charge is cancelled, anything else is escalated."""
     try:
         payment = container.orchestrator.get_payment(last["payment_id"])
-        if payment.get("status") in IN_FLIGHT:
+        if payment.status in IN_FLIGHT:
             payment = _past_age_limit(container, invoice, last, payment)
     except e.ExternalError as exc:
         log.warning("in-flight renewal charge could not be read or ended; next tick: %s", exc.message,
                     extra={"invoice_id": invoice["id"], "payment_id": last["payment_id"]})
         return "in_flight"
-    if payment.get("status") in IN_FLIGHT:
+    if payment.status in IN_FLIGHT:
         return "in_flight"
     return _charged(container, invoice, payment, last["attempt_no"], last["lane"], last["processor"], last["amount"],
                     history, pending=last)
@@ -308,24 +308,24 @@ def _resolve_in_flight(container, invoice, last, history) -> str:
 
 def _past_age_limit(container, invoice, last, payment: dict) -> dict:
     """The payment after the action its age calls for (unchanged while it is within its limit)."""
-    settings, status = container.settings, payment.get("status")
+    settings, status = container.settings, payment.status
     age = container.clock.now() - last["created_at"]
     if status == "AUTHORIZED" and age > timedelta(minutes=settings.renewal_authorized_max_minutes):
         log.warning("renewal authorization left uncaptured past its limit: capturing",
-                    extra={"invoice_id": invoice["id"], "payment_id": payment["id"], "age_s": age.total_seconds()})
-        return container.orchestrator.capture_payment(payment["id"])
+                    extra={"invoice_id": invoice["id"], "payment_id": payment.id, "age_s": age.total_seconds()})
+        return container.orchestrator.capture_payment(payment.id)
     if age <= timedelta(hours=settings.renewal_in_flight_max_hours):
         return payment
     if status == "PENDING":
         log.warning("renewal charge pending past its limit: cancelling",
-                    extra={"invoice_id": invoice["id"], "payment_id": payment["id"], "age_s": age.total_seconds()})
-        return container.orchestrator.cancel_payment(payment["id"], reason="renewal charge pending past its limit")
+                    extra={"invoice_id": invoice["id"], "payment_id": payment.id, "age_s": age.total_seconds()})
+        return container.orchestrator.cancel_payment(payment.id, reason="renewal charge pending past its limit")
     container.metrics.renewal_charges_stuck.inc()
     with container.uow() as uow:
-        alerts.raise_alert_every(uow, container.clock, f"Renewal charge {payment['id']} for invoice {invoice['id']} "
+        alerts.raise_alert_every(uow, container.clock, f"Renewal charge {payment.id} for invoice {invoice['id']} "
                                  f"is still {status} after {age.total_seconds() / 3600:.0f} h - manual review "
-                                 "required", f"renewal-stuck:{payment['id']}", timedelta(days=1),
-                                 payment_id=payment["id"], invoice_id=invoice["id"])
+                                 "required", f"renewal-stuck:{payment.id}", timedelta(days=1),
+                                 payment_id=payment.id, invoice_id=invoice["id"])
         uow.commit()
     return payment
 
@@ -380,9 +380,8 @@ def _latest_nsfw_checkout_token(container, user_id: str) -> str | None:
             payment = container.orchestrator.get_payment(payment_id)
         except e.BillingError:
             return None
-        method = payment.get("paymentMethod") or {}
-        if method.get("paymentType") == "FIRST_PAYMENT":
-            return method.get("paymentMethodToken")
+        if payment.payment_method.payment_type == "FIRST_PAYMENT":
+            return payment.payment_method.token
     return None
 
 

@@ -3,14 +3,14 @@ webhook views, the pollers and `billingctl events replay` alike. Every handler i
 
 from __future__ import annotations
 
+from billingctl.adapters.payloads import Payment
 from billingctl.services import inbox
 from billingctl.services.inbox import process_once
 
 
-def payment_event_id(event_type: str, payment: dict) -> str:
-    refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
-    suffix = f":{refunded}" if event_type == "PAYMENT.REFUND" else ""
-    return f"{event_type}:{payment['id']}:{payment.get('status')}{suffix}"
+def payment_event_id(event_type: str, payment: Payment) -> str:
+    suffix = f":{payment.refunded}" if event_type == "PAYMENT.REFUND" else ""
+    return f"{event_type}:{payment.id}:{payment.status}{suffix}"
 
 
 def _orchestrator(container, event_type: str, payload: dict) -> dict:
@@ -24,8 +24,8 @@ def _orchestrator(container, event_type: str, payload: dict) -> dict:
 
     if event_type.startswith("DISPUTE."):
         return record_dispute(container, event_type, payload)
-    payment = payload["payment"]
-    if event_type == "PAYMENT.STATUS" and payment.get("status") in CAPTURED_STATUSES:
+    payment = Payment.read(payload["payment"])  # the notification as it was stored: typed once, here
+    if event_type == "PAYMENT.STATUS" and payment.status in CAPTURED_STATUSES:
         # One attempt per provider call: a webhook answers quickly, the activations job finishes. A partial
         # settle is held for review by recording itself.
         with container.provider.http.attempts(1):
@@ -33,12 +33,11 @@ def _orchestrator(container, event_type: str, payload: dict) -> dict:
     if event_type == "PAYMENT.STATUS":
         return update_transaction_status(container, payment)
     if event_type == "PAYMENT.REFUND":
-        refunded = int((payment.get("processor") or {}).get("amountRefunded") or 0)
         with container.provider.http.attempts(1):
-            return apply_refund_report(container, payment["id"], refunded, "webhook")
+            return apply_refund_report(container, payment.id, payment.refunded, "webhook")
     from billingctl.services.lifecycles import unknown_notification
 
-    return unknown_notification(container, event_type, payment.get("id"))
+    return unknown_notification(container, event_type, payment.id)
 
 
 def _workflow(container, event_type: str, payload: dict) -> dict:
@@ -48,8 +47,8 @@ def _workflow(container, event_type: str, payload: dict) -> dict:
     if payload.get("status") != "completed" or not payment_id:
         return {"outcome": "ignored"}
     payment = container.orchestrator.get_payment(payment_id)
-    if payment.get("status") != "SETTLED":
-        return {"outcome": "not_settled", "status": payment.get("status")}
+    if payment.status != "SETTLED":
+        return {"outcome": "not_settled", "status": payment.status}
     with container.provider.http.attempts(1):
         return record_payment(container, payment, "workflow_callback")
 
@@ -77,7 +76,7 @@ def event_id_for(source: str, event_type: str, payload: dict, given: str | None 
 
         return dispute_event_id(event_type, payload)
     if source == "orchestrator":
-        return payment_event_id(event_type, payload["payment"])
+        return payment_event_id(event_type, Payment.read(payload["payment"]))
     if source == "workflow":
         # One event per status: a `completed` after an earlier `running` for the same workflow is new.
         return f"{payload['workflow_id']}:{payload.get('status')}"

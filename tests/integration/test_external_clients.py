@@ -257,8 +257,8 @@ def test_clients_over_a_real_loopback_server(make_settings, tmp_path):
         session = c.orchestrator.create_client_session(order_id="inv_1", customer_id="user_1", amount=999,
                                                        currency_code="USD", metadata={"lane": "sfw"})
         payment = sandbox.pay(session["orderId"])
-        assert c.orchestrator.get_payment(payment["id"])["status"] == "SETTLED"
-        assert [p["id"] for p in c.orchestrator.list_payments("SETTLED")] == [payment["id"]]
+        assert c.orchestrator.get_payment(payment["id"]).status == "SETTLED"
+        assert [p.id for p in c.orchestrator.list_payments("SETTLED")] == [payment["id"]]
         c.close()
 
 

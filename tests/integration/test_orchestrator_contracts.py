@@ -38,7 +38,7 @@ def client_answering(status: int, body: dict) -> OrchestratorClient:
 def test_a_page_of_payment_summaries_is_read(container):
     page = contract("payments_list_page.json")
     [summary] = list(client_answering(200, page).list_payments("SETTLED"))
-    assert summary["id"] == "pay_contract_1" and "customerId" not in summary
+    assert summary.id == "pay_contract_1" and summary.is_summary and summary.customer_id is None
 
 
 def test_a_nested_error_becomes_a_typed_error_with_its_description():
@@ -74,3 +74,64 @@ def test_the_dispute_webhook_as_documented_is_recorded(container):
     assert row["metadata"]["dispute_id"] == "dp_1NvZ3kKx" and row["metadata"]["payment_id"] == "pay_contract_1"
     unsigned = client.post("/webhooks/orchestrator/disputes", data=raw)
     assert unsigned.status_code == 401
+
+
+# ---- typed at the edge (issue 34): services read a Payment, never Primer's dict -------------------------
+
+def counting_client(status: int, body: dict) -> tuple[OrchestratorClient, list]:
+    failures = []
+    transport = httpx.MockTransport(lambda request: httpx.Response(status, json=body))
+    http = httpx.Client(base_url="http://orchestrator.test", transport=transport)
+    return OrchestratorClient(ResilientClient("orchestrator", http, policy=HttpPolicy(max_attempts=1),
+                                              sleep=lambda s: None, on_error=failures.append)), failures
+
+
+def test_a_payment_is_read_into_its_typed_copy_by_primers_names_and_given_back_as_sent():
+    from billingctl.adapters.payloads import Payment
+
+    sent = contract("webhook_payment_status.json")["payment"]
+    payment, _ = counting_client(200, sent)
+    read = payment.get_payment(sent["id"])
+    assert isinstance(read, Payment)
+    assert (read.order_id, read.customer_id, read.currency_code, read.charged) == (
+        sent["orderId"], sent["customerId"], sent["currencyCode"], sent["amount"])
+    assert (read.processor.name, read.processor.merchant_id) == (
+        sent["processor"]["name"], sent["processor"]["processorMerchantId"])
+    assert read.payment_method.token == sent["paymentMethod"]["paymentMethodToken"]
+    assert read.wire() == sent  # nothing defaulted, nothing dropped (unknown fields kept)
+
+
+@pytest.mark.parametrize("broken", [{"amount": "lots"}, {"status": None}, {"metadata": {"subscription_id": 1.5}},
+                                    {"processor": "SFW_STRIPE"}, {"orderId": "o" * 65}])
+def test_an_answer_in_a_shape_primer_does_not_document_is_a_counted_external_error(broken):
+    payment = contract("webhook_payment_status.json")["payment"] | broken
+    client, failures = counting_client(200, payment)
+    with pytest.raises(e.ExternalPayloadInvalid, match="the orchestrator answered a payment we cannot read"):
+        client.get_payment(payment["id"])
+    assert [(f.code, f.details["dependency"]) for f in failures] == [("external_payload_invalid", "orchestrator")]
+
+
+def test_one_unreadable_entry_of_a_list_is_skipped_named_and_counted_and_the_others_are_read(caplog):
+    page = contract("payments_list_page.json")
+    good = page["data"][0]
+    page["data"] = [good | {"id": "pay_bad", "amount": -5}, good]
+    client, failures = counting_client(200, page)
+    with caplog.at_level("ERROR", logger="billingctl.orchestrator"):
+        assert [p.id for p in client.list_payments("SETTLED")] == [good["id"]]
+    assert [r.payment_id for r in caplog.records] == ["pay_bad"]
+    assert [f.code for f in failures] == ["external_payload_invalid"]
+
+
+def test_no_service_reads_primers_spelling_of_a_field():
+    """The services read the typed copy: a Primer field name in a subscript or .get() there is a vendor
+    dict read past the edge."""
+    import re
+
+    root = Path(__file__).parents[2] / "billingctl"
+    primer = "|".join(("orderId", "customerId", "currencyCode", "paymentMethod", "paymentType", "paymentMethodToken",
+                       "amountRefunded", "amountCaptured", "processorMerchantId", "statusReason", "paymentId",
+                       "processorDisputeId", "processorId"))
+    pattern = re.compile(r"""(\.get\(|\[)["'](""" + primer + r""")["']""")
+    readers = [path for path in sorted((root / "services").glob("*.py")) + [root / "cli" / "payments.py"]
+               if pattern.search(path.read_text())]
+    assert readers == []

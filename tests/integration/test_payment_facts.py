@@ -69,9 +69,11 @@ def test_a_plan_unknown_locally_is_read_from_the_provider_with_its_customer(worl
 
 def test_refusals_name_the_payment_and_what_is_missing(world):
     assert refused(world, {"status": "SETTLED"}) == "payment id is missing"
-    assert refused(world, "pay_1") == "payment id is missing"
+    assert refused(world, "pay_1") == "payment is not an object"
     assert refused(world, {"id": "pay_1", "status": "DECLINED"}) == "payment pay_1 is DECLINED, not SETTLED"
-    assert refused(world, {"id": "pay_1"}) == "payment pay_1 is None, not SETTLED"
+    assert refused(world, {"id": "pay_1"}) == "payment status is missing"
+    assert refused(world, {"id": "pay_1", "status": "SETTLED", "amount": "much"}) == \
+        "invalid payment amount: Input should be a valid integer, unable to parse string as an integer"
     assert refused(world, {"id": "pay_2", "status": "SETTLED"}) == "payment pay_2 names no subscription or invoice"
     co = world.checkout("user_q")
     world.sandbox.pay(co["order_id"])

@@ -401,11 +401,11 @@ def test_a_recorded_renewal_payments_transaction_names_its_invoice(world):
 
 def test_a_recorded_nsfw_payments_transaction_names_its_processor_and_merchant_account(world):
     """The merchant account on the transaction is what `lock backfill-mid` reads for legacy users."""
-    from billingctl.adapters.orchestrator import processor_of
+    from billingctl.adapters.payloads import Payment
 
     co = world.checkout("user_a", "credits-pro-nsfw-USD-monthly")
     payment = world.sandbox.pay(co["order_id"])
-    processor, mid = processor_of(payment)
+    processor, mid = Payment.read(payment).processor.name, Payment.read(payment).processor.merchant_id
     assert mid
     with world.c.uow() as uow:
         row = uow.execute(select(transaction.c.processor, transaction.c.processor_merchant_id).where(

@@ -9,6 +9,7 @@ import pytest
 from sqlalchemy import insert, select
 
 from billingctl.adapters.db.tables import alert_outbox, fraud_event, orphan_recovery, transaction, user_credits, users
+from billingctl.adapters.payloads import Payment
 from billingctl.domain import errors as e
 from billingctl.domain.lifecycle import ORPHAN
 from billingctl.services import orphans
@@ -299,7 +300,7 @@ def test_a_payment_refunded_in_full_is_not_refunded_again(world):
     paid = world.settle(world.checkout("user_r")["order_id"])
     world.sandbox.refund(paid["id"])
     before = world.sandbox.store.count_requests("orchestrator", "POST", "/refund")
-    assert orphans.refund(world.c, paid["id"])["processor"]["amountRefunded"] == paid["amount"]
+    assert orphans.refund(world.c, paid["id"]).refunded == paid["amount"]
     assert world.sandbox.store.count_requests("orchestrator", "POST", "/refund") == before
 
 
@@ -321,7 +322,7 @@ def test_an_orphan_takes_its_user_from_the_payments_customer_or_else_its_metadat
     co = world.checkout("user_m")
     payment = world.settle(co["order_id"])
     shown = {**payment, "customerId": None} if missing == "customerId" else {**payment, "metadata": None}
-    orphans._open(world.c, shown)
+    orphans._open(world.c, Payment.read(shown))
     assert row(world, payment["id"])["user_id"] == "user_m"
 
 
@@ -485,7 +486,7 @@ def test_a_recorded_payment_sent_again_without_its_id_or_settle_is_refused_not_c
     with pytest.raises(e.InvalidInput, match="is AUTHORIZED, not SETTLED"):
         record_payment(world.c, {**payment, "status": "AUTHORIZED"}, "cli")
     without_id = {k: v for k, v in payment.items() if k != "id"}
-    for sent in (without_id, [payment]):
-        with pytest.raises(e.InvalidInput, match="payment id is missing"):
+    for sent, message in ((without_id, "payment id is missing"), ([payment], "payment is not an object")):
+        with pytest.raises(e.InvalidInput, match=message):
             record_payment(world.c, sent, "cli")
     assert world.purchases(payment["id"]) == 1

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from billingctl.adapters.metrics import Metrics
+from billingctl.adapters.payloads import Payment
 from billingctl.domain.quota import CUSTOMER, MERCHANT
 from billingctl.services import fraud_quota
 from billingctl.services.processor_lock import lock_after_settle
@@ -65,14 +66,14 @@ def test_an_authorization_takes_its_orders_reservation_and_counts_once_per_payme
     uow = FakeUnitOfWork()
     fraud_quota.reserve(uow, PRODUCTION, "u1", "nsfw", T0, CUSTOMER, "order:o1", 1)
     payment = {"id": "p1", "status": "AUTHORIZED", "orderId": "o1", "amount": 1}
-    assert fraud_quota.count_authorization(uow, T0, payment, "nsfw", "u1")
-    assert not fraud_quota.count_authorization(uow, T0, {**payment, "status": "SETTLED"}, "nsfw", "u1")
+    assert fraud_quota.count_authorization(uow, T0, Payment.read(payment), "nsfw", "u1")
+    assert not fraud_quota.count_authorization(uow, T0, Payment.read({**payment, "status": "SETTLED"}), "nsfw", "u1")
     assert [r["dedupe_key"] for r in uow.fraud.rows] == ["payment:p1"]
     second = {"id": "p2", "status": "DECLINED", "orderId": "o1", "amount": 1, "metadata": {"merchant_initiated": True}}
-    assert fraud_quota.count_authorization(uow, T0, second, "nsfw", "u1")
+    assert fraud_quota.count_authorization(uow, T0, Payment.read(second), "nsfw", "u1")
     assert uow.fraud.rows[-1]["metadata"]["initiator"] == MERCHANT
-    assert not fraud_quota.count_authorization(uow, T0, {"id": "p3", "status": "PENDING"}, "nsfw", "u1")
-    assert not fraud_quota.count_authorization(uow, T0, {"id": "p4", "status": "SETTLED"}, "sfw", "u1")
+    assert not fraud_quota.count_authorization(uow, T0, Payment.read({"id": "p3", "status": "PENDING"}), "nsfw", "u1")
+    assert not fraud_quota.count_authorization(uow, T0, Payment.read({"id": "p4", "status": "SETTLED"}), "sfw", "u1")
 
 
 def _container():

@@ -105,7 +105,7 @@ def orchestrator_disputes():
         return jsonify({"outcome": "ignored"}), 200
     if not all(isinstance(body.get(k), str) and body.get(k) for k in ("paymentId", "processorDisputeId")):
         raise InvalidInput("paymentId and processorDisputeId are required")
-    schemas.check(schemas.Dispute, body)
+    schemas.check(schemas.DisputeEvent, body)
     return jsonify(dispatch(c, "orchestrator", event_type, body)), 200
 
 

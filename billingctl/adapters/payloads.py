@@ -1,0 +1,185 @@
+"""Typed copies of what the vendors send (issues 34 and 35): parsed once, where the JSON enters (the
+orchestrator adapter's answers, the webhook receivers, the inbox's stored events), so services read
+attributes that are known to be there and of their type, never vendor dicts.
+
+Field names are ours (snake_case); each is read from the vendor's spelling (Primer's camelCase). Unknown
+fields are kept (vendors add fields) and given back by `wire()`. Every length cap is the column the
+field is stored in (issue 37)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, ClassVar
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from billingctl.domain.errors import InvalidInput
+
+_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]*$"
+Text = Annotated[str, StringConstraints(max_length=512)]
+Id = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=_ID_PATTERN)]  # String(64) columns
+LongId = Annotated[str, StringConstraints(min_length=1, max_length=128, pattern=_ID_PATTERN)]  # String(128)
+Ref = Annotated[str, StringConstraints(max_length=64)]  # an order, customer or invoice reference: String(64)
+Name = Annotated[str, StringConstraints(max_length=64)]  # a processor or decline code: String(64)
+MerchantId = Annotated[str, StringConstraints(max_length=128)]
+Status = Annotated[str, StringConstraints(max_length=32)]
+Currency = Annotated[str, StringConstraints(max_length=3)]
+EventType = Annotated[str, StringConstraints(max_length=64)]  # event_inbox.event_type String(64)
+Email = Annotated[str, StringConstraints(max_length=320)]  # users.email String(320)
+Amount = Annotated[int, Field(ge=0, le=10**12)]
+
+
+class PayloadInvalid(InvalidInput):
+    """A vendor payload that does not have the shape its reference documents (`where` names the field): a
+    client's (a webhook, a stored event, an operator's) is invalid input; the adapters turn a vendor's
+    answer into ExternalPayloadInvalid."""
+
+    def __init__(self, where: str, message: str, noun: str = ""):
+        name = f"{noun} {where}".strip()
+        text = f"{name} is missing" if message == "Field required" else f"invalid {name}: {message}"
+        super().__init__((text if where else f"{name} is not an object")[:200])
+        self.where = where
+
+
+class Open(BaseModel):
+    """A vendor object: unknown fields kept, fields readable by our name or the vendor's."""
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    noun: ClassVar[str] = ""  # what a message calls the object ("payment id is missing")
+
+    @classmethod
+    def read(cls, data):
+        """The typed copy of `data` (already typed: itself); PayloadInvalid naming the first bad field."""
+        if isinstance(data, cls):
+            return data
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ()))
+            if not where:
+                raise PayloadInvalid("", "", cls.noun or "body") from None
+            raise PayloadInvalid(where, first.get("msg", "invalid value"), cls.noun) from None
+
+    def wire(self) -> dict:
+        """The object as the vendor sent it (its spelling, its extra fields, nothing we defaulted)."""
+        return self.model_dump(by_alias=True, exclude_unset=True, mode="json")
+
+
+def unix_or_iso(value):
+    """A unix time (number or digits) or an ISO 8601 string, as the orchestrator and provider send."""
+    if value is None:
+        return value
+    from billingctl.domain.clock import parse_time
+
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:
+            parse_time(value)
+            return value
+        except (ValueError, OverflowError, OSError):
+            pass
+    raise ValueError("must be a unix time or an ISO 8601 time")
+
+
+def _empty_when_null(value):
+    return {} if value is None else value
+
+
+# ---- the orchestrator (Primer) ---------------------------------------------------------------------
+
+class Processor(Open):
+    name: Name | None = None
+    # Primer spells it processorMerchantId; some answers carry processor_merchant_id.
+    merchant_id: MerchantId | None = Field(
+        None, validation_alias=AliasChoices("processorMerchantId", "processor_merchant_id", "merchant_id"),
+        serialization_alias="processorMerchantId")
+    amount_refunded: Amount | None = Field(None, alias="amountRefunded")
+    amount_captured: Amount | None = Field(None, alias="amountCaptured")
+
+
+class PaymentMethod(Open):
+    payment_type: Text | None = Field(None, alias="paymentType")
+    token: Text | None = Field(None, alias="paymentMethodToken")
+    method_type: Text | None = Field(None, alias="paymentMethodType")
+
+
+class StatusReason(Open):
+    code: Name | None = None
+
+
+class PaymentMetadata(Open):
+    """The metadata we send with a checkout or a charge and read back: each key we read is typed."""
+    user_id: Id | None = None
+    subscription_id: Id | None = None
+    item_price_id: LongId | None = None
+    lane: Annotated[str, StringConstraints(max_length=8)] | None = None
+    psp: Name | None = None
+    processor_merchant_id: MerchantId | None = None
+    merchant_initiated: bool | None = None
+
+
+class Payment(Open):
+    """Primer's payment, as its API answers and its PAYMENT.* notifications carry it (a list answer holds
+    summaries: no customer or payment method; `is_summary`)."""
+    noun: ClassVar[str] = "payment"
+    id: Id
+    status: Status
+    order_id: Ref | None = Field(None, alias="orderId")
+    customer_id: Ref | None = Field(None, alias="customerId")
+    amount: Amount | None = None
+    currency_code: Currency | None = Field(None, alias="currencyCode")
+    date: Any = None
+    metadata: PaymentMetadata = Field(default_factory=PaymentMetadata)
+    processor: Processor = Field(default_factory=Processor)
+    payment_method: PaymentMethod = Field(default_factory=PaymentMethod, alias="paymentMethod")
+    status_reason: StatusReason = Field(default_factory=StatusReason, alias="statusReason")
+
+    _date = field_validator("date")(unix_or_iso)
+    _nested = field_validator("metadata", "processor", "payment_method", "status_reason", mode="before")(
+        _empty_when_null)
+
+    @property
+    def is_summary(self) -> bool:
+        return "customer_id" not in self.model_fields_set or "payment_method" not in self.model_fields_set
+
+    @property
+    def user_id(self) -> str | None:
+        return self.customer_id or self.metadata.user_id
+
+    @property
+    def charged(self) -> int:
+        return int(self.amount or 0)
+
+    @property
+    def refunded(self) -> int:
+        return int(self.processor.amount_refunded or 0)
+
+    @property
+    def fully_refunded(self) -> bool:
+        return self.refunded >= self.charged > 0
+
+    @property
+    def settled_at(self) -> datetime | None:
+        from billingctl.domain.clock import parse_time
+
+        return parse_time(self.date)
+
+    def but(self, **changes) -> Payment:
+        """A copy with some of our fields changed (a validated copy, not a mutation)."""
+        return Payment.read(self.wire() | {Payment.model_fields[k].alias or k: v for k, v in changes.items()})
+
+
+class Dispute(Open):
+    """A DISPUTE.* notification (flat: Primer's unified dispute lifecycle, DISPUTE.STATUS, adds the dispute's
+    type and status, the processor, the amount)."""
+    noun: ClassVar[str] = "dispute"
+    event_type: EventType | None = Field(None, alias="eventType")  # the inbox row names it too
+    payment_id: Id = Field(alias="paymentId")
+    dispute_id: LongId = Field(alias="processorDisputeId")
+    processor_id: Text | None = Field(None, alias="processorId")
+    transaction_id: Text | None = Field(None, alias="transactionId")
+    order_id: Ref | None = Field(None, alias="orderId")
+    type: Text | None = None
+    status: Text | None = None
+    processor: Name | None = None
+    amount: Amount | None = None
+    currency: Currency | None = None
