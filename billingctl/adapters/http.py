@@ -91,6 +91,10 @@ def error_from_response(response: httpx.Response, dependency: str) -> e.External
         return e.ExternalAuthError(f"{dependency}: {message}", **details)
     if status == 404:
         return e.ExternalNotFound(f"{dependency}: {message}", **details)
+    if status == 409 and api_code == "IdempotencyKeyAlreadyExists":
+        # Primer's answer to a key it has processed (successfully, declined or failed alike): it never
+        # replays the first answer, and the same request again gets the same 409 (decision 123).
+        return e.AlreadyProcessed(f"{dependency}: {message}", **details)
     if status in (408, 409) or status >= 500:
         return e.ExternalServerError(f"{dependency}: {message}", **details)
     return e.ExternalInvalidRequest(f"{dependency}: {message}", **details)
@@ -252,7 +256,7 @@ class ResilientClient:
 
     def _failed(self, failure: Exception, ticket=None) -> None:
         # The dependency answered sensibly to a bad request (400, 404): that is not its failure.
-        counts = not isinstance(failure, e.ExternalInvalidRequest | e.ExternalNotFound)
+        counts = not isinstance(failure, e.ExternalInvalidRequest | e.ExternalNotFound | e.AlreadyProcessed)
         if self.breaker is not None:
             self.breaker.record(not counts, ticket)
         if self.on_error is not None:

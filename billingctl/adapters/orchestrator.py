@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from billingctl.adapters.http import ResilientClient
-from billingctl.adapters.payloads import PayloadInvalid, Payment
+from billingctl.adapters.payloads import ClientSession, PayloadInvalid, Payment, PaymentInstrument
 from billingctl.adapters.subscription_provider import seg
 from billingctl.domain import errors as e
 
@@ -28,13 +28,20 @@ class OrchestratorClient:
 
     def create_client_session(self, *, order_id: str, customer_id: str, amount: int, currency_code: str,
                               metadata: dict, vault_on_success: bool = True,
-                              idempotency_key: str | None = None) -> dict:
+                              idempotency_key: str | None = None) -> ClientSession:
         # A checkout is the customer-initiated first payment of a subscription: its card is vaulted for the
         # merchant-initiated renewals that follow (Primer's paymentMethod.paymentType FIRST_PAYMENT).
         body = {"orderId": order_id, "currencyCode": currency_code, "amount": amount, "customerId": customer_id,
                 "metadata": metadata, "paymentMethod": {"vaultOnSuccess": vault_on_success,
                                                         "paymentType": "FIRST_PAYMENT"}}
-        return self.http.request("POST", "/client-session", json=body, idempotency_key=idempotency_key)
+        try:
+            answer = self.http.request("POST", "/client-session", json=body, idempotency_key=idempotency_key)
+        except e.AlreadyProcessed:
+            # Made already, its answer lost (Primer answers a used key 409 and never replays): a session moves
+            # no money and the first one expires unused, so a new one is asked for under a key of its own.
+            answer = self.http.request("POST", "/client-session", json=body,
+                                       idempotency_key=f"{idempotency_key or 'session'}:again")
+        return self._read(ClientSession, answer)
 
     def create_payment(self, *, payment_method_token: str, amount: int, currency_code: str, order_id: str,
                        customer_id: str, metadata: dict, idempotency_key: str | None = None) -> Payment:
@@ -49,13 +56,13 @@ class OrchestratorClient:
     def capture_payment(self, payment_id: str, amount: int | None = None) -> Payment:
         """Capture an AUTHORIZED payment (in full when no amount is given)."""
         body = {"final": True} | ({"amount": amount} if amount is not None else {})
-        return self._payment(self.http.request("POST", f"/payments/{seg(payment_id)}/capture", json=body,
-                                 idempotency_key=f"capture:{payment_id}", timeout=self.charge_timeout, once=True))
+        return self._acted_on(payment_id, "POST", f"/payments/{seg(payment_id)}/capture", json=body,
+                              idempotency_key=f"capture:{payment_id}", timeout=self.charge_timeout, once=True)
 
     def cancel_payment(self, payment_id: str, reason: str = "") -> Payment:
         """Void a payment that has not settled (PENDING or AUTHORIZED)."""
-        return self._payment(self.http.request("POST", f"/payments/{seg(payment_id)}/cancel", json={"reason": reason},
-                                 idempotency_key=f"cancel:{payment_id}", timeout=self.charge_timeout, once=True))
+        return self._acted_on(payment_id, "POST", f"/payments/{seg(payment_id)}/cancel", json={"reason": reason},
+                              idempotency_key=f"cancel:{payment_id}", timeout=self.charge_timeout, once=True)
 
     def list_payments(self, status: str = "SETTLED", from_date: datetime | None = None,
                       cursor: str | None = None, limit: int = 100, customer_id: str | None = None,
@@ -84,15 +91,27 @@ class OrchestratorClient:
                 return
 
     def _payment(self, answer) -> Payment:
-        """The orchestrator's answer as a typed payment: one it cannot have meant (a field missing or of the
+        return self._read(Payment, answer)
+
+    def _acted_on(self, payment_id: str, method: str, path: str, **request) -> Payment:
+        """A capture, cancel or refund of one payment. One whose key Primer has processed already (its answer
+        was lost) is read back: the payment as it is now is the answer (decision 123)."""
+        try:
+            return self._payment(self.http.request(method, path, **request))
+        except e.AlreadyProcessed:
+            log.info("already processed at the orchestrator: read back", extra={"payment_id": payment_id})
+            return self.get_payment(payment_id)
+
+    def _read(self, model, answer):
+        """The orchestrator's answer as its typed copy: one it cannot have meant (a field missing or of the
         wrong type) is an external error (counted), never a half-read dict handed to a service."""
         try:
-            return Payment.read(answer)
+            return model.read(answer)
         except PayloadInvalid as exc:
             raise self._unreadable(exc) from None
 
     def _unreadable(self, exc: PayloadInvalid) -> e.ExternalPayloadInvalid:
-        failure = e.ExternalPayloadInvalid(f"the orchestrator answered a payment we cannot read ({exc})",
+        failure = e.ExternalPayloadInvalid(f"the orchestrator answered what we cannot read ({exc})",
                                            dependency=self.dependency)
         if self.http.on_error is not None:
             self.http.on_error(failure)
@@ -101,7 +120,7 @@ class OrchestratorClient:
     def unreadable(self, entry, exc: PayloadInvalid) -> None:
         ident = entry.get("id") if isinstance(entry, dict) else None
         failure = self._unreadable(exc)
-        log.error("the orchestrator listed a payment we cannot read; skipped: %s", failure.message,
+        log.error("the orchestrator listed an entry we cannot read; skipped: %s", failure.message,
                   extra={"payment_id": str(ident)[:64] if ident is not None else None})
 
     def payments_of_order(self, order_id: str) -> list[Payment]:
@@ -114,12 +133,23 @@ class OrchestratorClient:
     def refund_payment(self, payment_id: str, amount: int | None = None, reason: str = "",
                        idempotency_key: str | None = None) -> Payment:
         body = {"reason": reason} | ({"amount": amount} if amount is not None else {})
-        return self._payment(self.http.request("POST", f"/payments/{seg(payment_id)}/refund", json=body,
-                                 idempotency_key=idempotency_key or f"refund:{payment_id}"))
+        return self._acted_on(payment_id, "POST", f"/payments/{seg(payment_id)}/refund", json=body,
+                              idempotency_key=idempotency_key or f"refund:{payment_id}")
 
-    def list_payment_instruments(self, customer_id: str) -> list[dict]:
-        return self.http.request("GET", "/payment-instruments", params={"customer_id": customer_id}).get("data", [])
+    def list_payment_instruments(self, customer_id: str) -> list[PaymentInstrument]:
+        """The customer's vaulted instruments; one we cannot read is skipped, named and counted."""
+        found = []
+        for entry in self.http.request("GET", "/payment-instruments", params={"customer_id": customer_id}).get(
+                "data", []):
+            try:
+                found.append(PaymentInstrument.read(entry))
+            except PayloadInvalid as exc:
+                self.unreadable(entry, exc)
+        return found
 
     def set_default_instrument(self, token: str, idempotency_key: str | None = None) -> dict:
-        return self.http.request("POST", f"/payment-instruments/{seg(token)}/default", json={},
-                                 idempotency_key=idempotency_key)
+        try:
+            return self.http.request("POST", f"/payment-instruments/{seg(token)}/default", json={},
+                                     idempotency_key=idempotency_key)
+        except e.AlreadyProcessed:
+            return {}  # made the default already (its answer was lost)

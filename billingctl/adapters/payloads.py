@@ -183,3 +183,39 @@ class Dispute(Open):
     processor: Name | None = None
     amount: Amount | None = None
     currency: Currency | None = None
+
+
+class ClientSession(Open):
+    """The client session a checkout hands to the browser (Primer's POST /client-session answer)."""
+    noun: ClassVar[str] = "client session"
+    client_token: Text = Field(alias="clientToken")
+    order_id: Ref | None = Field(None, alias="orderId")
+    client_expiration_date: Any = Field(None, alias="clientExpirationDate")
+
+    _expires = field_validator("client_expiration_date")(unix_or_iso)
+
+    @property
+    def expires_at(self) -> datetime | None:
+        from billingctl.domain.clock import parse_time
+
+        return parse_time(self.client_expiration_date)
+
+
+class PaymentMethodData(Open):
+    expiration_month: int | None = Field(None, alias="expirationMonth")
+    expiration_year: int | None = Field(None, alias="expirationYear")
+
+    _digits = field_validator("expiration_month", "expiration_year", mode="before")(
+        lambda value: None if value in ("", None) else value)
+
+
+class PaymentInstrument(Open):
+    """A vaulted payment instrument (Primer's GET /payment-instruments entries)."""
+    noun: ClassVar[str] = "payment instrument"
+    token: Text
+    payment_method_type: Text | None = Field(None, alias="paymentMethodType")
+    data: PaymentMethodData = Field(default_factory=PaymentMethodData, alias="paymentMethodData")
+    default: bool = False
+    deleted: bool = False
+
+    _nested = field_validator("data", mode="before")(_empty_when_null)

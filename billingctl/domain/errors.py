@@ -155,6 +155,13 @@ class OutcomeUnknown(ExternalError):
     code = "outcome_unknown"
 
 
+class AlreadyProcessed(OutcomeUnknown):
+    """The external system processed this request already (its idempotency key was used): read the outcome
+    back; sending it again is refused the same way."""
+
+    code = "already_processed"
+
+
 class ProcessorLockUnavailable(BillingError):
     """The payment processor lock could not be read; the operation was aborted and nothing was created."""
 

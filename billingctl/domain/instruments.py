@@ -3,26 +3,38 @@
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Protocol
 
 CARD = "PAYMENT_CARD"
 
 
-def is_expired(instrument: dict, now: datetime) -> bool:
-    data = instrument.get("paymentMethodData") or {}
-    try:
-        year, month = int(data["expirationYear"]), int(data["expirationMonth"])
-    except (KeyError, TypeError, ValueError):
+class Expiry(Protocol):
+    expiration_month: int | None
+    expiration_year: int | None
+
+
+class PaymentInstrument(Protocol):
+    """What a rule reads of a vaulted instrument (the adapters' typed copy has these)."""
+    token: str
+    payment_method_type: str | None
+    data: Expiry
+    default: bool
+    deleted: bool
+
+
+def is_expired(instrument: PaymentInstrument, now: datetime) -> bool:
+    year, month = instrument.data.expiration_year, instrument.data.expiration_month
+    if year is None or month is None:
         return False  # no expiry recorded: let the processor decide
     return (year, month) < (now.year, now.month)
 
 
-def usable_card(instrument: dict, now: datetime) -> bool:
+def usable_card(instrument: PaymentInstrument, now: datetime) -> bool:
     """PAYMENT_CARD, not deleted, not expired."""
-    return instrument.get("paymentMethodType") == CARD and not instrument.get("deleted") and not is_expired(
-        instrument, now)
+    return instrument.payment_method_type == CARD and not instrument.deleted and not is_expired(instrument, now)
 
 
-def stored_instrument(instruments: list[dict]) -> dict | None:
+def stored_instrument(instruments: list[PaymentInstrument]) -> PaymentInstrument | None:
     """The user's stored token: the default instrument, else the first live one."""
-    live = [i for i in instruments if not i.get("deleted")]
-    return next((i for i in live if i.get("default")), live[0] if live else None)
+    live = [i for i in instruments if not i.deleted]
+    return next((i for i in live if i.default), live[0] if live else None)

@@ -144,10 +144,9 @@ def provider_key(header: str) -> str | None:
 
 
 def _idempotent(sandbox: Sandbox, header: str, fn, replayed_header: str | None = None):
-    """Replay the first successful answer to a repeated idempotency key with the same parameters (within
-    the provider's window of IDEMPOTENCY_WINDOW seconds, marked by `replayed_header`); the key with other
-    parameters is refused: a client that reuses a key for another request would get another request's
-    answer."""
+    """The provider (`replayed_header` given) replays the first successful answer to a repeated idempotency
+    key with the same parameters within IDEMPOTENCY_WINDOW seconds, marked by that header, and refuses the
+    key with other parameters. The orchestrator refuses any processed key with 409."""
     key = request.headers.get(header)
     if not key:
         return jsonify(fn())
@@ -158,7 +157,12 @@ def _idempotent(sandbox: Sandbox, header: str, fn, replayed_header: str | None =
                                  request.get_data()).encode()).hexdigest()
     now = sandbox.store.now()
     saved = sandbox.store.idempotent_result(f"{request.path}:{key}")
-    if saved is not None and (not replayed_header or now - saved["at"] < IDEMPOTENCY_WINDOW):
+    if saved is not None and not replayed_header:
+        # Primer: a key whose request it processed is answered 409 IdempotencyKeyAlreadyExists and the
+        # request ignored, whatever its parameters; it never replays the first answer.
+        raise SandboxError(409, "A request with this idempotency key was already processed",
+                           "IdempotencyKeyAlreadyExists")
+    if saved is not None and now - saved["at"] < IDEMPOTENCY_WINDOW:
         if saved["params"] not in (None, params):
             raise SandboxError(400, "The idempotency key was used earlier with other parameters", "invalid_request",
                                header)

@@ -170,7 +170,7 @@ def _create(container, user_id, plan, lock, risky_actions, now, key: str) -> dic
             uow.checkouts.add(
                 user_id=user_id, subscription_id=sub["id"], order_id=order_id, item_price_id=plan.item_price_id,
                 lane=plan.lane, amount=plan.amount, currency_code=plan.currency_code,
-                client_token=session.get("clientToken"), expires_at=parse_time(session.get("clientExpirationDate")),
+                client_token=session.client_token, expires_at=session.expires_at,
                 status="open", created_at=now)
             # The reservation now waits for the session's first authorization (found by its order id).
             fraud_quota.rename(uow, f"checkout:{key}", f"order:{order_id}")
@@ -178,7 +178,7 @@ def _create(container, user_id, plan, lock, risky_actions, now, key: str) -> dic
     except Exception:
         _undo_subscription(container, sub["id"], (created.get("invoice") or {}).get("id"))
         raise
-    return {"order_id": order_id, "subscription_id": sub["id"], "client_token": session.get("clientToken"),
+    return {"order_id": order_id, "subscription_id": sub["id"], "client_token": session.client_token,
             "amount": plan.amount, "currency_code": plan.currency_code, "lane": plan.lane,
             "item_price_id": plan.item_price_id}
 

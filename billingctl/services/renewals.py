@@ -356,17 +356,16 @@ def _resolve_token(container, user_id: str, lane: str, now) -> str | None:
     if stored is None:
         return None
     if lane != "nsfw" or usable_card(stored, now):
-        return stored["token"]
+        return stored.token
     cards = [i for i in instruments if usable_card(i, now)]
     preferred = _latest_nsfw_checkout_token(container, user_id) if cards else None
-    card = next((c for c in cards if c["token"] == preferred), cards[-1] if cards else None)
+    card = next((c for c in cards if c.token == preferred), cards[-1] if cards else None)
     if card is not None:
-        log.info("nsfw_renewal_card_substitution",
-                 extra={"user_id": user_id, "from_type": stored.get("paymentMethodType")})
-        return card["token"]
+        log.info("nsfw_renewal_card_substitution", extra={"user_id": user_id, "from_type": stored.payment_method_type})
+        return card.token
     # Only wallets (or unusable cards): send the stored token and let the processor reject it.
     log.warning("nsfw_renewal_no_card_found", extra={"user_id": user_id})
-    return stored["token"]
+    return stored.token
 
 
 def _latest_nsfw_checkout_token(container, user_id: str) -> str | None:

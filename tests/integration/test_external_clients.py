@@ -108,7 +108,7 @@ def test_orchestrator_uses_its_own_headers_and_keeps_the_key(ext):
     c.sandbox.store.add_fault("orchestrator", "500", path="/client-session", count=1)
     session = c.orchestrator.create_client_session(order_id="inv_x", customer_id="u", amount=999,
                                                    currency_code="USD", metadata={"lane": "sfw"})
-    assert session["orderId"] == "inv_x"
+    assert session.order_id == "inv_x" and session.client_token
     assert seen[0]["x-idempotency-key"] == seen[1]["x-idempotency-key"]
     assert seen[0]["x-api-key"] and seen[0]["x-api-version"]
 
@@ -256,7 +256,7 @@ def test_clients_over_a_real_loopback_server(make_settings, tmp_path):
                                 {"dependency": "subscription_provider", "error": "external_unavailable"}) == 1
         session = c.orchestrator.create_client_session(order_id="inv_1", customer_id="user_1", amount=999,
                                                        currency_code="USD", metadata={"lane": "sfw"})
-        payment = sandbox.pay(session["orderId"])
+        payment = sandbox.pay(session.order_id)
         assert c.orchestrator.get_payment(payment["id"]).status == "SETTLED"
         assert [p.id for p in c.orchestrator.list_payments("SETTLED")] == [payment["id"]]
         c.close()
@@ -286,3 +286,42 @@ def test_a_provider_429_without_retry_after_waits_out_the_documented_block_and_c
     assert stats.remaining == 0  # the window was filled: every process of this key waits with this one
     assert c.sandbox.store.count_requests("provider", "GET", "subscriptions") == 1
     c.close()
+
+
+# ---- Primer's idempotency: a processed key is 409 IdempotencyKeyAlreadyExists, never a replay (decision 123) --
+
+def test_the_orchestrator_refuses_a_processed_key_with_409_and_processes_nothing_again(ext):
+    c = ext()
+    body = {"orderId": "inv_k", "currencyCode": "USD", "amount": 999, "customerId": "u", "metadata": {}}
+    c.orchestrator.http.request("POST", "/client-session", json=body, idempotency_key="k1")
+    for again in (body, body | {"amount": 1}):  # the same request, or another one under the same key
+        with pytest.raises(e.AlreadyProcessed) as info:
+            c.orchestrator.http.request("POST", "/client-session", json=again, idempotency_key="k1")
+        assert (info.value.details["status"], info.value.details["api_error_code"]) == (
+            409, "IdempotencyKeyAlreadyExists")
+    assert c.sandbox.store.get("client_session", "inv_k")["amount"] == 999
+    assert c.sandbox.store.count_requests("orchestrator", "POST", "/client-session") == 3  # never retried
+    assert c.breakers["orchestrator"].snapshot()["state"] == "closed"
+
+
+def test_a_refund_whose_answer_was_lost_is_read_back_and_refunds_once(ext):
+    c = ext()
+    session = c.orchestrator.create_client_session(order_id="inv_r", customer_id="u", amount=999,
+                                                   currency_code="USD", metadata={"lane": "sfw"})
+    paid = c.sandbox.pay(session.order_id)
+    c.sandbox.store.add_fault("orchestrator", "error_after_effect", method="POST", path="/refund", count=1)
+    refunded = c.orchestrator.refund_payment(paid["id"], 999, reason="duplicate charge")
+    assert (refunded.id, refunded.refunded) == (paid["id"], 999)
+    assert len(c.sandbox.store.get("payment", paid["id"])["refunds"]) == 1
+    assert c.sandbox.store.count_requests("orchestrator", "POST", "/refund") == 2  # the lost one, then the 409
+
+
+def test_a_client_session_whose_answer_was_lost_is_asked_for_again_under_a_key_of_its_own(ext):
+    c = ext()
+    seen = []
+    c.orchestrator.http.client.event_hooks["request"].append(lambda req: seen.append(req.headers["x-idempotency-key"]))
+    c.sandbox.store.add_fault("orchestrator", "error_after_effect", method="POST", path="/client-session", count=1)
+    session = c.orchestrator.create_client_session(order_id="inv_s", customer_id="u", amount=999,
+                                                   currency_code="USD", metadata={}, idempotency_key="session:k")
+    assert session.client_token and session.order_id == "inv_s"
+    assert seen == ["session:k", "session:k", "session:k:again"]

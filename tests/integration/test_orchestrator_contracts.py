@@ -106,7 +106,7 @@ def test_a_payment_is_read_into_its_typed_copy_by_primers_names_and_given_back_a
 def test_an_answer_in_a_shape_primer_does_not_document_is_a_counted_external_error(broken):
     payment = contract("webhook_payment_status.json")["payment"] | broken
     client, failures = counting_client(200, payment)
-    with pytest.raises(e.ExternalPayloadInvalid, match="the orchestrator answered a payment we cannot read"):
+    with pytest.raises(e.ExternalPayloadInvalid, match="the orchestrator answered what we cannot read"):
         client.get_payment(payment["id"])
     assert [(f.code, f.details["dependency"]) for f in failures] == [("external_payload_invalid", "orchestrator")]
 
@@ -130,8 +130,32 @@ def test_no_service_reads_primers_spelling_of_a_field():
     root = Path(__file__).parents[2] / "billingctl"
     primer = "|".join(("orderId", "customerId", "currencyCode", "paymentMethod", "paymentType", "paymentMethodToken",
                        "amountRefunded", "amountCaptured", "processorMerchantId", "statusReason", "paymentId",
-                       "processorDisputeId", "processorId"))
+                       "processorDisputeId", "processorId", "paymentMethodType", "paymentMethodData",
+                       "expirationYear", "expirationMonth", "clientToken", "clientExpirationDate"))
     pattern = re.compile(r"""(\.get\(|\[)["'](""" + primer + r""")["']""")
-    readers = [path for path in sorted((root / "services").glob("*.py")) + [root / "cli" / "payments.py"]
+    readers = [path for path in sorted((root / "services").glob("*.py")) + sorted((root / "domain").glob("*.py"))
+               + [root / "cli" / "payments.py"]
                if pattern.search(path.read_text())]
     assert readers == []
+
+
+def test_vaulted_instruments_are_typed_and_one_the_renewal_rules_can_judge(container):
+    """Primer sends the card's expiry as digits in strings; a wallet has none (the processor decides)."""
+    from datetime import UTC, datetime
+
+    from billingctl.domain.instruments import stored_instrument, usable_card
+
+    page = {"data": [
+        {"token": "tok_old", "paymentMethodType": "PAYMENT_CARD", "default": True,
+         "paymentMethodData": {"last4Digits": "4242", "expirationMonth": "12", "expirationYear": "2020"}},
+        {"token": "tok_paypal", "paymentMethodType": "PAYPAL", "paymentMethodData": {"email": "a@b.test"}},
+        {"token": "tok_new", "paymentMethodType": "PAYMENT_CARD",
+         "paymentMethodData": {"expirationMonth": "01", "expirationYear": "2035"}},
+        {"token": None, "paymentMethodType": "PAYMENT_CARD"}]}
+    client, failures = counting_client(200, page)
+    found = client.list_payment_instruments("user_1")
+    assert [i.token for i in found] == ["tok_old", "tok_paypal", "tok_new"]  # the tokenless one: skipped, counted
+    assert [f.code for f in failures] == ["external_payload_invalid"]
+    now = datetime(2026, 11, 26, tzinfo=UTC)
+    assert stored_instrument(found).token == "tok_old"
+    assert [i.token for i in found if usable_card(i, now)] == ["tok_new"]
