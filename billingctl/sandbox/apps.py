@@ -226,11 +226,18 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
         return [(field, "=", value)] if value not in (None, "") else []
 
     def sort_key(default: str | None, sortable: tuple[str, ...]) -> str | None:
-        """The list's sort attribute: only those the provider documents as sortable for the resource."""
-        value = request.args.get("sort_by[asc]")
-        if value not in (None, "") and value not in sortable:
-            raise SandboxError(400, f"sort_by[asc] : invalid value {value}"[:200], "param_wrong_value", "sort_by[asc]")
-        return value or default
+        """The list's sort attribute, ascending (`sort_by[asc]`) or descending (`sort_by[desc]`, given back as
+        "-attribute"): only those the provider documents as sortable for the resource, one direction."""
+        given = {d: request.args.get(f"sort_by[{d}]") for d in ("asc", "desc")}
+        given = {d: v for d, v in given.items() if v not in (None, "")}
+        if len(given) > 1:
+            raise SandboxError(400, "sort_by : only one of asc and desc may be given", "param_wrong_value", "sort_by")
+        for direction, value in given.items():
+            if value not in sortable:
+                raise SandboxError(400, f"sort_by[{direction}] : invalid value {value}"[:200], "param_wrong_value",
+                                   f"sort_by[{direction}]")
+            return value if direction == "asc" else f"-{value}"
+        return default
 
     @app.get(f"{prefix}/subscriptions/<sub_id>")
     def get_subscription(sub_id):

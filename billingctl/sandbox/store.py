@@ -121,7 +121,8 @@ class SandboxStore:
              limit: int, plan: bool = False) -> tuple[list[dict], bool]:
         """One page of a list endpoint: SQLite filters and sorts the JSON documents through the expression
         indexes above and only the page is decoded. Filters are (field, "=" or ">", value); the sort is
-        ascending by one field, then by insertion order. Returns the page and whether more rows follow
+        by one field ("-field": descending), then by insertion order in the same direction. Returns the
+        page and whether more rows follow
         (with `plan`, SQLite's query plan instead)."""
         where, args = ["kind = ?"], [kind]
         for field, op, value in filters:
@@ -131,9 +132,10 @@ class SandboxStore:
             args.append(value)
         order = "seq"
         if sort:
-            if not sort.replace("_", "").isalnum():
+            field, direction = (sort[1:], " DESC") if sort.startswith("-") else (sort, "")
+            if not field.replace("_", "").isalnum():
                 raise ValueError(f"unsupported sort {sort}")
-            order = f"json_extract(data, '$.{sort}'), seq"
+            order = f"json_extract(data, '$.{field}'){direction}, seq{direction}"
         query = f"SELECT data FROM objects WHERE {' AND '.join(where)} ORDER BY {order} LIMIT ? OFFSET ?"
         with self.tx() as db:
             if plan:

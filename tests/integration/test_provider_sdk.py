@@ -152,6 +152,7 @@ def test_the_sdk_gets_the_refusals_of_lists_it_would_get_from_the_provider(sdk, 
     assert refused(lambda: sdk.Subscription.list({"status": {"is": "void"}})) == (400, "param_wrong_value")
     assert refused(lambda: sdk.Invoice.list({"status": {"is": "void"}})) == (400, "param_wrong_value")
     assert refused(lambda: sdk.Invoice.list({"sort_by": {"asc": "total"}})) == (400, "param_wrong_value")
+    assert refused(lambda: sdk.Invoice.list({"sort_by": {"desc": "total"}})) == (400, "param_wrong_value")
     assert sdk.Invoice.list({"status": {"is": "voided"}, "sort_by": {"asc": "date"}}).list == []
 
 
@@ -215,6 +216,10 @@ def test_the_sdk_lists_page_by_page_and_filters_plans(sdk, served):
         sdk.Subscription.create_with_items(f"bulk_{i}", {"subscription_items": [{"item_price_id": PLAN}]})
     first = sdk.Subscription.list({"limit": 5, "sort_by": {"asc": "updated_at"}})
     assert len(first.list) == 5 and first.list[0].customer.id == "bulk_0"
+    newest = sdk.Subscription.list({"limit": 5, "sort_by": {"desc": "created_at"}})
+    assert [e.customer.id for e in newest.list] == [f"bulk_{i}" for i in range(11, 6, -1)]
+    rest = sdk.Subscription.list({"limit": 100, "offset": newest.next_offset, "sort_by": {"desc": "created_at"}})
+    assert [e.customer.id for e in rest.list][:7] == [f"bulk_{i}" for i in range(6, -1, -1)]
 
 
 def test_the_sdk_gets_the_rate_limit_and_auth_refusals(sdk, served):
