@@ -15,15 +15,18 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-# Debian's PostgreSQL and Redis servers for the integration tests, and promtool (Debian's prometheus)
-# for the alert rules (apt-get update once, then install what is missing).
+# Debian's PostgreSQL and Redis servers for the integration tests, promtool (Debian's prometheus) for the
+# alert rules and nginx for the public front (apt-get update once, then install what is missing).
+NGINX := $(firstword $(wildcard /usr/sbin/nginx) $(shell command -v nginx 2>/dev/null))
 servers:
-	@if ! command -v redis-server >/dev/null 2>&1 || [ -z "$(PG_BIN)" ] || ! command -v promtool >/dev/null 2>&1; then \
+	@if ! command -v redis-server >/dev/null 2>&1 || [ -z "$(PG_BIN)" ] || ! command -v promtool >/dev/null 2>&1 \
+			|| [ -z "$(NGINX)" ]; then \
 		$(SUDO) apt-get update -qq && \
 		$(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-			postgresql redis-server prometheus >/dev/null; \
+			postgresql redis-server prometheus nginx >/dev/null; \
 	fi
-	@command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null && command -v promtool >/dev/null
+	@command -v redis-server >/dev/null && ls /usr/lib/postgresql/*/bin/initdb >/dev/null && command -v promtool >/dev/null \
+		&& ls /usr/sbin/nginx >/dev/null
 
 lint: venv servers
 	$(BIN)/ruff check .

@@ -126,8 +126,9 @@ WantedBy=timers.target
     gunicorn = billingctl.replace("billingctl", "gunicorn")
     # No control socket (gunicorn 25+): both services would share its default path ($HOME/.gunicorn/
     # gunicorn.ctl, the second taking it from the first), and nothing here uses gunicornc (issue 37).
+    # Both listen on loopback only: the public app behind nginx (deploy/nginx/billing-public.conf), which
+    # buffers every request so a sync worker never waits on a slow client (issue 37), the internal one private.
     for app, port in (("public", 8000), ("internal", 8001)):
-        bind = "0.0.0.0" if app == "public" else "127.0.0.1"
         units[f"billing-{app}.service"] = f"""# Generated from jobs/units.py; do not edit by hand.
 [Unit]
 Description=billing {app} web app (gunicorn)
@@ -136,7 +137,7 @@ Wants=network-online.target
 
 [Service]
 Type=simple
-ExecStart={gunicorn} --bind {bind}:{port} --workers 4 --timeout 30 --no-control-socket 'webhooks_app.wsgi:{app}()'
+ExecStart={gunicorn} --bind 127.0.0.1:{port} --workers 4 --timeout 30 --no-control-socket 'webhooks_app.wsgi:{app}()'
 Restart=on-failure
 RestartSec=2
 {LONG_RUNNING_TAIL}"""

@@ -33,6 +33,34 @@ def serving(url: str, attempts: int = 200, pause: float = 0.1) -> bool:
     return False
 
 
+def stop_process(process: subprocess.Popen | None, grace: float = 10) -> None:
+    """SIGTERM, then SIGKILL when it has not exited within `grace` seconds."""
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
+def wait_for_port(port: int, what: str, process: subprocess.Popen | None = None, log: Path | None = None,
+                  seconds: float = 20) -> None:
+    """Until something accepts connections on the loopback `port`; RuntimeError when `process` exits first
+    (with the end of its `log`) or nothing listens within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"{what} exited: {log.read_text()[-500:] if log and log.exists() else ''}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not start")
+
+
 def _pg_bin(name: str) -> str:
     for d in PG_BIN_DIRS:
         if os.path.exists(os.path.join(d, name)):
@@ -97,14 +125,8 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                    return f"redis://127.0.0.1:{self.port}/0"
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("redis-server did not start")
+        wait_for_port(self.port, "redis-server")
+        return f"redis://127.0.0.1:{self.port}/0"
 
     def stop(self) -> None:
         if self.proc:
@@ -114,3 +136,41 @@ class RedisServer:
     def restart(self) -> str:
         """Start again on the same port (after stop(): an outage that ends)."""
         return self.start()
+
+
+NGINX_CONF = Path(__file__).resolve().parents[1] / "deploy" / "nginx" / "billing-public.conf"
+
+
+class NginxFront:
+    """Debian's nginx with the repository's public front (`deploy/nginx/billing-public.conf`) as it is
+    shipped, only its listen port and upstream address moved to free loopback ports."""
+
+    def __init__(self, root: Path, upstream_port: int):
+        self.root, self.port, self.proc = root, free_port(), None
+        site = NGINX_CONF.read_text()
+        moved = site.replace("listen 80;", f"listen 127.0.0.1:{self.port};").replace(
+            "server 127.0.0.1:8000;", f"server 127.0.0.1:{upstream_port};")
+        if moved.count(str(self.port)) != 1 or moved.count(f":{upstream_port};") != 1:
+            raise RuntimeError("deploy/nginx/billing-public.conf no longer has the listen and upstream lines")
+        root.mkdir(parents=True, exist_ok=True)
+        (root / "billing-public.conf").write_text(moved)
+        user = "user root;\n" if os.geteuid() == 0 else ""  # the workers read the test's files
+        temp = "\n".join(f"    {kind}_temp_path {root / kind};" for kind in ("client_body", "proxy", "fastcgi",
+                                                                           "uwsgi", "scgi"))
+        (root / "nginx.conf").write_text(
+            f"{user}daemon off;\nworker_processes 1;\npid {root / 'nginx.pid'};\nerror_log {root / 'error.log'} warn;\n"
+            "events { worker_connections 2048; }\n"
+            f"http {{\n    access_log off;\n{temp}\n    include {root / 'billing-public.conf'};\n}}\n")
+
+    def start(self) -> str:
+        binary = shutil.which("nginx") or "/usr/sbin/nginx"
+        if not os.path.exists(binary):
+            raise RuntimeError("nginx not found: install Debian's nginx (make test does)")
+        self.proc = subprocess.Popen([binary, "-p", str(self.root), "-c", str(self.root / "nginx.conf"),
+                                      "-e", str(self.root / "error.log")],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for_port(self.port, "nginx", self.proc, self.root / "error.log")
+        return f"http://127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        stop_process(self.proc)

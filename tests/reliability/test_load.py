@@ -19,7 +19,7 @@ from sqlalchemy import func, select
 from bench.common import seed_payments
 from billingctl.adapters.db.tables import credit_ledger, purchase, users
 from billingctl.sandbox.model import sign_body
-from tests.servers import free_port, serving
+from tests.servers import free_port, serving, stop_process
 
 pytestmark = pytest.mark.reliability
 UNIQUE, CLIENTS, DEADLINE = int(os.environ.get("LOAD_UNIQUE", 3334)), 8, 600
@@ -64,11 +64,7 @@ def test_five_thousand_webhooks_through_gunicorn(settings, container, tmp_path):
         with ThreadPoolExecutor(CLIENTS) as pool:
             list(pool.map(send, chunks))
     finally:
-        server.terminate()
-        try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_process(server, 30)
         log_file.close()
     elapsed = time.monotonic() - started
     FIGURES.update(requests=sum(statuses.values()), statuses=statuses, seconds=round(elapsed, 1),

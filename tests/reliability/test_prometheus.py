@@ -17,7 +17,7 @@ from sqlalchemy import insert, update
 from billingctl.adapters.db.tables import users
 from billingctl.services.checkout import create_checkout
 from tests.helpers import billingctl
-from tests.servers import free_port
+from tests.servers import free_port, stop_process
 
 pytestmark = pytest.mark.reliability
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,11 +72,7 @@ scrape_configs:
         yield api, env, redis_url
     finally:
         for process in (prom, app):
-            process.terminate()
-            try:
-                process.wait(10)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop_process(process)
         api.close()
 
 
