@@ -7,23 +7,20 @@ JSON refuses (NaN, Infinity) and NUL characters, which PostgreSQL cannot store."
 
 from __future__ import annotations
 
-from typing import Annotated, Any
-
-from pydantic import Field, StringConstraints, field_validator
+from pydantic import Field
 
 from billingctl.adapters.payloads import (
     Dispute,
     Email,
+    Event,
     EventType,
     Id,
     LongId,
     Open,
     PayloadInvalid,
     Payment,
-    Ref,
     Status,
     Text,
-    unix_or_iso,
 )
 from billingctl.domain.errors import InvalidInput
 
@@ -94,25 +91,7 @@ class IdentityEvent(Open):
     data: IdentityData
 
 
-class _Entity(Open):
-    id: Ref
-    status: Status | None = None
-
-
-class ProviderContent(Open):
-    subscription: _Entity | None = None
-    invoice: _Entity | None = None
-    transaction: Open | None = None
-    credit_note: Open | None = None
-
-
-class ProviderEvent(Open):
-    id: Annotated[str, StringConstraints(min_length=1, max_length=128)]  # event_inbox.event_id String(128)
-    event_type: EventType
-    occurred_at: Any = None
-    content: ProviderContent | None = None
-
-    _occurred = field_validator("occurred_at")(unix_or_iso)
+ProviderEvent = Event  # the provider's webhook body is its event: one schema for the receiver and the handler
 
 
 def check(model: type[Open], body: dict) -> dict:

@@ -266,5 +266,37 @@ class ResilientClient:
         log.info("%s call failed: %s", self.dependency, getattr(failure, "message", failure),
                     extra={"dependency": self.dependency, "error_code": getattr(failure, "code", "")})
 
+    # ---- typed answers (decision 122): parsed once here, never a half-read dict handed on ----------------
+    def typed(self, model, answer):
+        """`answer` as its typed copy (`model`, an adapters.payloads model): one the dependency cannot have
+        meant (a field missing or of the wrong type) is ExternalPayloadInvalid, counted like any failure."""
+        from billingctl.adapters.payloads import PayloadInvalid
+
+        try:
+            return model.read(answer)
+        except PayloadInvalid as exc:
+            raise self._unreadable(model, exc) from None
+
+    def typed_entries(self, model, entries):
+        """Each entry of a list answer as its typed copy; one that cannot be read is skipped, named in an
+        ERROR log and counted, and the others are read: one bad entry never hides the rest."""
+        from billingctl.adapters.payloads import PayloadInvalid
+
+        for entry in entries or []:
+            try:
+                yield model.read(entry)
+            except PayloadInvalid as exc:
+                failure = self._unreadable(model, exc)
+                ident = entry.get("id") if isinstance(entry, dict) else None
+                log.error("%s listed an entry we cannot read; skipped: %s", self.dependency, failure.message,
+                          extra={"dependency": self.dependency, "entry_id": str(ident)[:64] if ident else None})
+
+    def _unreadable(self, model, exc) -> e.ExternalPayloadInvalid:
+        failure = e.ExternalPayloadInvalid(f"the {self.dependency} answered a {model.noun or model.__name__} we "
+                                           f"cannot read ({exc})", dependency=self.dependency)
+        if self.on_error is not None:
+            self.on_error(failure)
+        return failure
+
     def close(self) -> None:
         self.client.close()

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from datetime import datetime
 
 from billingctl.adapters.http import ResilientClient
-from billingctl.adapters.payloads import ClientSession, PayloadInvalid, Payment, PaymentInstrument
+from billingctl.adapters.payloads import ClientSession, Payment, PaymentInstrument
 from billingctl.adapters.subscription_provider import seg
 from billingctl.domain import errors as e
 
@@ -41,7 +41,7 @@ class OrchestratorClient:
             # no money and the first one expires unused, so a new one is asked for under a key of its own.
             answer = self.http.request("POST", "/client-session", json=body,
                                        idempotency_key=f"{idempotency_key or 'session'}:again")
-        return self._read(ClientSession, answer)
+        return self.http.typed(ClientSession, answer)
 
     def create_payment(self, *, payment_method_token: str, amount: int, currency_code: str, order_id: str,
                        customer_id: str, metadata: dict, idempotency_key: str | None = None) -> Payment:
@@ -81,17 +81,13 @@ class OrchestratorClient:
             if cursor:
                 params["cursor"] = cursor
             page = self.http.request("GET", "/payments", params=params)
-            for entry in page.get("data", []):
-                try:
-                    yield Payment.read(entry)
-                except PayloadInvalid as exc:
-                    self.unreadable(entry, exc)
+            yield from self.http.typed_entries(Payment, page.get("data"))
             cursor = page.get("nextCursor")
             if not cursor:
                 return
 
     def _payment(self, answer) -> Payment:
-        return self._read(Payment, answer)
+        return self.http.typed(Payment, answer)
 
     def _acted_on(self, payment_id: str, method: str, path: str, **request) -> Payment:
         """A capture, cancel or refund of one payment. One whose key Primer has processed already (its answer
@@ -101,27 +97,6 @@ class OrchestratorClient:
         except e.AlreadyProcessed:
             log.info("already processed at the orchestrator: read back", extra={"payment_id": payment_id})
             return self.get_payment(payment_id)
-
-    def _read(self, model, answer):
-        """The orchestrator's answer as its typed copy: one it cannot have meant (a field missing or of the
-        wrong type) is an external error (counted), never a half-read dict handed to a service."""
-        try:
-            return model.read(answer)
-        except PayloadInvalid as exc:
-            raise self._unreadable(exc) from None
-
-    def _unreadable(self, exc: PayloadInvalid) -> e.ExternalPayloadInvalid:
-        failure = e.ExternalPayloadInvalid(f"the orchestrator answered what we cannot read ({exc})",
-                                           dependency=self.dependency)
-        if self.http.on_error is not None:
-            self.http.on_error(failure)
-        return failure
-
-    def unreadable(self, entry, exc: PayloadInvalid) -> None:
-        ident = entry.get("id") if isinstance(entry, dict) else None
-        failure = self._unreadable(exc)
-        log.error("the orchestrator listed an entry we cannot read; skipped: %s", failure.message,
-                  extra={"payment_id": str(ident)[:64] if ident is not None else None})
 
     def payments_of_order(self, order_id: str) -> list[Payment]:
         """Every payment of one order, whatever its status (summaries), oldest first."""
@@ -138,14 +113,8 @@ class OrchestratorClient:
 
     def list_payment_instruments(self, customer_id: str) -> list[PaymentInstrument]:
         """The customer's vaulted instruments; one we cannot read is skipped, named and counted."""
-        found = []
-        for entry in self.http.request("GET", "/payment-instruments", params={"customer_id": customer_id}).get(
-                "data", []):
-            try:
-                found.append(PaymentInstrument.read(entry))
-            except PayloadInvalid as exc:
-                self.unreadable(entry, exc)
-        return found
+        answer = self.http.request("GET", "/payment-instruments", params={"customer_id": customer_id})
+        return list(self.http.typed_entries(PaymentInstrument, answer.get("data")))
 
     def set_default_instrument(self, token: str, idempotency_key: str | None = None) -> dict:
         try:

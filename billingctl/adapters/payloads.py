@@ -219,3 +219,152 @@ class PaymentInstrument(Open):
     deleted: bool = False
 
     _nested = field_validator("data", mode="before")(_empty_when_null)
+
+
+# ---- the subscription provider (Chargebee API v2: its field names are already ours) ------------------
+
+UnixTime = Annotated[int, Field(ge=0, le=2**40)]  # the provider's dates: unix seconds
+
+
+class Coupon(Open):
+    coupon_id: Text | None = None
+
+
+class SubscriptionItem(Open):
+    item_price_id: LongId | None = None
+    item_type: Text | None = None
+
+
+class Subscription(Open):
+    """The provider's subscription (its status is judged by domain.lifecycle.SUBSCRIPTION, not here: an
+    undocumented status is reported there, never a parse error)."""
+    noun: ClassVar[str] = "subscription"
+    id: Ref
+    customer_id: Ref | None = None
+    status: Status | None = None
+    start_date: UnixTime | None = None
+    current_term_start: UnixTime | None = None
+    current_term_end: UnixTime | None = None
+    created_at: UnixTime | None = None
+    updated_at: UnixTime | None = None
+    cancelled_at: UnixTime | None = None
+    resource_version: int | None = None
+    subscription_items: list[SubscriptionItem] = Field(default_factory=list)
+    coupons: list[Coupon] = Field(default_factory=list)
+
+    _lists = field_validator("subscription_items", "coupons", mode="before")(lambda v: [] if v is None else v)
+
+    @property
+    def item_price_id(self) -> str | None:
+        return self.subscription_items[0].item_price_id if self.subscription_items else None
+
+    @property
+    def coupon_ids(self) -> list[str]:
+        return [c.coupon_id for c in self.coupons if c.coupon_id]
+
+
+class LineItem(Open):
+    entity_id: LongId | None = None
+    entity_type: Text | None = None
+
+
+class LinkedPayment(Open):
+    txn_id: Ref | None = None
+    applied_amount: int | None = None
+
+
+class Invoice(Open):
+    """The provider's invoice (status judged by domain.lifecycle.INVOICE)."""
+    noun: ClassVar[str] = "invoice"
+    id: Ref
+    status: Status | None = None
+    subscription_id: Ref | None = None
+    customer_id: Ref | None = None
+    total: int | None = None
+    amount_due: int | None = None
+    amount_paid: int | None = None
+    currency_code: Currency | None = None
+    date: UnixTime | None = None
+    paid_at: UnixTime | None = None
+    updated_at: UnixTime | None = None
+    resource_version: int | None = None
+    line_items: list[LineItem] = Field(default_factory=list)
+    linked_payments: list[LinkedPayment] = Field(default_factory=list)
+
+    _lists = field_validator("line_items", "linked_payments", mode="before")(lambda v: [] if v is None else v)
+
+    @property
+    def item_price_id(self) -> str | None:
+        return self.line_items[0].entity_id if self.line_items else None
+
+
+class LinkedInvoice(Open):
+    invoice_id: Ref | None = None
+    applied_amount: int | None = None
+
+
+class Transaction(Open):
+    """A provider transaction. Its reference number is free text a person may have typed (a cheque
+    number): it is never taken as an id of ours unless it looks like one (provider_events.payment_reference)."""
+    noun: ClassVar[str] = "transaction"
+    id: Ref
+    type: Text | None = None
+    status: Text | None = None
+    amount: int | None = None
+    currency_code: Currency | None = None
+    date: UnixTime | None = None
+    customer_id: Ref | None = None
+    subscription_id: Ref | None = None
+    reference_number: str | None = None
+    id_at_gateway: str | None = None
+    payment_method: Text | None = None
+    linked_invoices: list[LinkedInvoice] = Field(default_factory=list)
+
+    _lists = field_validator("linked_invoices", mode="before")(lambda v: [] if v is None else v)
+
+
+class CreditNote(Open):
+    id: Ref | None = None
+    type: Text | None = None
+    reference_invoice_id: Ref | None = None
+    total: int | None = None
+
+
+class EventContent(Open):
+    subscription: Subscription | None = None
+    invoice: Invoice | None = None
+    transaction: Transaction | None = None
+    credit_note: CreditNote | None = None
+
+
+class EventEnvelope(Open):
+    """What the inbox needs of a provider event to hold it (its id, type and time); its content is read in
+    full when it is processed (`Event`), so an event whose content cannot be read is held, retried and
+    parked with an alert like any other failure, never dropped from the poller's list."""
+    noun: ClassVar[str] = "event"
+    id: Annotated[str, StringConstraints(min_length=1, max_length=128)]  # event_inbox.event_id String(128)
+    event_type: EventType
+    occurred_at: Any = None
+    content: dict | None = None
+
+    _occurred = field_validator("occurred_at")(unix_or_iso)
+
+
+class Event(EventEnvelope):
+    """A provider event, content included (its webhook body, or an event the inbox holds)."""
+    content: EventContent = Field(default_factory=EventContent)
+
+    _nested = field_validator("content", mode="before")(_empty_when_null)
+
+
+class SubscriptionAnswer(Open):
+    """The provider's answer to a call on a subscription: the subscription, and what the call made with it
+    (the customer, the invoice a start generated)."""
+    subscription: Subscription
+    invoice: Invoice | None = None
+
+
+class InvoiceAnswer(Open):
+    """The provider's answer to a call on an invoice (a payment recorded, a void): the invoice as it now is."""
+    invoice: Invoice
+    transaction: Transaction | None = None

@@ -10,6 +10,14 @@ from datetime import datetime
 from urllib.parse import quote
 
 from billingctl.adapters.http import ResilientClient
+from billingctl.adapters.payloads import (
+    EventEnvelope,
+    Invoice,
+    InvoiceAnswer,
+    Subscription,
+    SubscriptionAnswer,
+    Transaction,
+)
 
 PAGE_LIMIT = 100
 
@@ -49,7 +57,8 @@ class SubscriptionProviderClient:
                                  headers={"Content-Type": "application/x-www-form-urlencoded"})
 
     def paginate(self, path: str, params: dict | None = None, wrapper: str | None = None) -> Iterator[dict]:
-        """Every object of a list endpoint, page after page; callers never see offsets."""
+        """Every object of a list endpoint, page after page (as the provider sent it: the typed lists below
+        read each one); callers never see offsets."""
         params = {k: v for k, v in (params or {}).items() if v is not None}
         params["limit"] = PAGE_LIMIT
         while True:
@@ -62,66 +71,78 @@ class SubscriptionProviderClient:
             params["offset"] = offset
 
     # -- subscriptions ------------------------------------------------------------------------
-    def get_subscription(self, subscription_id: str) -> dict:
-        return self._get(f"/subscriptions/{seg(subscription_id)}")
+    def _typed(self, model, answer):
+        return self.http.typed(model, answer)
+
+    def get_subscription(self, subscription_id: str) -> Subscription:
+        return self._typed(Subscription, self._get(f"/subscriptions/{seg(subscription_id)}").get("subscription"))
 
     def list_subscriptions(self, updated_after: datetime | int | None = None,
-                           status: str | None = None) -> Iterator[dict]:
-        return self.paginate("/subscriptions", {"updated_at[after]": _ts(updated_after), "status[is]": status,
-                                                "sort_by[asc]": "updated_at"}, wrapper=None)
+                           status: str | None = None) -> Iterator[Subscription]:
+        return self.http.typed_entries(Subscription, self.paginate(
+            "/subscriptions", {"updated_at[after]": _ts(updated_after), "status[is]": status,
+                               "sort_by[asc]": "updated_at"}, wrapper="subscription"))
 
     def create_subscription_for_items(self, customer_id: str, item_price_id: str, start_date: datetime | int,
-                                      idempotency_key: str | None = None) -> dict:
+                                      idempotency_key: str | None = None) -> SubscriptionAnswer:
         # Collected by the orchestrator and recorded offline: never collected automatically by the provider,
         # which would refuse (or cancel) a subscription of a customer with no payment method on file.
-        return self._post(f"/customers/{seg(customer_id)}/subscription_for_items",
-                          {"subscription_items[item_price_id][0]": item_price_id, "start_date": _ts(start_date),
-                           "auto_collection": "off"}, idempotency_key)
+        return self._typed(SubscriptionAnswer, self._post(
+            f"/customers/{seg(customer_id)}/subscription_for_items",
+            {"subscription_items[item_price_id][0]": item_price_id, "start_date": _ts(start_date),
+             "auto_collection": "off"}, idempotency_key))
 
     def start_subscription(self, subscription_id: str, start_date: datetime | int,
-                           idempotency_key: str | None = None) -> dict:
+                           idempotency_key: str | None = None) -> SubscriptionAnswer:
         """Move a future subscription's start to `start_date` (update_for_items): at or before now it
         starts, and the response carries the invoice of its first term."""
-        return self._post(f"/subscriptions/{seg(subscription_id)}/update_for_items",
-                          {"start_date": _ts(start_date)}, idempotency_key)
+        return self._typed(SubscriptionAnswer, self._post(f"/subscriptions/{seg(subscription_id)}/update_for_items",
+                                                          {"start_date": _ts(start_date)}, idempotency_key))
 
     def change_term_end(self, subscription_id: str, term_ends_at: datetime | int,
-                        idempotency_key: str | None = None) -> dict:
-        return self._post(f"/subscriptions/{seg(subscription_id)}/change_term_end",
-                          {"term_ends_at": _ts(term_ends_at)}, idempotency_key)
+                        idempotency_key: str | None = None) -> SubscriptionAnswer:
+        return self._typed(SubscriptionAnswer, self._post(f"/subscriptions/{seg(subscription_id)}/change_term_end",
+                                                          {"term_ends_at": _ts(term_ends_at)}, idempotency_key))
 
-    def cancel_subscription(self, subscription_id: str, idempotency_key: str | None = None) -> dict:
-        return self._post(f"/subscriptions/{seg(subscription_id)}/cancel_for_items", {}, idempotency_key)
+    def cancel_subscription(self, subscription_id: str, idempotency_key: str | None = None) -> SubscriptionAnswer:
+        return self._typed(SubscriptionAnswer, self._post(f"/subscriptions/{seg(subscription_id)}/cancel_for_items",
+                                                          {}, idempotency_key))
 
     # -- events -------------------------------------------------------------------------------
-    def list_events(self, occurred_after: datetime | int | None = None) -> Iterator[dict]:
-        return self.paginate("/events", {"occurred_at[after]": _ts(occurred_after),
-                                         "sort_by[asc]": "occurred_at"}, wrapper="event")
+    def list_events(self, occurred_after: datetime | int | None = None) -> Iterator[EventEnvelope]:
+        return self.http.typed_entries(EventEnvelope, self.paginate(
+            "/events", {"occurred_at[after]": _ts(occurred_after), "sort_by[asc]": "occurred_at"}, wrapper="event"))
 
-    def events_page(self, occurred_after: datetime | int | None = None, offset: str | None = None) -> dict:
-        """One page of events (the poller keeps its own cursor)."""
+    def events_page(self, occurred_after: datetime | int | None = None,
+                    offset: str | None = None) -> tuple[list[EventEnvelope], str | None]:
+        """One page of events and the offset of the next (None on the last); the poller keeps its own cursor.
+        Each is read as far as the inbox needs it: its content is read when it is processed."""
         params = {"occurred_at[after]": _ts(occurred_after), "sort_by[asc]": "occurred_at",
                   "limit": PAGE_LIMIT, "offset": offset}
-        return self._get("/events", {k: v for k, v in params.items() if v is not None})
+        page = self._get("/events", {k: v for k, v in params.items() if v is not None})
+        entries = [entry.get("event") if isinstance(entry, dict) else entry for entry in page.get("list") or []]
+        return list(self.http.typed_entries(EventEnvelope, entries)), page.get("next_offset") or None
 
     # -- invoices -----------------------------------------------------------------------------
-    def get_invoice(self, invoice_id: str) -> dict:
-        return self._get(f"/invoices/{seg(invoice_id)}")
+    def get_invoice(self, invoice_id: str) -> Invoice:
+        return self._typed(Invoice, self._get(f"/invoices/{seg(invoice_id)}").get("invoice"))
 
     def list_invoices(self, status: str | None = None, subscription_id: str | None = None,
-                      updated_after: datetime | int | None = None) -> Iterator[dict]:
-        return self.paginate("/invoices", {"status[is]": status, "subscription_id[is]": subscription_id,
-                                           "updated_at[after]": _ts(updated_after)}, wrapper="invoice")
+                      updated_after: datetime | int | None = None) -> Iterator[Invoice]:
+        return self.http.typed_entries(Invoice, self.paginate(
+            "/invoices", {"status[is]": status, "subscription_id[is]": subscription_id,
+                          "updated_at[after]": _ts(updated_after)}, wrapper="invoice"))
 
-    def void_invoice(self, invoice_id: str, idempotency_key: str | None = None) -> dict:
-        return self._post(f"/invoices/{seg(invoice_id)}/void", {}, idempotency_key)
+    def void_invoice(self, invoice_id: str, idempotency_key: str | None = None) -> InvoiceAnswer:
+        return self._typed(InvoiceAnswer, self._post(f"/invoices/{seg(invoice_id)}/void", {}, idempotency_key))
 
     def record_payment(self, invoice_id: str, amount: int, reference_number: str,
-                       idempotency_key: str | None = None) -> dict:
-        return self._post(f"/invoices/{seg(invoice_id)}/record_payment",
-                          {"transaction[amount]": amount, "transaction[reference_number]": reference_number,
-                           "transaction[payment_method]": "other"},
-                          idempotency_key or f"record_payment:{seg(invoice_id)}:{reference_number}")
+                       idempotency_key: str | None = None) -> InvoiceAnswer:
+        return self._typed(InvoiceAnswer, self._post(
+            f"/invoices/{seg(invoice_id)}/record_payment",
+            {"transaction[amount]": amount, "transaction[reference_number]": reference_number,
+             "transaction[payment_method]": "other"},
+            idempotency_key or f"record_payment:{seg(invoice_id)}:{reference_number}"))
 
     # -- catalog and customers ----------------------------------------------------------------
     def get_item_price(self, item_price_id: str) -> dict:
@@ -141,10 +162,11 @@ class SubscriptionProviderClient:
         return self._post("/customers", data, idempotency_key or f"customer:{seg(customer_id)}")["customer"]
 
     # -- transactions ---------------------------------------------------------------------------
-    def list_transactions(self, kind: str = "payment", after: datetime | int | None = None) -> Iterator[dict]:
+    def list_transactions(self, kind: str = "payment", after: datetime | int | None = None) -> Iterator[Transaction]:
         """Transactions of one type (oldest first), page by page."""
-        return self.paginate("/transactions", {"type[is]": kind, "date[after]": _ts(after), "sort_by[asc]": "date"},
-                             wrapper="transaction")
+        return self.http.typed_entries(Transaction, self.paginate(
+            "/transactions", {"type[is]": kind, "date[after]": _ts(after), "sort_by[asc]": "date"},
+            wrapper="transaction"))
 
-    def get_transaction(self, transaction_id: str) -> dict:
-        return self._get(f"/transactions/{seg(transaction_id)}")["transaction"]
+    def get_transaction(self, transaction_id: str) -> Transaction:
+        return self._typed(Transaction, self._get(f"/transactions/{seg(transaction_id)}").get("transaction"))

@@ -13,6 +13,7 @@ import uuid
 from datetime import timedelta
 
 from billingctl.adapters.logs import item_failed
+from billingctl.adapters.payloads import SubscriptionAnswer
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
@@ -110,7 +111,7 @@ def _refuse_over_quota(uow, user_id: str, plan, now, decision) -> None:
     raise e.QuotaExhausted()
 
 
-def create_pending_subscription(container, user_id: str, item_price_id: str, now, key: str) -> dict:
+def create_pending_subscription(container, user_id: str, item_price_id: str, now, key: str) -> SubscriptionAnswer:
     """A future subscription for the user, creating the provider's customer (id = our user id) the
     first time: one call for a user who checked out before, two for a new one (three when the customer
     we believed to exist does not)."""
@@ -146,9 +147,9 @@ def ensure_customer(container, user_id: str, idempotency_key: str | None = None)
 
 def _create(container, user_id, plan, lock, risky_actions, now, key: str) -> dict:
     created = create_pending_subscription(container, user_id, plan.item_price_id, now, f"checkout:{key}")
-    sub = created["subscription"]
-    order_id = sub["id"]
-    metadata = {"user_id": user_id, "subscription_id": sub["id"], "item_price_id": plan.item_price_id,
+    sub = created.subscription
+    order_id = sub.id
+    metadata = {"user_id": user_id, "subscription_id": sub.id, "item_price_id": plan.item_price_id,
                 "lane": plan.lane}
     locked = lock.get(f"{plan.lane}_processor")
     if locked:
@@ -164,11 +165,11 @@ def _create(container, user_id, plan, lock, risky_actions, now, key: str) -> dic
         with container.uow() as uow:
             uow.users.ensure(user_id, now)
             uow.subscriptions.add({
-                "id": sub["id"], "status": sub["status"], "customer_id": user_id, "created_at": now,
-                "start_date": parse_time(sub.get("start_date")), "coupon_ids": [], "item_price_id": plan.item_price_id,
+                "id": sub.id, "status": sub.status, "customer_id": user_id, "created_at": now,
+                "start_date": parse_time(sub.start_date), "coupon_ids": [], "item_price_id": plan.item_price_id,
                 "lane": plan.lane})
             uow.checkouts.add(
-                user_id=user_id, subscription_id=sub["id"], order_id=order_id, item_price_id=plan.item_price_id,
+                user_id=user_id, subscription_id=sub.id, order_id=order_id, item_price_id=plan.item_price_id,
                 lane=plan.lane, amount=plan.amount, currency_code=plan.currency_code,
                 client_token=session.client_token, expires_at=session.expires_at,
                 status="open", created_at=now)
@@ -176,9 +177,9 @@ def _create(container, user_id, plan, lock, risky_actions, now, key: str) -> dic
             fraud_quota.rename(uow, f"checkout:{key}", f"order:{order_id}")
             uow.commit()
     except Exception:
-        _undo_subscription(container, sub["id"], (created.get("invoice") or {}).get("id"))
+        _undo_subscription(container, sub.id, created.invoice.id if created.invoice is not None else None)
         raise
-    return {"order_id": order_id, "subscription_id": sub["id"], "client_token": session.client_token,
+    return {"order_id": order_id, "subscription_id": sub.id, "client_token": session.client_token,
             "amount": plan.amount, "currency_code": plan.currency_code, "lane": plan.lane,
             "item_price_id": plan.item_price_id}
 
@@ -264,23 +265,23 @@ def _cancel_strays(container) -> dict:
     now = container.clock.now()
     cancelled, failed = [], []
     try:
-        remote = [r.get("subscription", r) for r in container.provider.list_subscriptions(status="future")]
+        remote = list(container.provider.list_subscriptions(status="future"))
     except e.BillingError as exc:
         return {"cancelled": [], "failed": [{"id": "*", "error": f"listing future subscriptions: {exc.message}"}]}
     for sub in remote:
-        start, created = parse_time(sub.get("start_date")), parse_time(sub.get("created_at"))
+        start, created = parse_time(sub.start_date), parse_time(sub.created_at)
         if start is None or created is None or start <= now + PENDING_MARKER or created >= now - CLEANUP_AGE:
             continue
         with container.uow() as uow:
-            if uow.checkouts.exists_for_subscription(sub["id"]):
+            if uow.checkouts.exists_for_subscription(sub.id):
                 continue  # ours: the local pass above decides
         try:
-            cancel_at_provider(container, sub["id"])
+            cancel_at_provider(container, sub.id)
         except e.BillingError as exc:
-            failed.append({"id": sub["id"], "error": exc.message})
+            failed.append({"id": sub.id, "error": exc.message})
             continue
-        log.warning("cancelled a pending checkout known only to the provider", extra={"subscription_id": sub["id"]})
-        cancelled.append(sub["id"])
+        log.warning("cancelled a pending checkout known only to the provider", extra={"subscription_id": sub.id})
+        cancelled.append(sub.id)
     return {"cancelled": cancelled, "failed": failed}
 
 

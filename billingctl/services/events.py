@@ -11,6 +11,7 @@ import logging
 from datetime import UTC, datetime, timedelta
 
 from billingctl.adapters.logs import item_failed
+from billingctl.adapters.payloads import EventContent
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
@@ -55,14 +56,12 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
     try:
         offset = None
         while True:
-            page = container.provider.events_page(start, offset)
-            entries = page.get("list", [])
-            seen += len(entries)
-            container.metrics.events_polled.inc(len(entries))
-            for entry in entries:
-                event = entry.get("event") or entry
+            events, offset = container.provider.events_page(start, offset)
+            seen += len(events)
+            container.metrics.events_polled.inc(len(events))
+            for event in events:
                 status = handle_event(container, event)
-                occurred = parse_time(event.get("occurred_at"))
+                occurred = parse_time(event.occurred_at)
                 if status == "pending":
                     failed += 1
                     blocked = True  # the cursor stays behind the first event still to retry
@@ -72,7 +71,6 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
                         new_cursor = occurred
                 if progress:
                     progress(1)
-            offset = page.get("next_offset")
             if not offset:
                 break
     except e.RateLimited as exc:
@@ -116,25 +114,25 @@ def scan_paid_invoices(container, since: datetime | None) -> dict:
     for remote in container.provider.list_invoices(status="paid", updated_after=since):
         checked += 1
         with container.uow() as uow:
-            if uow.purchases.paying_invoice(remote["id"]) is not None:
+            if uow.purchases.paying_invoice(remote.id) is not None:
                 continue
-        for link in remote.get("linked_payments") or []:
+        for link in remote.linked_payments:
             # The invoice links its transactions by id; the orchestrator payment id is the
             # transaction's reference number.
-            if not link.get("txn_id"):
+            if not link.txn_id:
                 continue
             try:
-                txn = container.provider.get_transaction(link["txn_id"])
+                txn = container.provider.get_transaction(link.txn_id)
                 reference = payment_reference(txn)
-                if not reference or txn.get("type", "payment") != "payment":
+                if not reference or (txn.type or "payment") != "payment":
                     continue
-                recorded = record_reported_payment(container, reference, {"invoice": remote, "transaction": txn},
-                                                   "invoice_scan")
+                recorded = record_reported_payment(container, reference,
+                                                   EventContent(invoice=remote, transaction=txn), "invoice_scan")
                 if recorded["outcome"] == "recorded":
                     recovered += 1
             except Exception as exc:  # one invoice never stops the scan (issue 37): counted, logged, next
-                item_failed(log, "invoice scan", exc, invoice_id=remote["id"])
-                failures.append({"invoice_id": remote["id"],
+                item_failed(log, "invoice scan", exc, invoice_id=remote.id)
+                failures.append({"invoice_id": remote.id,
                                  "error": exc.message if isinstance(exc, e.BillingError) else type(exc).__name__})
     return {"invoices_checked": checked, "recovered": recovered, "failed": failures}
 

@@ -5,20 +5,17 @@ recorded on the invoice, a read), applied in resource_version order; a payment w
 
 from __future__ import annotations
 
+from billingctl.adapters.payloads import Invoice
 from billingctl.domain.clock import parse_time
 from billingctl.domain.lifecycle import INVOICE
 from billingctl.services.lifecycles import provider_status, provider_step_written
 
 
-def resource_version(remote: dict) -> int | None:
-    version = remote.get("resource_version")
-    return int(version) if isinstance(version, int | float) and not isinstance(version, bool) else None
-
-
-def save_copy(container, uow, remote: dict) -> str:
+def save_copy(container, uow, remote: Invoice) -> str:
     """Apply one provider copy of an invoice in the caller's transaction: "applied", "older_ignored" (a
     newer copy is held) or "refused" (a status the provider does not document: reported, nothing written)."""
-    invoice_id, status, version = remote["id"], remote.get("status"), resource_version(remote)
+    remote = Invoice.read(remote)  # typed already, or a copy a caller holds as the provider sent it
+    invoice_id, status, version = remote.id, remote.status, remote.resource_version
     local = uow.invoices.get(invoice_id)
     held = local["provider_resource_version"] if local is not None else None
     if version is not None and held is not None and held > version:
@@ -27,9 +24,9 @@ def save_copy(container, uow, remote: dict) -> str:
     step = provider_status(container, uow, INVOICE, invoice_id, current, status)
     if step is None:
         return "refused"
-    fields = {"subscription_id": remote.get("subscription_id"), "customer_id": remote.get("customer_id"),
-              "total_amount": remote.get("total"), "currency_code": remote.get("currency_code"), "status": status,
-              "paid_at": parse_time(remote.get("paid_at"))}
+    fields = {"subscription_id": remote.subscription_id, "customer_id": remote.customer_id,
+              "total_amount": remote.total, "currency_code": remote.currency_code, "status": status,
+              "paid_at": parse_time(remote.paid_at)}
     if local is None and uow.invoices.add({"id": invoice_id, "created_at": container.clock.now(),
                                           "provider_resource_version": version, **fields}):
         return "applied"
@@ -49,10 +46,11 @@ def name_invoice(uow, invoice_id: str, now, **fields) -> None:
     uow.invoices.add({"id": invoice_id, "created_at": now, "status": None, **fields})
 
 
-def apply_copy(container, remote: dict | None) -> str | None:
+def apply_copy(container, remote: Invoice | None) -> str | None:
     """`save_copy` in a transaction of its own (the copy an answer or an event showed); None without one
     (an invoice named without its status is a reference, not a copy)."""
-    if not remote or not remote.get("id") or remote.get("status") is None:
+    remote = Invoice.read(remote) if remote is not None else None  # typed, or a copy as the provider sent it
+    if remote is None or remote.status is None:
         return None
     with container.uow() as uow:
         outcome = save_copy(container, uow, remote)

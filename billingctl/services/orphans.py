@@ -116,7 +116,7 @@ def handle_payment(container, payment: Payment) -> str:
     return attempt(container, payment_id)
 
 
-def _hold_unattributed(container, payment: dict, reason: str) -> str:
+def _hold_unattributed(container, payment: Payment, reason: str) -> str:
     with container.uow() as uow:
         review.hold_unattributed(uow, container.clock, payment_id=payment.id,
                                  user_id=payment.user_id, reason=reason,
@@ -133,12 +133,12 @@ def _subscription_status(container, sub_id: str) -> str | None:
     if local == "cancelled":
         return local
     try:
-        return container.provider.get_subscription(sub_id)["subscription"]["status"]
+        return container.provider.get_subscription(sub_id).status
     except e.ExternalNotFound:
         return "cancelled"
 
 
-def _open(container, payment: dict) -> None:
+def _open(container, payment: Payment) -> None:
     now = container.clock.now()
     with container.uow() as uow:
         user_id = payment.user_id
@@ -180,7 +180,7 @@ def attempt(container, payment_id: str, force: bool = False) -> str:
     return outcome
 
 
-def _recover(container, row: dict, payment: dict) -> str:
+def _recover(container, row: dict, payment: Payment) -> str:
     user_id, plan = row["user_id"], row["item_price_id"]
     with container.uow() as uow:
         frozen = uow.users.frozen_at(user_id)
@@ -223,7 +223,7 @@ def _recover(container, row: dict, payment: dict) -> str:
     return _resubscribe(container, row, payment)
 
 
-def _record_on_own_subscription(container, row: dict, payment: dict) -> str:
+def _record_on_own_subscription(container, row: dict, payment: Payment) -> str:
     recorded = record_payment(container, payment, "orphan_recovery")
     if recorded.get("invoice_voided") == row["payment_id"]:
         return "resolved"  # its invoice was voided meanwhile: refunded, and its row ended (decision 113)
@@ -252,7 +252,7 @@ def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -
     with container.uow() as uow:
         candidates = uow.subscriptions.holding_plan(user_id, plan, exclude)
     for sub_id in candidates:  # the provider is the source of truth
-        if container.provider.get_subscription(sub_id)["subscription"]["status"] in ("active", "non_renewing"):
+        if container.provider.get_subscription(sub_id).status in ("active", "non_renewing"):
             return sub_id
     return None
 
@@ -271,7 +271,7 @@ def _refund_duplicate(container, row: dict, holding: str) -> str:
     return "duplicate_refunded"
 
 
-def _resubscribe(container, row: dict, payment: dict) -> str:
+def _resubscribe(container, row: dict, payment: Payment) -> str:
     from billingctl.services.checkout import create_pending_subscription
 
     # The request is the same on every attempt (its start counted from when the orphan was found): a key
@@ -279,15 +279,14 @@ def _resubscribe(container, row: dict, payment: dict) -> str:
     # cut short after the provider created the subscription from creating a second one.
     created = create_pending_subscription(container, row["user_id"], row["item_price_id"], row["created_at"],
                                           f"orphan-subscription:{row['payment_id']}")
-    sub = created["subscription"]
     from billingctl.adapters.faults import crash_point
 
     crash_point(container.settings, "orphan.after_subscription_created")
-    _move_purchase(container, row["payment_id"], sub["id"])
-    return _finish_resubscription(container, row, payment, sub["id"])
+    _move_purchase(container, row["payment_id"], created.subscription.id)
+    return _finish_resubscription(container, row, payment, created.subscription.id)
 
 
-def _finish_resubscription(container, row: dict, payment: dict, sub_id: str) -> str:
+def _finish_resubscription(container, row: dict, payment: Payment, sub_id: str) -> str:
     # Like a checkout: the payment pays the first invoice of the new subscription, which activation
     # starts (and so invoices); nothing is left payment_due for the renewals job to charge again.
     recovered = payment.but(order_id=sub_id, metadata=payment.metadata.model_copy(update={"subscription_id": sub_id}))

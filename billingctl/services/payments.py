@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
 from billingctl.adapters.faults import crash_point
-from billingctl.adapters.payloads import Payment
+from billingctl.adapters.payloads import Invoice, Payment, Subscription
 from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
 from billingctl.domain.batch import BatchResult
@@ -77,16 +77,16 @@ def facts_from_payment(container, payment: Payment) -> PaymentFacts:
             item_price_id = item_price_id or row["item_price_id"]
             user_id = user_id or row["user_id"]
     if not subscription_id and invoice_id:
-        subscription_id = container.provider.get_invoice(invoice_id)["invoice"]["subscription_id"]
+        subscription_id = container.provider.get_invoice(invoice_id).subscription_id
     if not subscription_id:
         raise e.InvalidInput(f"payment {payment.id} names no subscription or invoice")
     if not item_price_id:
         with container.uow(autocommit=True) as uow:
             item_price_id = uow.subscriptions.item_price_id(subscription_id)
     if not item_price_id:
-        remote = container.provider.get_subscription(subscription_id)["subscription"]
-        item_price_id = remote["subscription_items"][0]["item_price_id"]
-        user_id = user_id or remote["customer_id"]
+        remote = container.provider.get_subscription(subscription_id)
+        item_price_id = remote.item_price_id
+        user_id = user_id or remote.customer_id
     if not user_id:
         raise e.InvalidInput(f"payment {payment.id} names no customer")
     plan = catalog.plan(container, item_price_id)
@@ -465,11 +465,11 @@ def report_to_provider(container, row) -> bool | str:
     try:
         answer = container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
         crash_point(container.settings, "provider_record.after_call")
-        copy = answer.get("invoice")
+        copy = answer.invoice
     except e.ExternalInvalidRequest as exc:
         copy = _invoice_copy(container, row["invoice_id"]) \
             if exc.details.get("api_error_code") == "invalid_state_for_request" else None
-        status = (copy or {}).get("status")
+        status = copy.status if copy is not None else None
         if status != "paid":  # a paid copy is saved below, with the purchase marked reported
             apply_copy(container, copy)
         if status == "voided":
@@ -488,7 +488,7 @@ def report_to_provider(container, row) -> bool | str:
                     extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
         return False
     with container.uow() as uow:
-        if copy and copy.get("status"):
+        if copy is not None and copy.status:
             save_copy(container, uow, copy)
         uow.purchases.mark_reported(row["id"], container.clock.now())
         uow.commit()
@@ -531,9 +531,9 @@ def refund(container, payment_id: str, reason: str = "duplicate charge") -> Paym
     return container.orchestrator.refund_payment(payment_id, amount - refunded, reason=reason)
 
 
-def _invoice_copy(container, invoice_id: str) -> dict | None:
+def _invoice_copy(container, invoice_id: str) -> Invoice | None:
     try:
-        return container.provider.get_invoice(invoice_id)["invoice"]
+        return container.provider.get_invoice(invoice_id)
     except e.BillingError:
         return None
 
@@ -571,10 +571,10 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
             remote, first_invoice = _started_copy(container, subscription_id), None
         else:
             remote, first_invoice = _start_at_provider(container, subscription_id)
-        if remote.get("current_term_end") is None and bought.item_price_id:
+        if remote.current_term_end is None and bought.item_price_id:
             period = catalog.plan(container, bought.item_price_id).period_days
             term_end = container.provider.now(now) + timedelta(days=period)
-            remote = container.provider.change_term_end(subscription_id, term_end)["subscription"]
+            remote = container.provider.change_term_end(subscription_id, term_end).subscription
         if not bought.invoice_id:
             first_invoice = first_invoice or _first_term_invoice(container, subscription_id)
         crash_point(container.settings, "activate.after_provider")
@@ -594,12 +594,12 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
                                   activation_error=None)
         uow.commit()
     if bought.invoice_id:
-        return {"subscription_id": subscription_id, "outcome": "already_active", "status": remote["status"]}
+        return {"subscription_id": subscription_id, "outcome": "already_active", "status": remote.status}
     log.info("subscription activated", extra={"subscription_id": subscription_id})
-    return {"subscription_id": subscription_id, "outcome": "activated", "status": remote["status"]}
+    return {"subscription_id": subscription_id, "outcome": "activated", "status": remote.status}
 
 
-def _start_at_provider(container, subscription_id: str) -> tuple[dict, dict | None]:
+def _start_at_provider(container, subscription_id: str) -> tuple[Subscription, Invoice | None]:
     """(the started subscription, the invoice starting it generated). A subscription that is already
     started (an earlier attempt whose answer was lost) is read back instead."""
     provider, sent, status = container.provider, None, None
@@ -623,9 +623,9 @@ def _start_at_provider(container, subscription_id: str) -> tuple[dict, dict | No
             if exc.details.get("param") == "start_date" and provider.knows_its_clock():
                 continue
             raise
-        status = answer["subscription"].get("status")
+        status = answer.subscription.status
         if status in STARTED:
-            return answer["subscription"], answer.get("invoice")
+            return answer.subscription, answer.invoice
     if status is None:
         raise e.ExternalError(f"the provider refused every start date for {subscription_id}: our clock and its "
                               "clock disagree", dependency="subscription_provider")
@@ -633,14 +633,14 @@ def _start_at_provider(container, subscription_id: str) -> tuple[dict, dict | No
                           dependency="subscription_provider")
 
 
-def _started_copy(container, subscription_id: str) -> dict:
+def _started_copy(container, subscription_id: str) -> Subscription:
     """The provider's copy of a subscription that was started: cancelled since raises CancelledAtProvider,
     and a status that is neither started nor cancelled (still future, paused) cannot be activated."""
-    remote = container.provider.get_subscription(subscription_id)["subscription"]
-    if remote.get("status") == "cancelled":
+    remote = container.provider.get_subscription(subscription_id)
+    if remote.status == "cancelled":
         raise CancelledAtProvider(remote)
-    if remote.get("status") not in STARTED:
-        raise e.ExternalError(f"the provider holds {subscription_id} {remote.get('status')}: it cannot be activated",
+    if remote.status not in STARTED:
+        raise e.ExternalError(f"the provider holds {subscription_id} {remote.status}: it cannot be activated",
                               dependency="subscription_provider")
     return remote
 
@@ -648,12 +648,12 @@ def _started_copy(container, subscription_id: str) -> dict:
 class CancelledAtProvider(Exception):
     """The checkout's subscription was cancelled at the provider before its payment settled."""
 
-    def __init__(self, remote: dict):
-        super().__init__(remote["id"])
+    def __init__(self, remote: Subscription):
+        super().__init__(remote.id)
         self.remote = remote
 
 
-def _orphan_cancelled_checkout(container, subscription_id: str, remote: dict | None = None) -> dict:
+def _orphan_cancelled_checkout(container, subscription_id: str, remote: Subscription | None = None) -> dict:
     """The provider is authoritative (spec section 1.1): a checkout it cancelled is never activated, and
     the payment that settled for it is an orphan (re-subscribed or refunded by orphan recovery, which
     moves the purchase and its credits to the new subscription, or reverses them with the refund). The
@@ -678,17 +678,17 @@ def _orphan_cancelled_checkout(container, subscription_id: str, remote: dict | N
     return {"subscription_id": subscription_id, "outcome": "cancelled_at_provider", "status": "cancelled"}
 
 
-def _first_term_invoice(container, subscription_id: str) -> dict | None:
+def _first_term_invoice(container, subscription_id: str) -> Invoice | None:
     invoices = sorted(container.provider.list_invoices(subscription_id=subscription_id),
-                      key=lambda i: (i.get("date") or 0, i["id"]))
+                      key=lambda i: (i.date or 0, i.id))
     return invoices[0] if invoices else None
 
 
-def _assign_invoice(container, uow, bought, subscription_id: str, remote: dict) -> None:
+def _assign_invoice(container, uow, bought, subscription_id: str, remote: Invoice) -> None:
     """The checkout's payment pays the invoice of the first term: the purchase, the checkout and the
     local invoice row learn its id (the row is the provider's copy: still payable until the follow-up
     records the payment on it)."""
-    uow.purchases.assign_invoice(bought.id, bought.transaction_id, subscription_id, remote["id"])
+    uow.purchases.assign_invoice(bought.id, bought.transaction_id, subscription_id, remote.id)
     save_copy(container, uow, remote)
 
 

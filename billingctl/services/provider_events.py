@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 
 from billingctl.adapters.logs import item_failed
-from billingctl.adapters.payloads import Payment
+from billingctl.adapters.payloads import Event, EventContent, EventEnvelope, Invoice, Payment, Transaction
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import looks_like_id
@@ -24,45 +24,45 @@ MAX_EVENT_ATTEMPTS = 5
 
 # ---- processing one event -------------------------------------------------------------------------
 
-def process_event(container, event: dict) -> dict:
-    kind = event.get("event_type")
-    content = event.get("content") or {}
-    if isinstance(content.get("invoice"), dict) and content["invoice"].get("id"):
+def process_event(container, event: Event) -> dict:
+    event = Event.read(event)  # typed already, or the event as the inbox stored it
+    kind, content = event.event_type, event.content
+    if content.invoice is not None:
         # Every event that carries the invoice (generated, renewed, started, a payment) brings its copy.
-        apply_copy(container, content["invoice"])
+        apply_copy(container, content.invoice)
     if kind == "payment_succeeded":
         return _payment_succeeded(container, content)
     if kind in ("payment_refunded", "credit_note_created"):
         return _refund(container, kind, content)
-    if kind and kind.startswith("subscription_") and content.get("subscription"):
-        outcome = apply_remote_subscription(container, content["subscription"], source="event")
-        _analytics(container, event, {"event": kind, "subscription_id": content["subscription"]["id"],
-                                      "status": content["subscription"].get("status")})
+    if kind.startswith("subscription_") and content.subscription is not None:
+        outcome = apply_remote_subscription(container, content.subscription, source="event")
+        _analytics(container, event, {"event": kind, "subscription_id": content.subscription.id,
+                                      "status": content.subscription.status})
         return {"outcome": outcome}
-    if kind == "invoice_generated" and content.get("invoice"):
+    if kind == "invoice_generated" and content.invoice is not None:
         return {"outcome": "invoice_stored"}
     return {"outcome": "ignored"}
 
 
-def payment_reference(txn: dict) -> str | None:
+def payment_reference(txn: Transaction) -> str | None:
     """The payment id of a provider transaction: its reference (the orchestrator payment id we record it
     with), or, for free text a person typed at the provider (a cheque number with accents or spaces: no
     orchestrator payment has such an id), the provider's own transaction id. The text never becomes an
     identifier of ours: it poisoned every later call that named it (issue 37). None when neither is an id."""
-    reference = txn.get("reference_number") or txn.get("id_at_gateway")
+    reference = txn.reference_number or txn.id_at_gateway
     if looks_like_id(reference):
         return reference
-    return txn["id"] if reference and looks_like_id(txn.get("id")) else None
+    return txn.id if reference and looks_like_id(txn.id) else None
 
 
-def _payment_succeeded(container, content: dict) -> dict:
-    txn = content.get("transaction") or {}
-    if not (txn.get("reference_number") or txn.get("id_at_gateway")):
+def _payment_succeeded(container, content: EventContent) -> dict:
+    txn = content.transaction
+    if txn is None or not (txn.reference_number or txn.id_at_gateway):
         return {"outcome": "no_reference"}
     payment_id = payment_reference(txn)
     if payment_id is None:
         log.error("payment_succeeded names no usable payment reference; left for review",
-                  extra={"transaction_id": str(txn.get("id"))[:64]})
+                  extra={"transaction_id": txn.id[:64]})
         return {"outcome": "invalid_reference"}
     with container.uow() as uow:
         if uow.purchases.exists_for_payment(payment_id):
@@ -72,35 +72,34 @@ def _payment_succeeded(container, content: dict) -> dict:
     return {"outcome": result["outcome"], "payment_id": payment_id, "credits_applied": result["credits_applied"]}
 
 
-def record_reported_payment(container, payment_id: str, content: dict, path: str) -> dict:
+def record_reported_payment(container, payment_id: str, content: EventContent, path: str) -> dict:
     """A payment the provider holds on an invoice: the orchestrator's own payment when it has one; else
     one entered at the provider (a cheque, a wire that finance records), which is never posted back to the
     provider and credits its invoice's term once, when the invoice is paid in full (decision 112)."""
     try:
         payment = container.orchestrator.get_payment(payment_id)
     except e.ExternalNotFound:
-        txn, inv = content.get("transaction") or {}, content.get("invoice") or {}
-        items = inv.get("line_items") or [{}]
+        txn, inv = content.transaction or Transaction(id=payment_id), content.invoice or Invoice(id="")
         payment = Payment.read({
-            "id": payment_id, "status": "SETTLED", "order_id": inv.get("id"), "customer_id": txn.get("customer_id"),
-            "amount": txn.get("amount"), "currency_code": txn.get("currency_code"), "date": txn.get("date"),
-            "metadata": {"subscription_id": inv.get("subscription_id") or txn.get("subscription_id"),
-                         "item_price_id": items[0].get("entity_id")}})
-        paid = inv.get("status") == "paid" or (inv.get("amount_due") is not None and int(inv["amount_due"]) <= 0)
+            "id": payment_id, "status": "SETTLED", "order_id": inv.id or None, "customer_id": txn.customer_id,
+            "amount": txn.amount, "currency_code": txn.currency_code, "date": txn.date,
+            "metadata": {"subscription_id": inv.subscription_id or txn.subscription_id,
+                         "item_price_id": inv.item_price_id}})
+        paid = inv.status == "paid" or (inv.amount_due is not None and inv.amount_due <= 0)
         return record_payment(container, payment, path, provider_side=True, term_paid=paid)
     return record_payment(container, payment, path)
 
 
-def _refund(container, kind: str, content: dict) -> dict:
-    txn, note = content.get("transaction") or {}, content.get("credit_note") or {}
-    if kind == "credit_note_created" and note.get("type") != "refundable":
+def _refund(container, kind: str, content: EventContent) -> dict:
+    txn, note = content.transaction, content.credit_note
+    if kind == "credit_note_created" and (note is None or note.type != "refundable"):
         return {"outcome": "ignored"}
     payment_id = None
-    invoice_id = note.get("reference_invoice_id")
+    invoice_id = note.reference_invoice_id if note is not None else None
     with container.uow() as uow:
         if invoice_id:
             payment_id = uow.purchases.paying_invoice(invoice_id)
-    payment_id = payment_id or txn.get("reference_number")
+    payment_id = payment_id or (txn.reference_number if txn is not None else None)
     if not payment_id:
         return {"outcome": "unknown_payment"}
     # The orchestrator's cumulative refunded amount makes every report of one refund agree.
@@ -109,23 +108,24 @@ def _refund(container, kind: str, content: dict) -> dict:
     return apply_refund_report(container, payment_id, refunded, "event_poller")
 
 
-def _analytics(container, event: dict, payload: dict) -> None:
+def _analytics(container, event: Event, payload: dict) -> None:
     with container.uow() as uow:
-        alerts.enqueue(uow, container.clock, "analytics", payload, f"analytics:{SOURCE}:{event['id']}")
+        alerts.enqueue(uow, container.clock, "analytics", payload, f"analytics:{SOURCE}:{event.id}")
         uow.commit()
 
 
 # ---- the inbox path shared by the poller and the webhook ---------------------------------------
 
-def handle_event(container, event: dict, via: str = "poller") -> str:
+def handle_event(container, event: EventEnvelope, via: str = "poller") -> str:
     """Store and process one provider event; returns its inbox status afterwards."""
-    event_id, kind = str(event["id"]), str(event.get("event_type") or "unknown")
-    status = inbox.receive(container, SOURCE, event_id, kind, event, parse_time(event.get("occurred_at")), via=via)
+    event = EventEnvelope.read(event)  # read by the poller's list; a webhook's body as it came (its schema passed)
+    event_id, kind = event.id, event.event_type
+    status = inbox.receive(container, SOURCE, event_id, kind, event.wire(), parse_time(event.occurred_at), via=via)
     if status != "pending":
         return status
     error = None
     try:
-        process_event(container, event)
+        process_event(container, event.wire())
     except e.BillingError as exc:
         error = exc.message
     except Exception as exc:  # one bad event must not stop the others

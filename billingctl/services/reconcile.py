@@ -86,16 +86,15 @@ def reconcile(container, since=None, progress=None) -> dict:
     _check_provider_transactions(container, since or now - REFUND_WINDOW, add)
 
     seen: set[str] = set()  # provider ids (as many as subscriptions, not ledger rows)
-    for row in container.provider.list_subscriptions():
-        remote = row["subscription"]
-        seen.add(remote["id"])
+    for remote in container.provider.list_subscriptions():
+        seen.add(remote.id)
         if progress:
             progress(1)
         with container.uow() as uow:
-            local = uow.subscriptions.status(remote["id"])
-        if local == "active" and remote["status"] != "active":
-            add("subscription_differs", {"subscription_id": remote["id"],
-                                         "detail": f"local active, provider {remote['status']}"})
+            local = uow.subscriptions.status(remote.id)
+        if local == "active" and remote.status != "active":
+            add("subscription_differs", {"subscription_id": remote.id,
+                                         "detail": f"local active, provider {remote.status}"})
     with container.uow() as uow:
         for sub_id in uow.subscriptions.ids_in(("active",)):
             if sub_id not in seen:
@@ -130,13 +129,13 @@ def _check_provider_transactions(container, since, add) -> None:
     two invoices, and a purchase we marked as recorded that no provider transaction carries."""
     invoice_of: dict[str, str] = {}  # reference -> the first invoice it paid (payments in the window)
     for txn in container.provider.list_transactions("payment", since):
-        reference = txn.get("reference_number") or txn.get("id_at_gateway")
+        reference = txn.reference_number or txn.id_at_gateway
         if not reference:
             continue
-        for link in txn.get("linked_invoices") or []:
-            first = invoice_of.setdefault(reference, link.get("invoice_id"))
-            if link.get("invoice_id") != first:
-                add("payment_on_two_invoices", {"payment_id": reference, "invoice_ids": [first, link.get("invoice_id")],
+        for link in txn.linked_invoices:
+            first = invoice_of.setdefault(reference, link.invoice_id)
+            if link.invoice_id != first:
+                add("payment_on_two_invoices", {"payment_id": reference, "invoice_ids": [first, link.invoice_id],
                                                 "detail": "one orchestrator payment applied to two provider invoices"})
     # Recorded comfortably inside the window, so its transaction is in the list (dated when recorded).
     with container.uow() as uow:

@@ -14,6 +14,7 @@ import time
 from datetime import timedelta
 
 from billingctl.adapters.logs import item_failed
+from billingctl.adapters.payloads import Invoice
 from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
 from billingctl.domain.batch import BatchResult
@@ -54,17 +55,17 @@ def run_renewals(container, dry_run: bool = False, progress=None) -> dict:
         try:
             outcome = attempt_invoice(container, invoice, dry_run=dry_run)
             if dry_run:
-                plan.append({"invoice_id": invoice["id"], "outcome": outcome})
+                plan.append({"invoice_id": invoice.id, "outcome": outcome})
         except Exception as exc:  # one invoice never stops the others
             outcome = "error"
-            failures.append({"invoice_id": invoice["id"], "error": getattr(exc, "message", str(exc))})
-            item_failed(log, "renewal attempt", exc, invoice_id=invoice["id"])
+            failures.append({"invoice_id": invoice.id, "error": getattr(exc, "message", str(exc))})
+            item_failed(log, "renewal attempt", exc, invoice_id=invoice.id)
         outcomes[outcome] = outcomes.get(outcome, 0) + 1
     if dry_run:
         return BatchResult({"dry_run": True, "outcomes": outcomes, "invoices": plan, "errors": failures},
                            done=len(plan), failed=len(failures), errors=failures)
     if "deferred" not in outcomes:
-        for outcome, count in sweep_in_flight(container, {invoice["id"] for invoice in due}).items():
+        for outcome, count in sweep_in_flight(container, {invoice.id for invoice in due}).items():
             key = outcome if outcome == "error" else f"swept_{outcome}"
             outcomes[key] = outcomes.get(key, 0) + count
     failed = outcomes.get("error", 0)
@@ -86,7 +87,16 @@ def _record(container, invoice: dict, status: str, resolves: dict | None = None,
     return written
 
 
-def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
+def _target(remote: Invoice) -> dict:
+    """Our reference to a renewal invoice, from the provider's copy: the keys the dunning rows and every
+    step of an attempt name (a sweep builds the same from a dunning row)."""
+    return {"id": remote.id, "subscription_id": remote.subscription_id, "customer_id": remote.customer_id,
+            "currency_code": remote.currency_code or "USD", "amount": int(remote.amount_due or remote.total or 0),
+            "item_price_id": remote.item_price_id}
+
+
+def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
+    invoice = _target(Invoice.read(remote))
     now = container.clock.now()
     sub_id, user_id = invoice.get("subscription_id"), invoice.get("customer_id")
     with container.uow() as uow:
@@ -118,8 +128,7 @@ def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
         return "would_charge"
     counted = sum(1 for h in history if h["status"] in COUNTED)
     attempt_no = counted + 1
-    amount = int(invoice.get("amount_due") or invoice.get("total") or 0)
-    item_price_id = ((invoice.get("line_items") or [{}])[0]).get("entity_id")
+    amount, item_price_id = invoice["amount"], invoice["item_price_id"]
     lane = local["lane"] or catalog.plan(container, item_price_id).lane
 
     # Spec section 2 rule 7: never route without a processor. A failed read aborts this attempt on
@@ -170,7 +179,7 @@ def attempt_invoice(container, invoice: dict, dry_run: bool = False) -> str:
         # The key names the attempt: after an answer that was lost, the next tick sends the same request
         # and the orchestrator replays the original payment instead of charging again.
         payment = container.orchestrator.create_payment(
-            payment_method_token=token, amount=amount, currency_code=invoice.get("currency_code", "USD"),
+            payment_method_token=token, amount=amount, currency_code=invoice["currency_code"],
             order_id=invoice["id"], customer_id=user_id, metadata=metadata,
             idempotency_key=f"renewal:{invoice['id']}:{attempt_no}")
     except e.ExternalError as exc:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+from billingctl.adapters.payloads import Subscription
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
@@ -25,11 +26,10 @@ def invalidate_customer(container, customer_id: str) -> dict:
     return {"customer_id": customer_id, "invalidated": True, "generation": generation}
 
 
-def view(remote: dict) -> dict:
-    return {"id": remote["id"], "status": remote["status"], "customer_id": remote["customer_id"],
-            "current_term_end": parse_time(remote.get("current_term_end")),
-            "start_date": parse_time(remote.get("start_date")),
-            "coupon_ids": [c.get("coupon_id") for c in remote.get("coupons") or [] if c.get("coupon_id")]}
+def view(remote: Subscription) -> dict:
+    return {"id": remote.id, "status": remote.status, "customer_id": remote.customer_id,
+            "current_term_end": parse_time(remote.current_term_end), "start_date": parse_time(remote.start_date),
+            "coupon_ids": remote.coupon_ids}
 
 
 def get_for_user(container, user_id: str, subscription_id: str) -> dict:
@@ -49,14 +49,14 @@ def get_for_user(container, user_id: str, subscription_id: str) -> dict:
     if cached is not None:
         return {**cached, "stale": True} if breaker_open else cached
     try:
-        remote = container.provider.get_subscription(subscription_id)["subscription"]
+        remote = container.provider.get_subscription(subscription_id)
     except e.ExternalNotFound:
         raise e.NotFound("not found") from None
     except e.CircuitOpen:
         raise  # uncached while the breaker is open: "Circuit breaker is open" (503)
     except e.ExternalError as exc:
         return _local_copy(container, user_id, subscription_id, exc)
-    if remote.get("customer_id") != user_id:
+    if remote.customer_id != user_id:
         raise e.NotFound("not found")  # a foreign id looks exactly like a random one
     result = {k: (v.isoformat() if hasattr(v, "isoformat") else v) for k, v in view(remote).items()}
     container.cache.set(key, result, SUBSCRIPTION_TTL_SECONDS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
+from billingctl.adapters.payloads import Subscription
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.lifecycle import SUBSCRIPTION
@@ -24,12 +25,12 @@ def _ts(value):
     return datetime.fromtimestamp(int(value), UTC)
 
 
-def remote_fields(remote: dict) -> dict:
-    items = remote.get("subscription_items") or [{}]
-    return {"status": remote["status"], "start_date": _ts(remote.get("start_date")),
-            "current_term_end": _ts(remote.get("current_term_end")), "customer_id": remote["customer_id"],
-            "coupon_ids": [c.get("coupon_id") for c in remote.get("coupons") or [] if c.get("coupon_id")],
-            "item_price_id": items[0].get("item_price_id")}
+def remote_fields(remote: Subscription) -> dict:
+    if not remote.customer_id:
+        raise e.InvalidInput(f"the provider's copy of subscription {remote.id} names no customer")
+    return {"status": remote.status, "start_date": _ts(remote.start_date),
+            "current_term_end": _ts(remote.current_term_end), "customer_id": remote.customer_id,
+            "coupon_ids": remote.coupon_ids, "item_price_id": remote.item_price_id}
 
 
 def _older(local, version: int | None, updated_at) -> bool:
@@ -46,7 +47,7 @@ def diff(local: dict | None, fields: dict) -> dict:
     return {k: {"local": local.get(k), "provider": v} for k, v in fields.items() if local.get(k) != v}
 
 
-def apply_remote_subscription(container, remote: dict, source: str = "sync", force: bool = False) -> str:
+def apply_remote_subscription(container, remote: Subscription, source: str = "sync", force: bool = False) -> str:
     """Overwrite the local copy from the provider's, unless the local copy is already newer."""
     with container.uow() as uow:
         outcome = write_remote_subscription(container, uow, remote, source, force)
@@ -54,39 +55,40 @@ def apply_remote_subscription(container, remote: dict, source: str = "sync", for
     return outcome
 
 
-def write_remote_subscription(container, uow, remote: dict, source: str, force: bool = False, **extra) -> str:
+def write_remote_subscription(container, uow, remote: Subscription, source: str, force: bool = False,
+                              **extra) -> str:
     """Apply one provider copy of a subscription in the caller's transaction, as one step of
     domain.lifecycle.SUBSCRIPTION (decision 117): "updated", "unchanged", "older_ignored" (the copy held is
     newer, by resource_version) or "refused" (a status the provider does not document: reported, nothing
     written). `force` (an operator's sync, a copy just read) applies it whatever version is held; `extra`
     columns are written with the copy (one statement)."""
-    from billingctl.services.invoices import resource_version
     from billingctl.services.subscriptions import invalidate_customer
 
+    remote = Subscription.read(remote)  # typed already, or a copy a caller holds as the provider sent it
     fields = remote_fields(remote)
-    updated_at, version = _ts(remote.get("updated_at")), resource_version(remote)
+    updated_at, version = _ts(remote.updated_at), remote.resource_version
     now = container.clock.now()
-    local = uow.subscriptions.get(remote["id"])
+    local = uow.subscriptions.get(remote.id)
     if local is not None and not force and _older(local, version, updated_at):
         return "older_ignored"
     current = local["status"] if local is not None else None
-    step = provider_status(container, uow, SUBSCRIPTION, remote["id"], current, fields["status"])
+    step = provider_status(container, uow, SUBSCRIPTION, remote.id, current, fields["status"])
     if step is None:
         return "refused"
     changes = diff(dict(local) if local else None, fields)
     if local is None:
-        uow.subscriptions.add({"id": remote["id"], "created_at": _ts(remote.get("created_at")) or now, **fields})
+        uow.subscriptions.add({"id": remote.id, "created_at": _ts(remote.created_at) or now, **fields})
     values = {**fields, "provider_updated_at": updated_at, "synced_at": now, **extra}
     if fields["status"] == "active":
         values.update(activation_pending_since=None, activation_error=None)
-    if not uow.subscriptions.set_if_not_older(remote["id"], None if force else version, **values):
+    if not uow.subscriptions.set_if_not_older(remote.id, None if force else version, **values):
         return "older_ignored"  # a newer copy was applied meanwhile
     if force and version is not None:
-        uow.subscriptions.set(remote["id"], provider_resource_version=version)
-    provider_step_written(container, uow, SUBSCRIPTION, remote["id"], current, fields["status"], step)
+        uow.subscriptions.set(remote.id, provider_resource_version=version)
+    provider_step_written(container, uow, SUBSCRIPTION, remote.id, current, fields["status"], step)
     if changes:
         invalidate_customer(container, fields["customer_id"])
-        log.info("local subscription updated from the provider", extra={"subscription_id": remote["id"],
+        log.info("local subscription updated from the provider", extra={"subscription_id": remote.id,
                                                                         "source": source, "fields": sorted(changes)})
     return "updated" if changes else "unchanged"
 
@@ -108,7 +110,7 @@ def move_subscription(container, uow, subscription_id: str, target: str, **value
 def sync_subscription(container, subscription_id: str, dry_run: bool = False) -> dict:
     require_id(subscription_id, "subscription_id")
     try:
-        remote = container.provider.get_subscription(subscription_id)["subscription"]
+        remote = container.provider.get_subscription(subscription_id)
     except e.ExternalError as exc:
         if not isinstance(exc, e.ExternalNotFound):
             container.metrics.sync_errors.inc()
@@ -134,17 +136,16 @@ def sync_all(container, since: datetime | None, progress=None) -> dict:
         resume = uow.cursors.get(key)
     start = _ts(resume) if resume else since
     seen, updated, failed = set(), 0, []
-    for row in container.provider.list_subscriptions(updated_after=start):
-        remote = row["subscription"]
-        seen.add(remote["id"])
+    for remote in container.provider.list_subscriptions(updated_after=start):
+        seen.add(remote.id)
         try:
             if apply_remote_subscription(container, remote, "sync-all", force=True) == "updated":
                 updated += 1
         except Exception as exc:  # isolate one bad row
             container.metrics.sync_errors.inc()
-            failed.append({"id": remote["id"], "error": f"{type(exc).__name__}: {exc}"})
+            failed.append({"id": remote.id, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        _save_resume(container, key, remote.get("updated_at"))
+        _save_resume(container, key, remote.updated_at)
         if progress:
             progress(1)
     # A cancellation or deletion at the provider the listing did not show.
@@ -176,13 +177,13 @@ def _save_resume(container, key: str, updated_at) -> None:
     write_value(container, key, str(int(updated_at) - 1))
 
 
-def cancel_at_provider(container, subscription_id: str) -> dict:
+def cancel_at_provider(container, subscription_id: str) -> Subscription:
     """A cancel can error although it took effect: the provider's state decides the outcome."""
     try:
-        return container.provider.cancel_subscription(subscription_id)["subscription"]
+        return container.provider.cancel_subscription(subscription_id).subscription
     except (e.OutcomeUnknown, e.ExternalInvalidRequest) as exc:
-        remote = container.provider.get_subscription(subscription_id)["subscription"]
-        if remote["status"] != "cancelled":
+        remote = container.provider.get_subscription(subscription_id)
+        if remote.status != "cancelled":
             raise
         log.warning("cancel call errored but the cancellation took effect: %s", exc.message,
                     extra={"subscription_id": subscription_id})
@@ -194,15 +195,15 @@ def cancel_subscription(container, subscription_id: str, reason: str, actor: str
     if not reason or not reason.strip():
         raise e.InvalidInput("a reason is required")
     if dry_run:
-        remote = container.provider.get_subscription(subscription_id)["subscription"]
-        return {"subscription_id": subscription_id, "dry_run": True, "current_status": remote["status"]}
+        remote = container.provider.get_subscription(subscription_id)
+        return {"subscription_id": subscription_id, "dry_run": True, "current_status": remote.status}
     remote = cancel_at_provider(container, subscription_id)
     apply_remote_subscription(container, remote, "cancel", force=True)
     with container.uow() as uow:
-        uow.audit.record(actor, "subscription.cancel", subscription_id, reason, {"status": remote["status"]},
+        uow.audit.record(actor, "subscription.cancel", subscription_id, reason, {"status": remote.status},
                          container.clock.now())
         uow.commit()
-    return {"subscription_id": subscription_id, "status": remote["status"]}
+    return {"subscription_id": subscription_id, "status": remote.status}
 
 
 def sync_all_plan(container, since) -> dict:
@@ -210,9 +211,8 @@ def sync_all_plan(container, since) -> dict:
     changes = []
     with container.uow() as uow:
         local = uow.subscriptions.all()
-    for row in container.provider.list_subscriptions(updated_after=since):
-        remote = row["subscription"]
-        difference = diff(local.get(remote["id"]), remote_fields(remote))
+    for remote in container.provider.list_subscriptions(updated_after=since):
+        difference = diff(local.get(remote.id), remote_fields(remote))
         if difference:
-            changes.append({"subscription_id": remote["id"], "differences": sorted(difference)})
+            changes.append({"subscription_id": remote.id, "differences": sorted(difference)})
     return {"dry_run": True, "since": since, "would_update": changes}

@@ -47,7 +47,7 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
     pending = []
     if void_invoices:
         for sid in sub_ids:
-            pending += [i["id"] for i in container.provider.list_invoices(status="payment_due", subscription_id=sid)]
+            pending += [i.id for i in container.provider.list_invoices(status="payment_due", subscription_id=sid)]
     plan = {"user_id": user_id, "already_frozen": already, "void_invoices": pending, "notify": notify}
     if dry_run:
         return {**plan, "dry_run": True}

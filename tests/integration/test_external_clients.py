@@ -42,7 +42,7 @@ def test_pagination_walks_every_page(ext):
     for i in range(150):
         subscribe(c.sandbox, f"user_{i}")
     sent = c.provider.http.requests_sent
-    ids = [row["subscription"]["id"] for row in c.provider.list_subscriptions()]
+    ids = [sub.id for sub in c.provider.list_subscriptions()]
     assert len(ids) == len(set(ids)) == 150
     assert c.provider.http.requests_sent - sent == 2  # limit 100: two pages
 
@@ -120,14 +120,14 @@ def test_a_cancel_that_errors_after_taking_effect_is_its_own_error(ext):
     with pytest.raises(e.OutcomeUnknown):
         c.provider.cancel_subscription(sub["id"])
     # It did take effect: the caller compares with the provider.
-    assert c.provider.get_subscription(sub["id"])["subscription"]["status"] == "cancelled"
+    assert c.provider.get_subscription(sub["id"]).status == "cancelled"
 
 
 def test_an_idempotent_retry_recovers_from_one_error_after_effect(ext):
     c = ext()
     sub = subscribe(c.sandbox, "u")["subscription"]
     c.sandbox.store.add_fault("provider", "error_after_effect", path="cancel_for_items", count=1)
-    assert c.provider.cancel_subscription(sub["id"])["subscription"]["status"] == "cancelled"
+    assert c.provider.cancel_subscription(sub["id"]).subscription.status == "cancelled"
 
 
 def test_breaker_opens_fails_fast_and_recovers_through_half_open(ext):
@@ -325,3 +325,45 @@ def test_a_client_session_whose_answer_was_lost_is_asked_for_again_under_a_key_o
                                                    currency_code="USD", metadata={}, idempotency_key="session:k")
     assert session.client_token and session.order_id == "inv_s"
     assert seen == ["session:k", "session:k", "session:k:again"]
+
+
+# ---- the provider's answers typed at the edge (issue 35, decision 122) ------------------------------------
+
+def test_the_providers_answers_are_typed_copies_and_an_unreadable_entry_is_skipped_named_and_counted(ext, caplog):
+    from billingctl.adapters.payloads import Invoice, Subscription, SubscriptionAnswer
+
+    c = ext()
+    made = [subscribe(c.sandbox, f"user_t{i}")["subscription"] for i in range(3)]
+    assert all(isinstance(i, Invoice) for i in c.provider.list_invoices())
+    broken = {**c.sandbox.subscription(made[1]["id"]), "current_term_end": "soon"}
+    c.sandbox.store.put("subscription", made[1]["id"], broken)
+    with caplog.at_level("ERROR", logger="billingctl.http"):
+        listed = list(c.provider.list_subscriptions())
+    assert all(isinstance(s, Subscription) for s in listed)
+    assert [s.id for s in listed] == [made[0]["id"], made[2]["id"]]
+    assert [r.entry_id for r in caplog.records] == [made[1]["id"]]
+    assert c.metrics.sample("billing_external_errors_total", {"dependency": "subscription_provider",
+                                                             "error": "external_payload_invalid"}) == 1
+    with pytest.raises(e.ExternalPayloadInvalid, match="invalid subscription current_term_end"):
+        c.provider.get_subscription(made[1]["id"])
+    answer = c.provider.cancel_subscription(made[0]["id"])
+    assert isinstance(answer, SubscriptionAnswer) and answer.subscription.status == "cancelled"
+    assert answer.subscription.item_price_id == "credits-pro-USD-monthly"
+
+
+def test_an_event_whose_content_cannot_be_read_is_held_and_parked_never_dropped(ext):
+    """The poller reads an event as far as the inbox needs it; its content is read when it is processed, so
+    a content the provider cannot have meant is retried and parked with an alert like any failure."""
+    from billingctl.services import events
+    from billingctl.services.provider_events import MAX_EVENT_ATTEMPTS
+
+    c = ext()
+    now = int(c.sandbox.store.now())
+    c.sandbox.store.put_many("event", [{"id": "ev_odd", "occurred_at": now - 5, "event_type": "subscription_changed",
+                                        "content": {"subscription": {"id": "sub_odd", "start_date": "tomorrow"}}}])
+    for _ in range(MAX_EVENT_ATTEMPTS):
+        events.poll(c)
+    with c.uow() as uow:
+        [row] = uow.inbox.listing("provider", None, None, 10)
+    assert (row["event_id"], row["status"]) == ("ev_odd", "parked")
+    assert "invalid event content.subscription.start_date" in row["last_error"]

@@ -106,7 +106,7 @@ def test_a_payment_is_read_into_its_typed_copy_by_primers_names_and_given_back_a
 def test_an_answer_in_a_shape_primer_does_not_document_is_a_counted_external_error(broken):
     payment = contract("webhook_payment_status.json")["payment"] | broken
     client, failures = counting_client(200, payment)
-    with pytest.raises(e.ExternalPayloadInvalid, match="the orchestrator answered what we cannot read"):
+    with pytest.raises(e.ExternalPayloadInvalid, match="the orchestrator answered a payment we cannot read"):
         client.get_payment(payment["id"])
     assert [(f.code, f.details["dependency"]) for f in failures] == [("external_payload_invalid", "orchestrator")]
 
@@ -116,9 +116,9 @@ def test_one_unreadable_entry_of_a_list_is_skipped_named_and_counted_and_the_oth
     good = page["data"][0]
     page["data"] = [good | {"id": "pay_bad", "amount": -5}, good]
     client, failures = counting_client(200, page)
-    with caplog.at_level("ERROR", logger="billingctl.orchestrator"):
+    with caplog.at_level("ERROR", logger="billingctl.http"):
         assert [p.id for p in client.list_payments("SETTLED")] == [good["id"]]
-    assert [r.payment_id for r in caplog.records] == ["pay_bad"]
+    assert [r.entry_id for r in caplog.records] == ["pay_bad"]
     assert [f.code for f in failures] == ["external_payload_invalid"]
 
 

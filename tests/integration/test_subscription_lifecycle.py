@@ -249,7 +249,7 @@ def test_the_provider_refuses_a_start_date_in_the_past_unless_backdating_is_enab
                                                                                         "start_date")
     assert world.sandbox.subscription(co["subscription_id"])["status"] == "future"
     world.sandbox.store.set_meta("backdating", True)
-    assert world.c.provider.start_subscription(co["subscription_id"], long_ago)["subscription"]["status"] == "active"
+    assert world.c.provider.start_subscription(co["subscription_id"], long_ago).subscription.status == "active"
 
 
 def test_the_client_reads_the_providers_time_from_its_date_header(world):
