@@ -121,6 +121,15 @@ class Container:
                            on_error=self._redis_error, shares={})
 
     @cached_property
+    def checkout_limiter(self):
+        """New checkouts per user and minute (they spend the provider's interactive share; decision 126)."""
+        from billingctl.adapters.ratelimit import RateLimiter
+
+        s = self.settings
+        return RateLimiter(s.checkout_starts_per_user_per_minute, 60, "billing:checkout-starts", redis_url=s.redis_url,
+                           max_wait=0, on_error=self._redis_error, shares={})
+
+    @cached_property
     def provider_limiter(self):
         from billingctl.adapters.ratelimit import RateLimiter, key_for
 

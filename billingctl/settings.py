@@ -102,6 +102,11 @@ class Settings(BaseSettings):
     provider_rate_max_wait_seconds: float = Field(default=30.0, ge=0)
     # Each signed-in user's requests to the user API, per minute (shared through Redis when configured).
     user_api_rate_limit: int = Field(default=60, gt=0)
+    # A new checkout costs provider calls from the interactive share every user shares (issue 37): each user
+    # may start this many a minute (a second tab's pending checkout is answered again for free) and hold
+    # this many open at once.
+    checkout_starts_per_user_per_minute: int = Field(default=2, gt=0)
+    checkout_open_per_user: int = Field(default=3, gt=0)
     # A renewals tick stops after this long (half the job's 30-minute lease); the next tick continues.
     renewals_tick_max_seconds: float = Field(default=900, ge=0)
     # Age limits of a renewal charge in flight (decision 103): an AUTHORIZED one the workflow left

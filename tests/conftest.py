@@ -149,6 +149,9 @@ def make_settings(tmp_path):
             "sandbox_db": str(tmp_path / "sandbox.db"),
             "auth_content_dir": str(tmp_path / "auth-content"),
             "internal_token": "test-internal-token",
+            # The per-user checkout rate counts real seconds while the tests' clocks are manual: a test that
+            # models it names the real figure (tests/e2e/test_user_api.py, the flood).
+            "checkout_starts_per_user_per_minute": 1000,
         }
         base.update(overrides)
         return load_settings(**base)

@@ -83,6 +83,7 @@ def _checkout_once(container, user_id: str, plan, lock, risky_actions) -> dict:
                 "client_token": pending["client_token"], "amount": pending["amount"],
                 "currency_code": pending["currency_code"], "lane": pending["lane"],
                 "item_price_id": pending["item_price_id"]}
+    _admit_start(container, user_id, now)
     key = uuid.uuid4().hex
     # The session reserves the slot of its first authorization before anything is created: the check
     # and the reservation are one transaction under the user's row lock (correct without Redis).
@@ -98,6 +99,26 @@ def _checkout_once(container, user_id: str, plan, lock, risky_actions) -> dict:
             fraud_quota.release(uow, f"checkout:{key}")
             uow.commit()
         raise
+
+
+def _admit_start(container, user_id: str, now) -> None:
+    """A new checkout spends provider calls (its subscription, a new customer, the catalog) from the
+    interactive share of the budget that every user shares: one user's flood must never spend the others'
+    (issue 37, decision 126). Each user holds at most `checkout_open_per_user` open checkouts and starts at
+    most `checkout_starts_per_user_per_minute` a minute; over either, 429 before any provider call."""
+    settings = container.settings
+    with container.uow(autocommit=True) as uow:
+        held = uow.checkouts.count_open(user_id, now)
+    if held >= settings.checkout_open_per_user:
+        log.warning("checkout refused: too many open checkouts", extra={"user_id": user_id, "open": held})
+        raise e.TooManyRequests(f"{held} checkouts are already waiting for payment: pay or leave one first",
+                                retry_after=60)
+    try:
+        container.checkout_limiter.admit(user_id)
+    except e.TooManyRequests as exc:
+        log.warning("checkout refused: too many started this minute", extra={"user_id": user_id})
+        raise e.TooManyRequests("too many checkouts started in the last minute; retry later",
+                                retry_after=exc.details.get("retry_after")) from None
 
 
 def _refuse_over_quota(uow, user_id: str, plan, now, decision) -> None:

@@ -488,3 +488,33 @@ def test_a_spent_interactive_share_is_429_at_once_and_never_starves_recording(ma
             subscription.c.id == co["subscription_id"])).scalar_one()
     assert status == "active"
     c.close()
+
+
+PLANS = ("credits-basic-USD-monthly", "credits-pro-USD-monthly", "credits-pro-nsfw-USD-monthly",
+         "credits-max-nsfw-USD-monthly")
+
+
+def test_one_users_flood_of_checkouts_leaves_every_other_users_checkout_unaffected(make_settings, db_url):
+    """Issue 37 item 4: eleven checkouts by one user in a moment (every plan, again and again) used to spend
+    half of the interactive share of the provider budget (60 a minute, 18 for the user API), and a fifth new
+    user then got 429. Each user starts at most two checkouts a minute (a pending one is answered again for
+    free) and holds at most three open: the flood costs its own users 429s, never another user."""
+    c = Container(make_settings(database_url=db_url, provider_rate_limit=60, checkout_starts_per_user_per_minute=2),
+                  clock=ManualClock())
+    api = Api(c)
+    flood = [api.checkout("u_flood", PLANS[n % 4]) for n in range(11)]
+    codes = [r.status_code for r in flood]
+    assert codes.count(429) >= 4 and set(codes) == {201, 429}
+    with c.uow() as uow:
+        assert uow.checkouts.count_open("u_flood", c.clock.now()) == 2  # two started, each answered again
+    refused = next(r for r in flood if r.status_code == 429)
+    assert refused.get_json()["message"] == "too many checkouts started in the last minute; retry later"
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert [api.checkout(f"u_other_{n}").status_code for n in range(5)] == [201] * 5
+    c.clock.advance(61)
+    c.checkout_limiter._memory.storage.reset()  # the window slid (the limiter keeps real time)
+    assert api.checkout("u_flood", PLANS[2]).status_code == 201  # the third open checkout
+    c.checkout_limiter._memory.storage.reset()
+    over = api.checkout("u_flood", PLANS[3])
+    assert over.status_code == 429 and "already waiting for payment" in over.get_json()["message"]
+    c.close()

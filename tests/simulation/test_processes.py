@@ -133,6 +133,7 @@ def test_a_month_in_separate_processes_keeps_the_books(make_settings, tmp_path, 
         env = {"PATH": os.environ["PATH"], "BILLING_DATABASE_URL": url, "BILLING_SANDBOX_DB": sandbox_db,
                "BILLING_REDIS_URL": redis_url, "BILLING_CLOCK": "sandbox", "BILLING_HTTP_MAX_ATTEMPTS": "2",
                "BILLING_HTTP_BACKOFF_MAX_SECONDS": "0", "BILLING_PROVIDER_RATE_LIMIT": "1000000",
+               "BILLING_CHECKOUT_STARTS_PER_USER_PER_MINUTE": "1000",
                "BILLING_LOG_LEVEL": "WARNING", "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics"),
                "BILLING_CLOCK_SKEW_SECONDS": str(SKEW)}
         (tmp_path / "metrics").mkdir()

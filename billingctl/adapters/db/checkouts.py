@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, func, or_, select, update
 
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.tables import checkout_session, purchase, subscription
@@ -32,6 +32,15 @@ class Checkouts(Repository):
             subscription.c.status == "future",
             ~select(purchase.c.id).where(purchase.c.subscription_id == checkout_session.c.subscription_id).exists(),
         ).order_by(checkout_session.c.id.desc()).limit(1)).mappings().first()
+
+    def count_open(self, user_id: str, valid_after) -> int:
+        """The user's checkouts still to be paid (as `open_for_plan`, of any plan)."""
+        return self.execute(select(func.count()).select_from(checkout_session.join(
+            subscription, subscription.c.id == checkout_session.c.subscription_id)).where(
+            checkout_session.c.user_id == user_id, checkout_session.c.status == "open",
+            checkout_session.c.expires_at > valid_after, subscription.c.status == "future",
+            ~select(purchase.c.id).where(purchase.c.subscription_id == checkout_session.c.subscription_id).exists(),
+        )).scalar_one()
 
     def lane_of_order(self, order_id: str) -> str | None:
         return self.execute(select(checkout_session.c.lane).where(_by_order_id(order_id))).scalar()
