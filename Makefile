@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PG_BIN := $(firstword $(wildcard /usr/lib/postgresql/*/bin))
 
-.PHONY: demo test venv servers lint bench simulate mutation clean
+.PHONY: demo test venv servers lint bench simulate fuzz mutation clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,11 @@ simulate: venv servers
 	SIM_DAYS=$${SIM_DAYS:-40} SIM_PROCESS_DAYS=$${SIM_PROCESS_DAYS:-33} \
 		SIM_SEEDS=$${SIM_SEEDS:-1,2,3,4,5,6,7,8,9,10} $(BIN)/pytest -p no:cacheprovider -n 2 \
 		--basetemp=.pytest-tmp tests/simulation
+
+# The signed-webhook fuzzer at its longer target: 3,400 mutated bodies per receiver (20,400), on PostgreSQL.
+fuzz: venv servers
+	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-3400} $(BIN)/pytest -p no:cacheprovider -n 2 --basetemp=.pytest-tmp \
+		tests/e2e/test_webhook_fuzz.py -s
 
 # Mutation testing of the money and security modules (mutmut; the score is in docs/reliability.md). The
 # tests' files (SQLite databases, the sandbox's) go to memory when /dev/shm has a gigabyte free (a

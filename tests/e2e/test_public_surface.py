@@ -61,6 +61,24 @@ def dispute_body(c, payment_id="pay_d"):
                        "primerAccountId": "acc_1"}).encode()
 
 
+def test_a_dispute_whose_inbox_key_outgrows_its_column_is_stored_once_not_a_500(c, client):
+    """Found by the fuzzer: a dispute id within its own cap (128) composes an inbox key longer than the
+    inbox's column (128): a 500 on PostgreSQL. The key of such an event is a digest of it."""
+    from billingctl.adapters.db.tables import event_inbox
+
+    dispute_id = "0" * 101
+    body = json.dumps({"eventType": "DISPUTE.STATUS", "paymentId": "pay_d", "processorDisputeId": dispute_id,
+                       "type": "DISPUTE", "status": "OPEN", "processor": "SFW_STRIPE", "amount": 999,
+                       "currency": "USD"}).encode()
+    headers = {"X-Signature-Primary": b64sig(c.settings.secret("orchestrator_disputes_secret"), body)}
+    first = client.post("/webhooks/orchestrator/disputes", data=body, headers=headers)
+    assert (first.status_code, first.get_json()["outcome"]) == (200, "recorded")
+    assert client.post("/webhooks/orchestrator/disputes", data=body, headers=headers).get_json()["outcome"] == \
+        "duplicate"
+    [stored] = rows(c, event_inbox, source="orchestrator")
+    assert stored["event_id"].startswith("sha256:") and len(stored["event_id"]) <= 128
+
+
 def test_dispute_opened_is_a_fraud_signal_and_an_alert_once(c, client):
     c.sandbox.store.put("payment", "pay_d", {"id": "pay_d", "status": "SETTLED", "customerId": "user_x",
                                              "amount": 1999, "processor": {"name": "SFW_STRIPE"}})

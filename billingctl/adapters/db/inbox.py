@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 from sqlalchemy import case, func, literal, select, update
 
 from billingctl.adapters.db.repository import Repository
@@ -13,17 +15,29 @@ LISTED = (event_inbox.c.id, event_inbox.c.source, event_inbox.c.event_id, event_
           event_inbox.c.last_error, event_inbox.c.received_at)
 
 
+KEY_LENGTH = event_inbox.c.event_id.type.length
+
+
+def key(event_id: str) -> str:
+    """The event's inbox key: its id, or, for an id longer than the column (a composed key such as a
+    dispute's, whose parts are each within their own caps), a digest of it: as unique, and stable for every
+    delivery of the same event."""
+    if len(event_id) <= KEY_LENGTH:
+        return event_id
+    return f"sha256:{hashlib.sha256(event_id.encode()).hexdigest()}"
+
+
 class Inbox(Repository):
     def seen(self, source: str, event_id: str):
         """(status, seen_by) of a stored event, or None."""
         return self.execute(select(event_inbox.c.status, event_inbox.c.seen_by).where(
-            event_inbox.c.source == source, event_inbox.c.event_id == event_id)).first()
+            event_inbox.c.source == source, event_inbox.c.event_id == key(event_id))).first()
 
     def accept(self, source: str, event_id: str, event_type: str, payload: dict, occurred_at, now, via: str):
         """Store the event, or count one more delivery of it, in one statement; the row's (id, status,
         seen_by) afterwards. A path delivering it for the first time is added to seen_by."""
         row = insert_or_count(self.uow, event_inbox, {
-            "source": source, "event_id": event_id, "event_type": event_type, "payload": payload,
+            "source": source, "event_id": key(event_id), "event_type": event_type, "payload": payload,
             "occurred_at": occurred_at, "status": "pending", "received_at": now, "seen_by": [via],
             "deliveries": 1}, ["source", "event_id"], "deliveries", ["id", "status", "seen_by"])
         seen = list(row.seen_by or [])
@@ -37,7 +51,7 @@ class Inbox(Repository):
         status = literal("processed") if error is None else case(
             (attempts >= max_attempts, literal("parked")), else_=literal("pending"))
         return self.execute(update(event_inbox).where(
-            event_inbox.c.source == source, event_inbox.c.event_id == event_id).values(
+            event_inbox.c.source == source, event_inbox.c.event_id == key(event_id)).values(
             status=status, attempts=attempts, last_error=error, processed_at=now if error is None else None)
             .returning(event_inbox.c.status)).scalar_one()
 
