@@ -66,10 +66,10 @@ def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
         if kind == "429":
             response = jsonify(RATE_LIMIT_BODY)
             response.status_code = 429
-            if fault["retry_after"] is None:
-                response.headers["Retry-After"] = "1"
-            elif fault["retry_after"] >= 0:  # a negative value: the answer names no Retry-After
-                response.headers["Retry-After"] = str(fault["retry_after"])
+            # The provider documents a block of about a minute and no Retry-After: the answer names one only
+            # when the fault asks for it (a test that models a shorter wait).
+            if fault["retry_after"] is not None and fault["retry_after"] >= 0:
+                response.headers["Retry-After"] = f"{fault['retry_after']:g}"
             return response
         if kind in ("500", "503"):
             return jsonify({"message": "internal error", "type": "api_error", "api_error_code": "internal_error"}), \

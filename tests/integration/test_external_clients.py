@@ -367,3 +367,14 @@ def test_an_event_whose_content_cannot_be_read_is_held_and_parked_never_dropped(
         [row] = uow.inbox.listing("provider", None, None, 10)
     assert (row["event_id"], row["status"]) == ("ev_odd", "parked")
     assert "invalid event content.subscription.start_date" in row["last_error"]
+
+
+def test_the_sandboxs_429_names_no_retry_after_unless_asked_as_the_provider_does(ext):
+    """The provider documents a block of about a minute after a 429 and sends no Retry-After (decision 116)."""
+    c = ext()
+    c.sandbox.store.add_fault("provider", "429", count=1)
+    plain = c.provider.http.client.get("/api/v2/item_prices/credits-pro-USD-monthly")
+    assert plain.status_code == 429 and "Retry-After" not in plain.headers
+    c.sandbox.store.add_fault("provider", "429", count=1, retry_after=2)
+    asked = c.provider.http.client.get("/api/v2/item_prices/credits-pro-USD-monthly")
+    assert (asked.status_code, asked.headers["Retry-After"]) == (429, "2")

@@ -154,7 +154,9 @@ class Model:
         system = self.rng.choice(["provider", "orchestrator"])
         kind = self.rng.choice(["500", "503", "timeout", "429"])
         count = self.rng.randint(10, 30) if kind == "429" else self.rng.randint(1, 6)  # a 429 comes as a storm
-        self.sandbox.store.add_fault(system, kind, count=count)
+        # A storm of 429s names a one-second Retry-After: the simulation compresses time, and the provider's
+        # real minute-long block (no Retry-After) is held by tests/integration/test_external_clients.py.
+        self.sandbox.store.add_fault(system, kind, count=count, retry_after=1 if kind == "429" else None)
         self.note(f"outage {system} {kind} x{count}")
 
     def _customer(self, co: dict) -> str:
