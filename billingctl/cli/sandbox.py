@@ -13,13 +13,17 @@ app = noun("The local sandbox of the subscription provider and the payment orche
 FAULT_KINDS = ("429", "500", "503", "401", "timeout", "reset", "malformed", "slow", "error_after_effect")
 
 
-def _sandbox():
-    from billingctl.domain.errors import Refused
+def _sandbox(changes: bool = True):
+    """(the CLI context, the sandbox). A command that `changes` the sandbox refuses `--dry-run` (exit 2,
+    nothing done) rather than do it for real (issue 38): a sandbox verb has nothing to preview."""
+    from billingctl.domain.errors import InvalidInput, Refused
 
     cli = get_ctx()
     settings = cli.container.settings
     if settings.is_production:
         raise Refused("the sandbox is not available with BILLING_ENV=production")
+    if changes and cli.dry_run:
+        raise InvalidInput("--dry-run is not supported here: this sandbox command changes the sandbox")
     return cli, cli.container.sandbox
 
 
@@ -54,7 +58,7 @@ def serve(port: int = typer.Option(8900, "--port"), host: str = typer.Option("12
 def catalog():
     """The sandbox's item prices (item_price_id, type, lane, amount, currency, credits); addons, charges and plans
     of other products carry no lane or credits, as in a real catalog."""
-    cli, sandbox = _sandbox()
+    cli, sandbox = _sandbox(changes=False)
     # Named as `products list` names them: one vocabulary for one thing.
     rows = [{"item_price_id": p["id"], "item_type": p["item_type"], "lane": (p.get("metadata") or {}).get("lane"),
              "amount": p["price"], "currency": p["currency_code"], "credits": (p.get("metadata") or {}).get("credits")}
@@ -71,7 +75,7 @@ def pay(order_id: str = typer.Argument(..., help="The checkout's order id (the i
         no_provider_report: bool = typer.Option(False, "--no-provider-report",
                                                 help="The workflow does not report to the provider.")):
     """Settle a checkout in the sandbox orchestrator and deliver (or drop) its webhook."""
-    cli, sandbox = _sandbox()
+    cli, sandbox = _sandbox(changes=False)  # previews itself
     if cli.dry_run:
         cli.output.result({"dry_run": True, "order_id": order_id, "processor": processor})
         return
@@ -145,7 +149,7 @@ def clear_faults():
 @command(app, "clock")
 def clock(advance: float = typer.Argument(0.0, help="Seconds to move the sandbox clock forward.")):
     """Show or move the sandbox's clock."""
-    cli, sandbox = _sandbox()
+    cli, sandbox = _sandbox(changes=bool(advance))
     now = sandbox.store.advance_clock(advance) if advance else sandbox.store.now()
     cli.output.result({"now": now})
 

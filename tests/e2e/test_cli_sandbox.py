@@ -103,3 +103,26 @@ def test_every_status_primer_documents_can_be_produced_by_a_sandbox_verb(make_se
     assert seen == {"PENDING", "AUTHORIZED", "SETTLING", "PARTIALLY_SETTLED", "SETTLED", "DECLINED", "FAILED",
                     "CANCELLED"}
     c.close()
+
+
+def test_a_sandbox_command_that_changes_the_sandbox_refuses_dry_run_and_changes_nothing(env):
+    """Issue 38 item 11: `sandbox refund PAY --dry-run` refunded for real. A verb that changes the sandbox
+    refuses --dry-run (exit 2, one line); the reading ones and `pay` (which previews) take it."""
+    from billingctl.sandbox.model import Sandbox
+    from billingctl.sandbox.store import SandboxStore
+
+    sandbox = Sandbox(SandboxStore(env["BILLING_SANDBOX_DB"]))
+    session = sandbox.create_client_session({"orderId": "inv_dry", "customerId": "u", "amount": 999,
+                                             "currencyCode": "USD"})
+    paid = sandbox.pay(session["orderId"], drop_webhook=True)
+    for args in (["refund", paid["id"]], ["clock", "60"], ["fault", "provider", "500"], ["clear-faults"],
+                 ["backdating", "on"], ["capture", paid["id"]], ["dispute", paid["id"]]):
+        refused = billingctl(["--dry-run", "sandbox", *args], env)
+        assert refused.returncode == 2, (args, refused.stderr)
+        assert refused.stderr.count("\n") == 1 and "--dry-run is not supported" in refused.stderr
+    assert sandbox.store.get("payment", paid["id"]).get("refunds", []) == []
+    assert sandbox.store.get("payment", paid["id"])["status"] == "SETTLED"
+    assert billingctl(["--dry-run", "sandbox", "catalog"], env).returncode == 0
+    assert billingctl(["--dry-run", "--json", "sandbox", "clock"], env).returncode == 0
+    preview = billingctl(["--dry-run", "--json", "sandbox", "pay", "inv_other"], env)
+    assert preview.returncode == 0 and json.loads(preview.stdout)["dry_run"] is True
