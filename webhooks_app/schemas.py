@@ -17,12 +17,10 @@ from billingctl.adapters.payloads import (
     Id,
     LongId,
     Open,
-    PayloadInvalid,
     Payment,
     Status,
     Text,
 )
-from billingctl.domain.errors import InvalidInput
 
 
 def strict_json(raw: bytes | str):
@@ -95,9 +93,6 @@ ProviderEvent = Event  # the provider's webhook body is its event: one schema fo
 
 
 def check(model: type[Open], body: dict) -> dict:
-    """The body, once it matches `model`; else InvalidInput naming the first bad field."""
-    try:
-        model.read(body)
-    except PayloadInvalid as exc:
-        raise InvalidInput(str(exc)) from None
+    """The body, once it matches `model`; else InvalidInput (PayloadInvalid) naming the first bad field."""
+    model.read(body)
     return body
