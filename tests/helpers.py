@@ -108,6 +108,36 @@ def billingctl(args, env, **kw):
                           env={"PATH": os.environ["PATH"], **env}, timeout=120, **kw)
 
 
+def billingctl_in_terminal(args, env, columns: int, lines: int = 50) -> str:
+    """Run the CLI on a pseudo-terminal of the given size (what an operator sees): its screen output."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import subprocess
+    import sys
+    import termios
+
+    leader, follower = pty.openpty()
+    fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", lines, columns, 0, 0))
+    process = subprocess.Popen([sys.executable, "-m", "billingctl", *args], stdin=follower, stdout=follower,
+                               stderr=subprocess.DEVNULL, env={"PATH": os.environ["PATH"], "TERM": "dumb", **env},
+                               close_fds=True)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # the follower side closed: the process is done writing
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    process.wait(timeout=120)
+    os.close(leader)
+    return b"".join(chunks).decode(errors="replace").replace("\r\n", "\n")
+
+
 @contextmanager
 def table_away(engine, table: str):
     """The table cannot be read inside the block (renamed away), as when its storage fails; it comes back after."""

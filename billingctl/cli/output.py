@@ -49,6 +49,12 @@ def human(value) -> str:
     return str(value)
 
 
+# Columns of free text: the only ones a narrow terminal cuts (ids, statuses and times stay whole).
+FREE_TEXT = frozenset({"detail", "reason", "last_error", "error", "message", "summary", "description", "title",
+                       "activation_error", "resolution", "help", "text", "note", "command"})
+FREE_MIN, FREE_COMFORT = 12, 40
+
+
 def _tsv_cell(value) -> str:
     return human(value).replace("\t", " ").replace("\n", " ")
 
@@ -108,12 +114,51 @@ class Output:
         from rich.table import Table
         from rich.text import Text
 
+        cells = [[human(row.get(c)) for c in columns] for row in rows]
+        console = self._console()
+        natural = [max([len(column), *(len(line[i]) for line in cells)]) for i, column in enumerate(columns)]
+        free = [i for i, column in enumerate(columns) if column in FREE_TEXT]
+        whole = [max([len(column), *(len(word) for line in cells for word in line[i].split())])
+                 for i, column in enumerate(columns)]
+        narrowest = sum((min(FREE_MIN, natural[i]) if i in free else whole[i]) + 3 for i in range(len(columns))) + 1
+        if narrowest > console.width:  # no table fits without splitting an id: one block per row
+            self._records(cells, columns, title, console.width)
+            return
         table = Table(title=title)
-        for column in columns:
-            table.add_column(column, overflow="fold")  # wrapped, never cut with an ellipsis
-        for row in rows:
-            table.add_row(*(Text(human(row.get(c))) for c in columns))
-        self._console().print(table)
+        # Free text gets what the other columns leave (at least FREE_MIN each), cut with an ellipsis;
+        # `--output tsv` and `--json` give all of it.
+        room = 0
+        if free:  # what the others leave at their full width; if that is little, at their ids' width
+            room = (console.width - sum(w + 3 for i, w in enumerate(natural) if i not in free) - 1) // len(free) - 3
+            if room < FREE_COMFORT:
+                room = min(FREE_COMFORT, (console.width - sum(w + 3 for i, w in enumerate(whole) if i not in free)
+                                          - 1) // len(free) - 3)
+            room = max(FREE_MIN, room)
+        for i, column in enumerate(columns):
+            if i in free:
+                table.add_column(column, overflow="ellipsis", no_wrap=True, max_width=room)
+            else:  # ids, statuses, times: never split; a cell of several ids breaks between them only
+                table.add_column(column, min_width=whole[i], overflow="fold")
+        for line in cells:
+            table.add_row(*(Text(cell) for cell in line))
+        console.print(table, soft_wrap=False)
+
+    @staticmethod
+    def _records(cells: list[list[str]], columns: list[str], title: str | None, width: int) -> None:
+        """Rows as blocks of `column  value` lines (a terminal too narrow for the table): values wrap
+        between words only, so an id is never split."""
+        import textwrap
+
+        pad = max(len(c) for c in columns) + 2
+        out = [title] if title else []
+        for n, line in enumerate(cells, 1):
+            out.append(f"── {n} " + "─" * max(0, min(width, 40) - len(str(n)) - 4))
+            for column, cell in zip(columns, line, strict=True):
+                wrapped = textwrap.wrap(cell, max(20, width - pad), break_long_words=False,
+                                        break_on_hyphens=False) or [cell]
+                out.append(f"{column:<{pad}}{wrapped[0]}")
+                out.extend(" " * pad + more for more in wrapped[1:])
+        sys.stdout.write("\n".join(out) + "\n")
 
     def error(self, message: str) -> None:
         sys.stderr.write(f"error: {message}\n")

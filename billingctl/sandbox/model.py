@@ -599,7 +599,10 @@ class Sandbox:
         return payment
 
     def payments(self, status: str | None = None, from_date: float | None = None) -> list[dict]:
-        rows = [p for p in self.store.all("payment") if (status is None or p["status"] == status)]
+        """Payments made since `from_date`, oldest first; `status` is one status or several, comma-separated
+        (Primer's list takes an array of statuses as a comma-separated list)."""
+        wanted = set(status.split(",")) if status else None
+        rows = [p for p in self.store.all("payment") if (wanted is None or p["status"] in wanted)]
         if from_date is not None:
             rows = [p for p in rows if p["date"] >= from_date]
         return sorted(rows, key=lambda p: p["date"])

@@ -13,6 +13,12 @@ def payment_event_id(event_type: str, payment: Payment) -> str:
     return f"{event_type}:{payment.id}:{payment.status}{suffix}"
 
 
+def payment_of_event(event_id: str) -> str | None:
+    """The payment id a payment notification's inbox key names (`payment_event_id`)."""
+    parts = event_id.split(":")
+    return parts[1] if len(parts) >= 3 and parts[0].startswith("PAYMENT.") else None
+
+
 def _orchestrator(container, event_type: str, payload: dict) -> dict:
     from billingctl.services.fraud_signals import record_dispute
     from billingctl.services.payments import (

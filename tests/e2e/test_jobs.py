@@ -323,3 +323,35 @@ def test_the_web_units_start_gunicorn_without_a_control_socket(tmp_path):
     text = log.read_text()
     assert "Listening at" in text and "Control socket" not in text and "[ERROR]" not in text, text
     assert not (tmp_path / ".gunicorn").exists()
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_reconcile_shows_every_id_whole_in_a_terminal(container, env, columns):
+    """Issues 36 item 3 and 38 item 9: the human report names every id of each violation (invoice, payments,
+    user), and on a terminal of 80 or 120 columns no id is split across lines or cut; lines fit the width."""
+    import re
+
+    from sqlalchemy import insert, select
+
+    from billingctl.adapters.db.tables import purchase
+    from billingctl.services.checkout import create_checkout
+    from tests.helpers import billingctl_in_terminal
+
+    co = create_checkout(container, "user_double_charged_at_3am", "credits-pro-USD-monthly")
+    container.sandbox.pay(co["order_id"])
+    now = container.clock.now()
+    with container.uow() as uow:
+        invoice_id = uow.execute(select(purchase.c.invoice_id)).scalar_one()
+        uow.execute(insert(purchase).values(invoice_id=invoice_id, transaction_id="pay_second_charge_e5355d", amount=1,
+                                            subscription_id=co["subscription_id"], credits=10, created_at=now,
+                                            user_id="user_double_charged_at_3am", provider_recorded_at=now))
+        assert uow.ledger.apply("user_double_charged_at_3am", 10, "payment:pay_second_charge_e5355d", "payment",
+                                "pay_second_charge_e5355d", now)
+        uow.commit()
+    report = json.loads(billingctl(["--json", "reconcile"], env).stdout)
+    [twice] = [v for v in report["violations"] if v["check"] == "invoice_paid_twice"]
+    screen = billingctl_in_terminal(["reconcile"], env, columns)
+    words = set(re.split(r"[\s│┃=,]+", screen))
+    for id_ in [twice["invoice_id"], *twice["payment_ids"], twice["user_id"]]:
+        assert id_ in words, (id_, screen)
+    assert max(len(line) for line in screen.splitlines()) <= columns

@@ -4,9 +4,19 @@ our books or from the orchestrator's, and a clean system reports nothing."""
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import insert, select, update
+from sqlalchemy import delete, insert, select, update
 
-from billingctl.adapters.db.tables import credit_ledger, fraud_event, orphan_recovery, purchase, subscription, users
+from billingctl.adapters.db.tables import (
+    checkout_session,
+    credit_ledger,
+    dispute,
+    dunning_attempt,
+    fraud_event,
+    orphan_recovery,
+    purchase,
+    subscription,
+    users,
+)
 from billingctl.bootstrap import Container
 from billingctl.domain.clock import ManualClock
 from billingctl.services.reconcile import reconcile
@@ -43,14 +53,26 @@ def test_a_clean_system_reports_nothing(world):
     assert report["violations"] == [] and report["ok"] is True
 
 
+def purchase_of(world, payment_id):
+    with world.c.uow() as uow:
+        return uow.execute(purchase.select().where(purchase.c.transaction_id == payment_id)).one()
+
+
+def credit_second_purchase(world, invoice_id, subscription_id, payment_id="pay_second", user="user_a"):
+    """A second purchase on an invoice, credited (a double charge recorded twice)."""
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        uow.execute(insert(purchase).values(invoice_id=invoice_id, transaction_id=payment_id, amount=1,
+                                            subscription_id=subscription_id, user_id=user, credits=10,
+                                            created_at=now, provider_recorded_at=now))
+        assert uow.ledger.apply(user, 10, f"payment:{payment_id}", "payment", payment_id, now)
+        uow.commit()
+
+
 def plant_invoice_paid_twice(world):
     co, payment = paid(world)
-    with world.c.uow() as uow:
-        invoice_id = uow.execute(purchase.select().where(purchase.c.transaction_id == payment["id"])).one().invoice_id
-        uow.execute(insert(purchase).values(invoice_id=invoice_id, transaction_id="pay_second", amount=1,
-                                            subscription_id=co["subscription_id"], user_id="user_a", credits=0,
-                                            created_at=world.c.clock.now(), provider_recorded_at=world.c.clock.now()))
-        uow.commit()
+    credit_second_purchase(world, purchase_of(world, payment["id"]).invoice_id, co["subscription_id"])
+    later(world)  # the provider's invoice, paid over an hour ago, holds two terms
 
 
 def unreport(uow, payment_id):
@@ -114,17 +136,23 @@ def plant_ledger_without_purchase(world):
         uow.commit()
 
 
-def plant_unreported_behind_a_recovered_review_row(world):
-    """The row says recovered, and the purchase still waits for its invoice (issue 35 defect 3): a review
-    row that has ended no longer hides the purchase."""
+def unreported_behind_review_row(world, status):
+    """A purchase still waiting for its invoice while a review row in `status` names its payment."""
     _, payment = paid(world)
     with world.c.uow() as uow:
         unreport(uow, payment["id"])
         uow.execute(insert(orphan_recovery).values(
-            payment_id=payment["id"], user_id="user_a", status="recovered", attempts=1,
+            payment_id=payment["id"], user_id="user_a", status=status, attempts=1,
             created_at=world.c.clock.now(), updated_at=world.c.clock.now()))
         uow.commit()
     world.c.clock.advance(2 * 3600)
+    world.sandbox.store.advance_clock(2 * 3600)
+
+
+def plant_unreported_behind_a_recovered_review_row(world):
+    """The row says recovered, and the purchase still waits for its invoice (issue 35 defect 3): a review
+    row that has ended no longer hides the purchase."""
+    unreported_behind_review_row(world, "recovered")
 
 
 def plant_closed_purchase_not_reversed(world):
@@ -251,3 +279,220 @@ def test_a_quota_window_over_its_limit_is_a_violation_where_the_quota_is_enforce
     dev = Container(make_settings(database_url=db_url), clock=ManualClock())
     assert "quota_over_limit" not in {v["check"] for v in reconcile(dev)["violations"]}  # not enforced there
     dev.close()
+
+
+# ---- issue 36: the checks an auditor would make, each planted ------------------------------------------------
+def later(world, seconds=2 * 3600):
+    world.c.clock.advance(seconds)
+    world.sandbox.store.advance_clock(seconds)
+
+
+def plant_two_live_subscriptions_here(world):
+    """Our copy holds two billed subscriptions of one plan for one customer."""
+    co, _ = paid(world)
+    with world.c.uow() as uow:
+        uow.execute(insert(subscription).values(id="sub_twin", status="active", customer_id="user_a",
+                                                item_price_id=PRO, created_at=world.c.clock.now(), coupon_ids=[]))
+        uow.commit()
+
+
+def plant_two_live_subscriptions_at_the_provider(world):
+    """The provider bills a second subscription of the plan we never heard of (another integration)."""
+    paid(world)
+    world.c.activations_run = None
+    from billingctl.services.payments import retry_pending
+
+    retry_pending(world.c)  # the first is active at the provider
+    world.sandbox.create_subscription_for_items("user_a", PRO, None, "off")
+
+
+def plant_renewal_charge_in_flight_too_long(world):
+    co, payment = paid(world)
+    with world.c.uow() as uow:
+        uow.execute(insert(dunning_attempt).values(
+            invoice_id="inv_stuck", subscription_id=co["subscription_id"], user_id="user_a", status="pending",
+            decline_code="AUTHORIZED", payment_id="pay_stuck", created_at=world.c.clock.now(), attempt_no=1,
+            amount=1999))
+        uow.commit()
+    later(world, 3 * 3600)  # past the capture limit (an hour) and the grace
+
+
+def plant_authorization_never_captured(world):
+    """At the orchestrator: a payment AUTHORIZED days ago that nothing captured or cancelled."""
+    _, payment = paid(world)
+    stuck = {**payment, "id": "pay_held", "status": "AUTHORIZED", "orderId": "order_held"}
+    world.sandbox.store.put("payment", "pay_held", stuck)
+    later(world, 3 * 86400)
+
+
+def plant_dunning_left_open_on_a_paid_invoice(world):
+    """The invoice is paid by a standing purchase, and its renewal attempts still end on a retry."""
+    co, payment = paid(world)
+    invoice_id = purchase_of(world, payment["id"]).invoice_id
+    with world.c.uow() as uow:
+        uow.execute(insert(dunning_attempt).values(
+            invoice_id=invoice_id, subscription_id=co["subscription_id"], user_id="user_a", status="declined",
+            created_at=world.c.clock.now(), attempt_no=1, next_attempt_at=world.c.clock.now()))
+        uow.commit()
+    later(world)
+
+
+def plant_dunning_resolved_without_outcome(world):
+    paid(world)
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        uow.execute(insert(dunning_attempt).values(
+            invoice_id="inv_half", subscription_id="sub_x", user_id="user_a", status="pending", payment_id="pay_h",
+            created_at=now, resolved_at=now, attempt_no=1))
+        uow.commit()
+    later(world)
+
+
+def plant_dispute_lost_not_reversed(world):
+    _, payment = paid(world)
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        uow.execute(insert(dispute).values(dispute_id="dp_lost", payment_id=payment["id"], user_id="user_a",
+                                           kind="DISPUTE", status="LOST", state="lost", created_at=now,
+                                           updated_at=now))
+        uow.commit()
+    later(world)
+
+
+def plant_credited_for_another_amount(world):
+    """The order asked for one amount; the payment charged another and was credited all the same."""
+    co, payment = paid(world)
+    with world.c.uow() as uow:
+        uow.execute(update(checkout_session).where(checkout_session.c.order_id == co["order_id"])
+                    .values(amount=payment["amount"] + 100))
+        uow.commit()
+
+
+def plant_paid_invoice_nobody_credited(world):
+    """The provider holds the invoice as paid; nothing of ours stands on it."""
+    _, payment = paid(world)
+    later(world)
+    with world.c.uow() as uow:
+        uow.execute(delete(credit_ledger).where(credit_ledger.c.payment_id == payment["id"]))
+        uow.execute(delete(purchase).where(purchase.c.transaction_id == payment["id"]))
+        uow.execute(update(users).where(users.c.id == "user_a").values(credits=0))
+        uow.commit()
+
+
+def plant_purchase_on_a_voided_invoice(world):
+    """A standing purchase whose invoice the provider holds as voided."""
+    _, payment = paid(world)
+    invoice_id = purchase_of(world, payment["id"]).invoice_id
+    stored = world.sandbox.store.get("invoice", invoice_id)
+    world.sandbox.store.put("invoice", invoice_id, {**stored, "status": "voided",
+                                                    "updated_at": world.sandbox.now()})
+    later(world)
+
+
+def plant_purchase_stranded_with_a_person(world):
+    """Recorded by us, never on the provider's invoice, and parked with a person (needs review): whoever
+    owns it, reconcile names it."""
+    unreported_behind_review_row(world, "needs_review")
+
+
+@pytest.mark.parametrize(("plant", "check"), [
+    (plant_two_live_subscriptions_here, "two_live_subscriptions"),
+    (plant_two_live_subscriptions_at_the_provider, "two_live_subscriptions"),
+    (plant_renewal_charge_in_flight_too_long, "charge_in_flight_too_long"),
+    (plant_authorization_never_captured, "charge_in_flight_too_long"),
+    (plant_dunning_left_open_on_a_paid_invoice, "dunning_unfinished"),
+    (plant_dunning_resolved_without_outcome, "dunning_unfinished"),
+    (plant_dispute_lost_not_reversed, "dispute_lost_not_reversed"),
+    (plant_credited_for_another_amount, "payment_amount_differs"),
+    (plant_invoice_paid_twice, "invoice_credits_not_one_term"),
+    (plant_paid_invoice_nobody_credited, "invoice_credits_not_one_term"),
+    (plant_purchase_on_a_voided_invoice, "purchase_on_unpaid_invoice"),
+    (plant_purchase_stranded_with_a_person, "recorded_not_on_provider_invoice"),
+])
+def test_each_check_of_the_three_books_names_its_planted_violation(world, plant, check):
+    """Issue 36 item 1: each invariant a billing auditor checks, planted, is named (and exit 5 follows
+    from `ok` false); a clean system names nothing (test_a_clean_system_reports_nothing)."""
+    plant(world)
+    report = reconcile(world.c)
+    assert check in {v["check"] for v in report["violations"]} and report["ok"] is False, report["violations"]
+
+
+def test_a_refunded_duplicate_is_not_counted_as_paid_twice(world):
+    """Issue 38 item 6: after the right fix for a double charge (a refund at the orchestrator, reversed in
+    the ledger), the invoice is no longer paid twice."""
+    co, payment = paid(world)
+    invoice_id = purchase_of(world, payment["id"]).invoice_id
+    credit_second_purchase(world, invoice_id, co["subscription_id"])
+    later(world)
+    assert {"invoice_paid_twice", "invoice_credits_not_one_term"} <= checks(world)
+    with world.c.uow() as uow:
+        assert uow.ledger.apply("user_a", -10, "refund:pay_second", "refund", "pay_second", world.c.clock.now())
+        uow.commit()
+    later(world)
+    assert not {"invoice_paid_twice", "invoice_credits_not_one_term"} & checks(world)
+
+
+def test_an_acknowledged_violation_stops_counting_and_a_new_one_still_counts(world):
+    """Issue 36 item 3: `reconcile ack` with a reason: the known case is reported apart and no longer
+    counted (no page), a new violation still is; the acknowledgement is audited."""
+    from billingctl.adapters.db.tables import audit_log
+    from billingctl.services.reconcile.acks import acknowledge
+
+    plant_dispute_lost_not_reversed(world)
+    [known] = [v for v in reconcile(world.c)["violations"] if v["check"] == "dispute_lost_not_reversed"]
+    acknowledge(world.c, "dispute_lost_not_reversed", known["payment_id"], "won on appeal, bank confirmed",
+                "ops@example")
+    report = reconcile(world.c)
+    assert report["ok"] is True and report["violations"] == []
+    assert [a["acknowledged"] for a in report["acknowledged"]] == ["won on appeal, bank confirmed"]
+    assert world.c.metrics.sample("billing_reconcile_violations", {}) == 0
+    plant_ledger_without_purchase(world)  # a new case pages
+    assert reconcile(world.c)["ok"] is False
+    with world.c.uow() as uow:
+        [row] = uow.execute(select(audit_log).where(audit_log.c.action == "reconcile.ack")).all()
+    assert (row.actor, row.target) == ("ops@example", f"dispute_lost_not_reversed:{known['payment_id']}")
+
+
+def test_an_acknowledgement_needs_a_known_check_and_a_reason(world):
+    from billingctl.domain.errors import InvalidInput
+    from billingctl.services.reconcile.acks import acknowledge
+
+    with pytest.raises(InvalidInput):
+        acknowledge(world.c, "no_such_check", "pay_1", "because", "ops")
+    with pytest.raises(InvalidInput):
+        acknowledge(world.c, "payment_unrecorded", "pay_1", " ", "ops")
+    with world.c.uow() as uow:
+        assert uow.acks.all() == {}
+
+
+def test_runs_read_the_external_books_from_their_watermark(world):
+    """Issue 36 item 2: the first run is a full pass; the next reads only what changed since the last run
+    (less an overlap), so a payment older than the window is not listed again; --full reads it all."""
+    paid(world, "user_a")
+    later(world, 3 * 3600)
+    first = reconcile(world.c)
+    assert first["window"]["full"] is True and first["checked"]["payments"] == 1
+    later(world, 86400)
+    paid(world, "user_b")
+    second = reconcile(world.c)
+    assert second["window"]["full"] is False and second["checked"]["payments"] == 1
+    assert reconcile(world.c, full=True)["checked"]["payments"] == 2
+    later(world, 8 * 86400)  # a week on: the weekly full pass
+    assert reconcile(world.c)["window"]["why"] == "weekly full pass"
+
+
+def test_an_incremental_run_still_sees_a_refund_notified_in_its_window(world):
+    """A refund's notification names the payment: an incremental run reads that payment (one read, not
+    one per payment of the refund window) and finds the refund not reversed."""
+    _, payment = paid(world)
+    reconcile(world.c)
+    later(world, 86400)
+    world.sandbox.refund(payment["id"])  # notified, reversed
+    credits = purchase_of(world, payment["id"]).credits
+    with world.c.uow() as uow:  # ... and the reversal lost (a bug we plant)
+        uow.execute(delete(credit_ledger).where(credit_ledger.c.reason == "refund"))
+        uow.execute(update(users).where(users.c.id == "user_a").values(credits=credits))
+        uow.commit()
+    report = reconcile(world.c)
+    assert report["window"]["full"] is False
+    assert "refund_not_reversed" in {v["check"] for v in report["violations"]}

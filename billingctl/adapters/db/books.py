@@ -3,6 +3,11 @@ across the aggregates by design."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from itertools import groupby
+
 from sqlalchemy import Text, delete, func, or_, select, update
 
 from billingctl.adapters.db.purchases import REVERSALS
@@ -10,81 +15,263 @@ from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.tables import (
     alert_outbox,
     audit_log,
+    checkout_session,
     credit_ledger,
+    dispute,
+    dunning_attempt,
     event_inbox,
     event_poller_state,
     fraud_event,
+    invoice,
     orphan_recovery,
     purchase,
     subscription,
     users,
 )
-from billingctl.domain.lifecycle import REVIEW_HUMAN, REVIEW_OPEN
+from billingctl.domain.lifecycle import DUNNING, REVIEW_OPEN
+
+# A subscription billed every period (spec 3): at most one per customer and plan (decision 110).
+BILLED = ("in_trial", "active", "non_renewing")
 
 
-def _checks(now, grace) -> list[tuple[str, object, callable]]:
-    """(check name, query, row -> violation) for every check of our own books."""
+@dataclass(frozen=True)
+class Limits:
+    """How long follow-up work may take before reconcile names it (the jobs finish well within)."""
+    grace: timedelta
+    in_flight: timedelta  # a renewal charge in flight (settings.renewal_in_flight_max_hours)
+    authorized: timedelta  # an authorization not captured (settings.renewal_authorized_max_minutes)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One check of our own books: its query, and each row as a violation. With `group`, the rows that
+    share that column are one violation (every id of it named: the payments of an invoice paid twice)."""
+    name: str
+    query: object
+    describe: Callable
+    group: str | None = None
+
+
+def _live_grants():
+    """A term's credits granted for a purchase that still stands: one ledger row per grant (a term paid at
+    the provider in parts is granted once, by its invoice), of a purchase neither closed nor reversed in
+    full (a refunded duplicate is no payment of its invoice any more)."""
+    reversed_ = _reversed()
+    return (select(purchase.c.transaction_id, purchase.c.invoice_id, purchase.c.user_id, purchase.c.credits,
+                   purchase.c.created_at, purchase.c.subscription_id)
+            .join(credit_ledger, (credit_ledger.c.payment_id == purchase.c.transaction_id)
+                  & (credit_ledger.c.reason == "payment"))
+            .outerjoin(reversed_, reversed_.c.payment_id == purchase.c.transaction_id)
+            .where(purchase.c.closed_at.is_(None),
+                   func.coalesce(reversed_.c.reversed, 0) < purchase.c.credits))
+
+
+def _reversed():
+    return (select(credit_ledger.c.payment_id, (-func.sum(credit_ledger.c.amount)).label("reversed"))
+            .where(credit_ledger.c.reason.in_(REVERSALS)).group_by(credit_ledger.c.payment_id).subquery())
+
+
+def _checks(now, limits: Limits) -> list[Check]:
+    """Every check of our own books."""
+    grace = limits.grace
     payments = select(credit_ledger.c.id, credit_ledger.c.payment_id, credit_ledger.c.user_id, credit_ledger.c.amount
                       ).outerjoin(purchase, purchase.c.transaction_id == credit_ledger.c.payment_id)
-    reversed_ = (select(credit_ledger.c.payment_id, (-func.sum(credit_ledger.c.amount)).label("reversed"))
-                 .where(credit_ledger.c.reason.in_(REVERSALS)).group_by(credit_ledger.c.payment_id).subquery())
+    reversed_ = _reversed()
     sums = (select(credit_ledger.c.user_id, func.sum(credit_ledger.c.amount).label("total"))
             .group_by(credit_ledger.c.user_id).subquery())
-    # A payment in the review queue is a person's or recovery's work until its row ends.
-    handed_to_recovery = select(orphan_recovery.c.payment_id).where(
-        orphan_recovery.c.status.in_((*REVIEW_OPEN, *REVIEW_HUMAN)))
+    # A payment in recovery's own queue is its work until the row ends; one a person holds (exhausted,
+    # needs review) is named: whoever owns it, a purchase that is not on a paid invoice is a violation.
+    in_recovery = select(orphan_recovery.c.payment_id).where(orphan_recovery.c.status.in_(REVIEW_OPEN))
+    live = _live_grants().subquery()
+    twice = select(live.c.invoice_id).where(live.c.invoice_id.is_not(None)).group_by(live.c.invoice_id).having(
+        func.count() > 1)
+    billed = (select(subscription.c.customer_id, subscription.c.item_price_id)
+              .where(subscription.c.status.in_(BILLED), subscription.c.item_price_id.is_not(None))
+              .group_by(subscription.c.customer_id, subscription.c.item_price_id).having(func.count() > 1).subquery())
+    newest = select(func.max(dunning_attempt.c.id)).group_by(dunning_attempt.c.invoice_id)
+    pending = (dunning_attempt.c.status == "pending") & dunning_attempt.c.resolved_at.is_(None)
     return [
-        ("ledger_without_purchase",
-         payments.where(credit_ledger.c.reason == "payment", or_(
-             purchase.c.id.is_(None), purchase.c.user_id != credit_ledger.c.user_id,
-             purchase.c.credits != credit_ledger.c.amount)),
-         lambda r: {"ledger_id": r.id, "payment_id": r.payment_id, "detail": "a credit that matches no purchase"}),
-        ("refund_without_purchase", payments.where(credit_ledger.c.reason.in_(REVERSALS), purchase.c.id.is_(None)),
-         lambda r: {"ledger_id": r.id, "payment_id": r.payment_id, "detail": "a reversal that matches no purchase"}),
-        ("ledger_unknown_reason", select(credit_ledger.c.id, credit_ledger.c.reason).where(
-            credit_ledger.c.reason.not_in(("payment", *REVERSALS))),
-         lambda r: {"ledger_id": r.id, "detail": r.reason}),
-        ("refund_exceeds_credit", select(purchase.c.transaction_id, purchase.c.credits, reversed_.c.reversed)
-         .join(reversed_, reversed_.c.payment_id == purchase.c.transaction_id)
-         .where(reversed_.c.reversed > purchase.c.credits),
-         lambda r: {"payment_id": r.transaction_id, "detail": f"{r.reversed} reversed of {r.credits}"}),
-        ("credits_differ_from_ledger", select(users.c.id, users.c.credits,
-                                              func.coalesce(sums.c.total, 0).label("ledger_sum"))
-         .outerjoin(sums, sums.c.user_id == users.c.id).where(users.c.credits != func.coalesce(sums.c.total, 0)),
-         lambda r: {"user_id": r.id, "detail": f"users.credits={r.credits}, ledger sum={int(r.ledger_sum)}"}),
-        ("invoice_paid_twice", select(purchase.c.invoice_id, func.count().label("n"))
-         .where(purchase.c.invoice_id.is_not(None)).group_by(purchase.c.invoice_id).having(func.count() > 1),
-         lambda r: {"invoice_id": r.invoice_id, "detail": f"{r.n} settled charges for one subscription period"}),
-        ("recorded_not_on_provider_invoice", select(purchase.c.transaction_id, purchase.c.invoice_id).where(
-            purchase.c.provider_recorded_at.is_(None), purchase.c.closed_at.is_(None),
-            purchase.c.created_at < now - grace, purchase.c.transaction_id.not_in(handed_to_recovery)),
-         lambda r: {"payment_id": r.transaction_id, "invoice_id": r.invoice_id,
-                    "detail": "recorded by us, not on the provider's invoice"}),
-        ("closed_purchase_not_reversed", select(purchase.c.transaction_id, purchase.c.closed_reason,
-                                                purchase.c.credits, func.coalesce(reversed_.c.reversed, 0).label("r"))
-         .outerjoin(reversed_, reversed_.c.payment_id == purchase.c.transaction_id)
-         .where(purchase.c.closed_at.is_not(None), func.coalesce(reversed_.c.reversed, 0) < purchase.c.credits),
-         lambda r: {"payment_id": r.transaction_id, "detail": f"closed ({r.closed_reason}) but only {int(r.r)} of "
-                                                              f"{r.credits} credits reversed"}),
-        ("paid_not_active", select(subscription.c.id, subscription.c.activation_error).where(
-            subscription.c.activation_pending_since < now - grace,
-            subscription.c.id.in_(select(purchase.c.subscription_id))),
-         lambda r: {"subscription_id": r.id, "detail": f"paid, not active: {r.activation_error or 'pending'}"}),
-        ("credits_after_freeze", select(credit_ledger.c.id, credit_ledger.c.user_id, credit_ledger.c.payment_id)
-         .join(users, users.c.id == credit_ledger.c.user_id)
-         .where(users.c.frozen_at.is_not(None), credit_ledger.c.amount > 0,
-                credit_ledger.c.created_at > users.c.frozen_at),
-         lambda r: {"ledger_id": r.id, "user_id": r.user_id, "payment_id": r.payment_id,
-                    "detail": "credits applied after the account was frozen"}),
+        Check("ledger_without_purchase",
+              payments.where(credit_ledger.c.reason == "payment", or_(
+                  purchase.c.id.is_(None), purchase.c.user_id != credit_ledger.c.user_id,
+                  purchase.c.credits != credit_ledger.c.amount)),
+              lambda r: {"ledger_id": r.id, "payment_id": r.payment_id, "user_id": r.user_id,
+                         "detail": "a credit that matches no purchase"}),
+        Check("refund_without_purchase",
+              payments.where(credit_ledger.c.reason.in_(REVERSALS), purchase.c.id.is_(None)),
+              lambda r: {"ledger_id": r.id, "payment_id": r.payment_id, "user_id": r.user_id,
+                         "detail": "a reversal that matches no purchase"}),
+        Check("ledger_unknown_reason", select(credit_ledger.c.id, credit_ledger.c.user_id, credit_ledger.c.reason)
+              .where(credit_ledger.c.reason.not_in(("payment", *REVERSALS))),
+              lambda r: {"ledger_id": r.id, "user_id": r.user_id, "detail": r.reason}),
+        Check("refund_exceeds_credit",
+              select(purchase.c.transaction_id, purchase.c.user_id, purchase.c.credits, reversed_.c.reversed)
+              .join(reversed_, reversed_.c.payment_id == purchase.c.transaction_id)
+              .where(reversed_.c.reversed > purchase.c.credits),
+              lambda r: {"payment_id": r.transaction_id, "user_id": r.user_id,
+                         "detail": f"{r.reversed} reversed of {r.credits}"}),
+        Check("credits_differ_from_ledger",
+              select(users.c.id, users.c.credits, func.coalesce(sums.c.total, 0).label("ledger_sum"))
+              .outerjoin(sums, sums.c.user_id == users.c.id).where(users.c.credits != func.coalesce(sums.c.total, 0)),
+              lambda r: {"user_id": r.id, "detail": f"users.credits={r.credits}, ledger sum={int(r.ledger_sum)}"}),
+        # Refunded or closed purchases are not counted: the fix for a double charge is a refund.
+        Check("invoice_paid_twice",
+              select(live.c.invoice_id, live.c.transaction_id, live.c.user_id).where(live.c.invoice_id.in_(twice))
+              .order_by(live.c.invoice_id, live.c.created_at),
+              lambda rows: {"invoice_id": rows[0].invoice_id, "payment_ids": [r.transaction_id for r in rows],
+                            "user_id": rows[0].user_id,
+                            "detail": f"{len(rows)} settled charges for one subscription period"},
+              group="invoice_id"),
+        Check("two_live_subscriptions",
+              select(subscription.c.id, subscription.c.customer_id, subscription.c.item_price_id)
+              .join(billed, (billed.c.customer_id == subscription.c.customer_id)
+                    & (billed.c.item_price_id == subscription.c.item_price_id))
+              .where(subscription.c.status.in_(BILLED))
+              .order_by(subscription.c.customer_id, subscription.c.item_price_id, subscription.c.id),
+              lambda rows: {"user_id": rows[0].customer_id, "item_price_id": rows[0].item_price_id,
+                            "subscription_ids": [r.id for r in rows],
+                            "detail": f"{len(rows)} live subscriptions of {rows[0].item_price_id}, each billed"},
+              group=("customer_id", "item_price_id")),
+        Check("recorded_not_on_provider_invoice",
+              select(purchase.c.transaction_id, purchase.c.invoice_id, purchase.c.user_id).where(
+                  purchase.c.provider_recorded_at.is_(None), purchase.c.closed_at.is_(None),
+                  purchase.c.created_at < now - grace, purchase.c.transaction_id.not_in(in_recovery)),
+              lambda r: {"payment_id": r.transaction_id, "invoice_id": r.invoice_id, "user_id": r.user_id,
+                         "detail": "recorded by us, not on the provider's invoice"}),
+        Check("closed_purchase_not_reversed",
+              select(purchase.c.transaction_id, purchase.c.user_id, purchase.c.closed_reason, purchase.c.credits,
+                     func.coalesce(reversed_.c.reversed, 0).label("r"))
+              .outerjoin(reversed_, reversed_.c.payment_id == purchase.c.transaction_id)
+              .where(purchase.c.closed_at.is_not(None), func.coalesce(reversed_.c.reversed, 0) < purchase.c.credits),
+              lambda r: {"payment_id": r.transaction_id, "user_id": r.user_id,
+                         "detail": f"closed ({r.closed_reason}) but only {int(r.r)} of {r.credits} credits reversed"}),
+        Check("dispute_lost_not_reversed",
+              select(dispute.c.dispute_id, dispute.c.payment_id, purchase.c.user_id, purchase.c.credits,
+                     func.coalesce(reversed_.c.reversed, 0).label("r"))
+              .join(purchase, purchase.c.transaction_id == dispute.c.payment_id)
+              .outerjoin(reversed_, reversed_.c.payment_id == dispute.c.payment_id)
+              .where(dispute.c.state == "lost", dispute.c.updated_at < now - grace,
+                     func.coalesce(reversed_.c.reversed, 0) < purchase.c.credits),
+              lambda r: {"payment_id": r.payment_id, "user_id": r.user_id, "dispute_id": r.dispute_id,
+                         "detail": f"dispute lost, only {int(r.r)} of {r.credits} credits reversed"}),
+        Check("paid_not_active", select(subscription.c.id, subscription.c.customer_id, subscription.c.activation_error)
+              .where(subscription.c.activation_pending_since < now - grace,
+                     subscription.c.id.in_(select(purchase.c.subscription_id))),
+              lambda r: {"subscription_id": r.id, "user_id": r.customer_id,
+                         "detail": f"paid, not active: {r.activation_error or 'pending'}"}),
+        Check("credits_after_freeze",
+              select(credit_ledger.c.id, credit_ledger.c.user_id, credit_ledger.c.payment_id)
+              .join(users, users.c.id == credit_ledger.c.user_id)
+              .where(users.c.frozen_at.is_not(None), credit_ledger.c.amount > 0,
+                     credit_ledger.c.created_at > users.c.frozen_at),
+              lambda r: {"ledger_id": r.id, "user_id": r.user_id, "payment_id": r.payment_id,
+                         "detail": "credits applied after the account was frozen"}),
+        # A renewal charge in flight past its age limit (the renewal tick captures, cancels or escalates it
+        # at the limit: past it and the grace, nothing did).
+        Check("charge_in_flight_too_long",
+              select(dunning_attempt.c.invoice_id, dunning_attempt.c.payment_id, dunning_attempt.c.user_id,
+                     dunning_attempt.c.decline_code, dunning_attempt.c.created_at)
+              .where(pending, or_(dunning_attempt.c.created_at < now - limits.in_flight - grace,
+                                  (dunning_attempt.c.decline_code == "AUTHORIZED")
+                                  & (dunning_attempt.c.created_at < now - limits.authorized - grace))),
+              lambda r: {"invoice_id": r.invoice_id, "payment_id": r.payment_id, "user_id": r.user_id,
+                         "detail": f"renewal charge {r.decline_code or 'PENDING'} "
+                                   f"since {r.created_at:%Y-%m-%d %H:%M}"}),
+        # Every renewal attempt ends on its outcome: a pending row resolved without the outcome row that
+        # follows it, or an invoice paid by a standing purchase whose dunning never recorded it.
+        Check("dunning_unfinished",
+              select(dunning_attempt.c.invoice_id, dunning_attempt.c.user_id, dunning_attempt.c.status,
+                     dunning_attempt.c.resolved_at)
+              .where(dunning_attempt.c.id.in_(newest), dunning_attempt.c.status.not_in(DUNNING.final), or_(
+                  (dunning_attempt.c.status == "pending") & dunning_attempt.c.resolved_at.is_not(None)
+                  & (dunning_attempt.c.resolved_at < now - grace),
+                  dunning_attempt.c.invoice_id.in_(select(live.c.invoice_id).where(live.c.created_at < now - grace)))),
+              lambda r: {"invoice_id": r.invoice_id, "user_id": r.user_id,
+                         "detail": f"renewal attempts end on {r.status}"
+                                   + (" (resolved, no outcome row)" if r.resolved_at else ", the invoice is paid")}),
     ]
 
 
 class Books(Repository):
-    def violations(self, now, grace, limit: int):
-        """(check, violation) for at most `limit` violations of each check of our own books."""
-        for check, query, describe in _checks(now, grace):
-            for row in self.execute(query.limit(limit)):
-                yield check, describe(row)
+    def violations(self, now, limits: Limits, limit: int):
+        """(check, violation) for each violation of each check of our own books (at most `limit` rows
+        are read per check; a grouped check reads its rows in the order of its groups)."""
+        for check in _checks(now, limits):
+            if check.group is None:
+                for row in self.execute(check.query.limit(limit)):
+                    yield check.name, check.describe(row)
+                continue
+            keys = (check.group,) if isinstance(check.group, str) else check.group
+            rows = self.execute(check.query.limit(limit * 4)).all()
+            for _, group in groupby(rows, key=lambda r: tuple(getattr(r, k) for k in keys)):
+                yield check.name, check.describe(list(group))
+
+    def purchases_of(self, payment_ids: list[str]) -> dict[str, dict]:
+        """Our purchase and review row (if any) of each of a page of orchestrator payments: one statement
+        each for the page, not two per payment."""
+        found: dict[str, dict] = {pid: {"purchase": None, "review": None} for pid in payment_ids}
+        for row in self.execute(select(purchase).where(purchase.c.transaction_id.in_(payment_ids))).mappings():
+            found[row["transaction_id"]]["purchase"] = dict(row)
+        for row in self.execute(select(orphan_recovery.c.payment_id, orphan_recovery.c.status)
+                                .where(orphan_recovery.c.payment_id.in_(payment_ids))):
+            found[row.payment_id]["review"] = row.status
+        return found
+
+    def expected_charges(self, payments: dict[str, str | None]) -> dict[str, tuple]:
+        """(amount, currency) each payment (id -> order id) was asked for: its checkout's session (a
+        checkout's order), else the renewal attempt that charged it (the currency is the invoice's)."""
+        orders = {order: pid for pid, order in payments.items() if order}
+        expected: dict[str, tuple] = {}
+        for row in self.execute(select(checkout_session.c.order_id, checkout_session.c.amount,
+                                       checkout_session.c.currency_code)
+                                .where(checkout_session.c.order_id.in_(list(orders)))):
+            expected[orders[row.order_id]] = (row.amount, row.currency_code)
+        rest = [pid for pid in payments if pid not in expected]
+        if rest:
+            for row in self.execute(select(dunning_attempt.c.payment_id, dunning_attempt.c.amount,
+                                           invoice.c.currency_code)
+                                    .outerjoin(invoice, invoice.c.id == dunning_attempt.c.invoice_id)
+                                    .where(dunning_attempt.c.payment_id.in_(rest),
+                                           dunning_attempt.c.amount.is_not(None))
+                                    .order_by(dunning_attempt.c.id)):
+                expected.setdefault(row.payment_id, (row.amount, row.currency_code))
+        return expected
+
+    def grants_on(self, invoice_ids: list[str]) -> dict[str, dict]:
+        """Of each invoice: the purchases recorded on it, and those of them whose term's credits still
+        stand (`_live_grants`)."""
+        standing = {i: {"purchases": [], "grants": []} for i in invoice_ids}
+        for row in self.execute(select(purchase.c.invoice_id, purchase.c.transaction_id, purchase.c.user_id,
+                                       purchase.c.created_at).where(purchase.c.invoice_id.in_(invoice_ids))):
+            standing[row.invoice_id]["purchases"].append(row)
+        live = _live_grants().subquery()
+        for row in self.execute(select(live.c.invoice_id, live.c.transaction_id).where(
+                live.c.invoice_id.in_(invoice_ids))):
+            standing[row.invoice_id]["grants"].append(row.transaction_id)
+        return standing
+
+    def billed_of(self, customer_ids: list[str]) -> list:
+        """Our copies of the billed subscriptions of some customers (id, customer, plan)."""
+        return self.execute(select(subscription.c.id, subscription.c.customer_id, subscription.c.item_price_id)
+                            .where(subscription.c.customer_id.in_(customer_ids),
+                                   subscription.c.status.in_(BILLED))).all()
+
+    def notified_since(self, source: str, event_type: str, since) -> list[str]:
+        """The inbox keys of one source's notifications of one type received since `since`."""
+        return list(self.execute(select(event_inbox.c.event_id).where(
+            event_inbox.c.source == source, event_inbox.c.event_type == event_type,
+            event_inbox.c.received_at >= since)).scalars())
+
+    def credits_of(self, payment_ids) -> list[tuple[str, int]]:
+        """(payment id, credits) of those of the payments we recorded."""
+        return [(r.transaction_id, r.credits) for r in self.execute(
+            select(purchase.c.transaction_id, purchase.c.credits).where(purchase.c.transaction_id.in_(payment_ids)))]
+
+    def active_created_since(self, since) -> list[str]:
+        """Our active subscriptions first copied since `since` (an incremental reconcile asks the provider
+        about each one its window did not list)."""
+        return list(self.execute(select(subscription.c.id).where(subscription.c.status == "active",
+                                                                  subscription.c.created_at >= since)).scalars())
 
     def attempts_since(self, since):
         """(user id, created at, metadata) of the authorization attempts written since `since`, by user and

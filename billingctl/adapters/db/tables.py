@@ -349,3 +349,15 @@ audit_log = Table(
     Column("details", JSON, nullable=False, default=dict),
     _ts("created_at", nullable=False),
 )
+
+# A reconcile violation a person has judged (`billingctl reconcile ack`): reported, no longer counted. One
+# row per check and subject (the violation's first id); `billingctl reconcile ack --remove` deletes it.
+reconcile_ack = Table(
+    "reconcile_ack",
+    metadata,
+    Column("check_name", String(64), primary_key=True),
+    Column("subject", String(200), primary_key=True),
+    Column("reason", Text, nullable=False),
+    Column("actor", String(128), nullable=False),
+    _ts("created_at", nullable=False),
+)

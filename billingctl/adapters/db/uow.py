@@ -13,6 +13,7 @@ from functools import cached_property
 from sqlalchemy import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 
+from billingctl.adapters.db.acks import ReconcileAcks
 from billingctl.adapters.db.audit import AuditLog
 from billingctl.adapters.db.books import Books
 from billingctl.adapters.db.checkouts import Checkouts
@@ -67,6 +68,10 @@ class UnitOfWork:
             self.conn = None
 
     # The repositories: each owns the SQL of one aggregate.
+    @cached_property
+    def acks(self) -> ReconcileAcks:
+        return ReconcileAcks(self)
+
     @cached_property
     def audit(self) -> AuditLog:
         return AuditLog(self)

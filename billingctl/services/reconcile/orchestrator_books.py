@@ -1,0 +1,130 @@
+"""Reconcile's checks from the orchestrator's books.
+
+The orchestrator lists payments by creation date and status (summaries: no refunded amount) and lists no
+refunds or disputes. So each run reads the captured payments created in its window, page by page, and
+judges each page against our books in two statements; it reads one payment's refunded amount only where a
+refund can have happened unseen: in a full pass every recorded payment of the refund window, and in an
+incremental run the payments a refund notification named in the window (a lost refund notification is
+found by the weekly full pass). Payments still in flight are listed by status (a short list)."""
+
+from __future__ import annotations
+
+from itertools import islice
+
+from billingctl.services.payments import CAPTURED_STATUSES
+from billingctl.services.reconcile.local_books import limits
+from billingctl.services.reconcile.rules import REFUND_WINDOW, TOO_RECENT
+
+IN_FLIGHT_LISTED = ("AUTHORIZED", "SETTLING")  # money held or moving (PENDING holds nothing yet)
+PAGE = 100
+
+
+def _pages(items, size: int = PAGE):
+    items = iter(items)
+    while page := list(islice(items, size)):
+        yield page
+
+
+def check(container, now, span, add, progress=None) -> int:
+    checked = 0
+    orders: dict[str, str] = {}  # order id -> first payment id (the window's payments, not history)
+    refund_reads: list[tuple[str, int]] = []
+    listed = container.orchestrator.list_payments(",".join(CAPTURED_STATUSES), from_date=span.since)
+    for page in _pages(listed):
+        with container.uow() as uow:
+            books = uow.books.purchases_of([p.id for p in page])
+            expected = uow.books.expected_charges({p.id: p.order_id for p in page})
+        for payment in page:
+            checked += 1
+            if progress:
+                progress(1)
+            settled = payment.settled_at
+            if settled is not None and now - settled < TOO_RECENT:
+                continue
+            recorded, owner = books[payment.id]["purchase"], books[payment.id]["review"]
+            _check_recorded(payment, recorded, owner, expected.get(payment.id), add)
+            _check_order(container, payment, orders, add)
+            if span.full and recorded is not None and settled is not None and now - settled < REFUND_WINDOW:
+                refund_reads.append((payment.id, recorded["credits"]))
+    if not span.full:
+        refund_reads = _refunds_notified(container, span.since)
+    for payment_id, credits in refund_reads:
+        _check_refund(container, payment_id, credits, add)
+    _check_in_flight(container, now, add)
+    return checked
+
+
+def _check_recorded(payment, recorded, owner, expected, add) -> None:
+    """Recorded once (or owned by review), and for what its order asked."""
+    pid = payment.id
+    if recorded is None and owner is None:  # any review row owns it (domain.lifecycle.ORPHAN)
+        add("payment_unrecorded", {"payment_id": pid, "order_id": payment.order_id,
+                                   "detail": "settled at the orchestrator, no purchase and no orphan record"})
+        return
+    if recorded is None:
+        return
+    if owner == "duplicate_refunded":
+        add("payment_recorded_and_refunded", {"payment_id": pid, "user_id": recorded["user_id"],
+                                              "detail": "recorded although recovery refunded it as a duplicate"})
+    if payment.status != "SETTLED":
+        add("payment_amount_differs", {"payment_id": pid, "user_id": recorded["user_id"],
+                                       "detail": f"{payment.status} at the orchestrator, credited as paid in full"})
+        return
+    amount, currency = expected or (None, None)
+    if (amount is not None and payment.charged != amount) or (currency and payment.currency_code != currency):
+        add("payment_amount_differs", {"payment_id": pid, "user_id": recorded["user_id"],
+                                       "order_id": payment.order_id,
+                                       "detail": f"charged {payment.charged} {payment.currency_code}, its order "
+                                                 f"asked {amount} {currency or payment.currency_code}"})
+
+
+def _check_order(container, payment, orders: dict, add) -> None:
+    order = payment.order_id
+    if not order:
+        return
+    first = orders.setdefault(order, payment.id)
+    if first != payment.id and not (_fully_refunded(container, payment.id) or _fully_refunded(container, first)):
+        add("order_charged_twice", {"payment_id": payment.id, "order_id": order, "payment_ids": [first, payment.id],
+                                    "detail": "a second settled payment for one order"})
+
+
+def _fully_refunded(container, payment_id: str) -> bool:
+    """A second charge already refunded in full is resolved: the check clears once the refund is done."""
+    return container.orchestrator.get_payment(payment_id).fully_refunded
+
+
+def _refunds_notified(container, since) -> list[tuple[str, int]]:
+    """(payment id, credits) of the recorded payments a refund notification named since `since`."""
+    from billingctl.services.webhook_events import payment_of_event
+
+    with container.uow() as uow:
+        named = {payment_of_event(key) for key in uow.books.notified_since("orchestrator", "PAYMENT.REFUND", since)}
+        named.discard(None)
+        return uow.books.credits_of(sorted(named)) if named else []
+
+
+def _check_refund(container, payment_id: str, credits: int, add) -> None:
+    """Refunded at the orchestrator (the list holds no refunded amount: the payment is read) but not
+    reversed in the ledger."""
+    payment = container.orchestrator.get_payment(payment_id)
+    refunded, amount = payment.refunded, payment.charged
+    if not refunded or not amount:
+        return
+    expected = (int(credits) * min(refunded, amount)) // amount
+    with container.uow() as uow:
+        done = uow.ledger.reversed_for(payment_id)
+    if done < expected:
+        add("refund_not_reversed", {"payment_id": payment_id, "detail": f"refunded {refunded} of {amount}: "
+                                                                        f"{done} of {expected} credits reversed"})
+
+
+def _check_in_flight(container, now, add) -> None:
+    """No payment authorized and never captured, or settling, past its age limit (the renewal tick and the
+    checkout cleanup capture or cancel them at the limit; past it and the grace, nothing did)."""
+    limit = limits(container.settings)
+    for payment in container.orchestrator.list_payments(",".join(IN_FLIGHT_LISTED), from_date=now - REFUND_WINDOW):
+        started = payment.settled_at  # the payment's date: when it was created
+        allowed = (limit.authorized if payment.status == "AUTHORIZED" else limit.in_flight) + limit.grace
+        if started is not None and now - started > allowed:
+            add("charge_in_flight_too_long", {"payment_id": payment.id, "order_id": payment.order_id,
+                                              "detail": f"{payment.status} since {started:%Y-%m-%d %H:%M}"})

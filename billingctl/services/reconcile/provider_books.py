@@ -1,0 +1,117 @@
+"""Reconcile's checks from the provider's books. Every list is read from the run's window (updated or dated
+since it; a full pass: the refund window for invoices and transactions, every subscription), a page of
+100 per call of the shared budget, and each page is judged against our books in one statement."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from billingctl.adapters.db.books import BILLED
+from billingctl.domain import errors as e
+from billingctl.domain.clock import parse_time
+from billingctl.services.reconcile.orchestrator_books import _pages
+from billingctl.services.reconcile.rules import GRACE, REFUND_WINDOW
+
+UNPAID = ("pending", "posted", "payment_due", "not_paid", "voided")
+
+
+def check(container, now, span, add, progress=None) -> int:
+    since = span.since or now - REFUND_WINDOW
+    _check_transactions(container, since, add)
+    _check_invoices(container, now, since, add)
+    return _check_subscriptions(container, span, add, progress)
+
+
+def _check_transactions(container, since, add) -> None:
+    """One orchestrator payment (a transaction's reference number) applied to two invoices, and a purchase
+    we marked as recorded that no provider transaction carries."""
+    invoice_of: dict[str, str] = {}  # reference -> the first invoice it paid (payments in the window)
+    for txn in container.provider.list_transactions("payment", since):
+        reference = txn.reference_number or txn.id_at_gateway
+        if not reference:
+            continue
+        for link in txn.linked_invoices:
+            first = invoice_of.setdefault(reference, link.invoice_id)
+            if link.invoice_id != first:
+                add("payment_on_two_invoices", {"payment_id": reference, "invoice_ids": [first, link.invoice_id],
+                                                "detail": "one orchestrator payment applied to two provider invoices"})
+    # Recorded comfortably inside the window, so its transaction is in the list (dated when recorded).
+    with container.uow() as uow:
+        for row in uow.books.recorded_on_provider_since(since + timedelta(minutes=5)):
+            if row.transaction_id not in invoice_of:
+                add("recorded_not_on_provider_invoice", {
+                    "payment_id": row.transaction_id, "invoice_id": row.invoice_id,
+                    "detail": "marked recorded, but no provider transaction carries it"})
+
+
+def _check_invoices(container, now, since, add) -> None:
+    """Each invoice the provider holds as paid carries exactly one term's credits (none: paid and nobody
+    credited; two: a term credited twice), unless every purchase on it was refunded; and no standing
+    purchase sits on an invoice the provider does not hold as paid (voided, or its payment removed)."""
+    for page in _pages(container.provider.list_invoices(updated_after=since)):
+        with container.uow() as uow:
+            standing = uow.books.grants_on([i.id for i in page])
+        for invoice in page:
+            grants, purchases = standing[invoice.id]["grants"], standing[invoice.id]["purchases"]
+            changed = parse_time(invoice.paid_at or invoice.updated_at)
+            settled_long_ago = changed is not None and now - changed > GRACE
+            ids = {"invoice_id": invoice.id, "user_id": invoice.customer_id,
+                   "subscription_id": invoice.subscription_id}
+            if invoice.status == "paid" and settled_long_ago and (invoice.total or 0) > 0:
+                if len(grants) > 1 or (not grants and not purchases):
+                    add("invoice_credits_not_one_term", {
+                        **ids, "payment_ids": grants,
+                        "detail": f"paid at the provider, {len(grants)} terms of credits stand on it"})
+            elif invoice.status in UNPAID and grants:
+                old = [p.transaction_id for p in purchases if p.transaction_id in grants and now - p.created_at > GRACE]
+                if old:
+                    add("purchase_on_unpaid_invoice", {
+                        **ids, "payment_ids": old,
+                        "detail": f"credited by us, {invoice.status} at the provider"})
+
+
+def _check_subscriptions(container, span, add, progress) -> int:
+    """Every local active subscription active at the provider (and, in a full pass, known to it); at most
+    one billed subscription per customer and plan (the window's copies, with our copies of the same
+    customers' others)."""
+    seen: set[str] = set()
+    billed: dict[tuple[str, str], set[str]] = {}
+    for remote in container.provider.list_subscriptions(updated_after=span.since):
+        seen.add(remote.id)
+        if progress:
+            progress(1)
+        with container.uow() as uow:
+            local = uow.subscriptions.status(remote.id)
+        if local == "active" and remote.status != "active":
+            add("subscription_differs", {"subscription_id": remote.id, "user_id": remote.customer_id,
+                                         "detail": f"local active, provider {remote.status}"})
+        if remote.status in BILLED and remote.customer_id and remote.item_price_id:
+            billed.setdefault((remote.customer_id, remote.item_price_id), set()).add(remote.id)
+    with container.uow() as uow:
+        for row in uow.books.billed_of(sorted({customer for customer, _ in billed})):
+            if row.id not in seen and row.item_price_id:
+                billed.setdefault((row.customer_id, row.item_price_id), set()).add(row.id)
+        # A full pass lists every subscription; an incremental one asks about each of ours it did not list
+        # that is new since its window began (a copy of one the provider never had).
+        active = uow.subscriptions.ids_in(("active",)) if span.full else uow.books.active_created_since(span.since)
+    for (customer, plan), ids in sorted(billed.items()):
+        if len(ids) > 1:
+            add("two_live_subscriptions", {"user_id": customer, "item_price_id": plan,
+                                           "subscription_ids": sorted(ids),
+                                           "detail": f"{len(ids)} live subscriptions of {plan}, each billed"})
+    for sub_id in active:
+        if sub_id not in seen and (span.full or _unknown_to_provider(container, sub_id, add)):
+            add("subscription_missing_at_provider", {"subscription_id": sub_id,
+                                                     "detail": "active locally, unknown to the provider"})
+    return len(seen)
+
+
+def _unknown_to_provider(container, sub_id: str, add) -> bool:
+    try:
+        remote = container.provider.get_subscription(sub_id)
+    except e.NotFound:
+        return True
+    if remote.status != "active":
+        add("subscription_differs", {"subscription_id": sub_id, "user_id": remote.customer_id,
+                                     "detail": f"local active, provider {remote.status}"})
+    return False
