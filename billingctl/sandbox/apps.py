@@ -176,6 +176,17 @@ def _idempotent(sandbox: Sandbox, header: str, fn, replayed_header: str | None =
     return jsonify(body)
 
 
+def _cursor_position(cursor: str | None) -> tuple | None:
+    """The orchestrator list's cursor (`<date>:<seq>` of the last row given) as a store position."""
+    if not cursor:
+        return None
+    try:
+        date, seq = cursor.rsplit(":", 1)
+        return float(date), int(seq)
+    except ValueError:
+        raise SandboxError(400, "cursor : invalid value", "BadRequest") from None
+
+
 def create_provider_app(sandbox: Sandbox) -> Flask:
     app = Flask("sandbox-provider")
     _install_faults(app, sandbox, "provider")
@@ -369,23 +380,24 @@ def create_orchestrator_app(sandbox: Sandbox) -> Flask:
 
     @app.get("/payments")
     def list_payments():
-        status = request.args.get("status")
-        from_date = request.args.get("from_date")
-        since = None
-        if from_date:
+        """Primer's search: statuses (comma-separated), from_date (inclusive), customer, order; summaries
+        oldest first, up to 100 a page, an opaque cursor to the next."""
+        filters = []
+        if request.args.get("status"):
+            filters.append(("status", "in", request.args["status"].split(",")))
+        if request.args.get("from_date"):
             from datetime import datetime
 
-            since = datetime.fromisoformat(from_date).timestamp()
-        items = sandbox.payments(status, since)
-        if request.args.get("customer_id"):
-            items = [p for p in items if p["customerId"] == request.args["customer_id"]]
-        if request.args.get("order_id"):
-            items = [p for p in items if p["orderId"] == request.args["order_id"]]
+            filters.append(("date", ">=", datetime.fromisoformat(request.args["from_date"]).timestamp()))
+        for param, field in (("customer_id", "customerId"), ("order_id", "orderId")):
+            if request.args.get(param):
+                filters.append((field, "=", request.args[param]))
         limit = min(int(request.args.get("limit", 100)), 100)
-        offset = int(request.args.get("cursor") or 0)
-        result = {"data": [sandbox.summary(p) for p in items[offset: offset + limit]]}
-        if offset + limit < len(items):
-            result["nextCursor"] = str(offset + limit)
+        after = _cursor_position(request.args.get("cursor"))
+        items, more = sandbox.store.page_after("payment", filters, "date", after, limit)
+        result = {"data": [sandbox.summary(p) for p in items]}
+        if more is not None:
+            result["nextCursor"] = f"{more[0]!r}:{more[1]}"
         return jsonify(result)
 
     @app.get("/payments/<payment_id>")

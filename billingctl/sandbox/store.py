@@ -18,6 +18,7 @@ CREATE INDEX IF NOT EXISTS objects_by_occurred ON objects (kind, json_extract(da
 CREATE INDEX IF NOT EXISTS objects_by_status ON objects (kind, json_extract(data, '$.status'), seq);
 CREATE INDEX IF NOT EXISTS objects_by_subscription ON objects (kind, json_extract(data, '$.subscription_id'), seq);
 CREATE INDEX IF NOT EXISTS objects_by_item_type ON objects (kind, json_extract(data, '$.item_type'), seq);
+CREATE INDEX IF NOT EXISTS objects_by_date ON objects (kind, json_extract(data, '$.date'), seq);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS faults (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, method TEXT,
     path TEXT, kind TEXT, remaining INTEGER, retry_after REAL, delay REAL, skip INTEGER DEFAULT 0);
@@ -143,6 +144,35 @@ class SandboxStore:
                                                         (*args, limit + 1, max(0, offset)))], False
             rows = db.execute(query, (*args, limit + 1, max(0, offset))).fetchall()
         return [json.loads(r["data"]) for r in rows[:limit]], len(rows) > limit
+
+    def page_after(self, kind: str, filters: list[tuple[str, str, object]], field: str,
+                   after: tuple | None, limit: int) -> tuple[list[dict], tuple | None]:
+        """One page in `field`'s order (then insertion order) after the position `after` (a keyset cursor:
+        every page costs the same however deep, as an opaque cursor does at the real orchestrator). Filters
+        are (field, op, value) with op "=", ">=" or "in" (a list). Returns the page and the position after
+        its last row when more rows follow."""
+        if not field.replace("_", "").isalnum():
+            raise ValueError(f"unsupported field {field}")
+        where, args = ["kind = ?"], [kind]
+        for name, op, value in filters:
+            if op not in ("=", ">=", "in") or not name.replace("_", "").isalnum():
+                raise ValueError(f"unsupported filter {name} {op}")
+            if op == "in":
+                where.append(f"json_extract(data, '$.{name}') IN ({', '.join('?' * len(value))})")
+                args.extend(value)
+            else:
+                where.append(f"json_extract(data, '$.{name}') {op} ?")
+                args.append(value)
+        key = f"json_extract(data, '$.{field}')"
+        if after is not None:
+            where.append(f"({key} > ? OR ({key} = ? AND seq > ?))")
+            args.extend((after[0], after[0], after[1]))
+        query = f"SELECT {key} AS k, seq, data FROM objects WHERE {' AND '.join(where)} ORDER BY {key}, seq LIMIT ?"
+        with self.tx() as db:
+            rows = db.execute(query, (*args, limit + 1)).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return [json.loads(r["data"]) for r in rows], ((rows[-1]["k"], rows[-1]["seq"]) if more else None)
 
     def all(self, kind: str) -> list[dict]:
         with self.tx() as db:

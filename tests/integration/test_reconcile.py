@@ -496,3 +496,37 @@ def test_an_incremental_run_still_sees_a_refund_notified_in_its_window(world):
     report = reconcile(world.c)
     assert report["window"]["full"] is False
     assert "refund_not_reversed" in {v["check"] for v in report["violations"]}
+
+
+def named_by_the_next_daily_runs(world, check, days=2):
+    for _ in range(days):
+        later(world, 86400)
+        report = reconcile(world.c)
+        assert report["window"]["full"] is False
+        assert check in {v["check"] for v in report["violations"]}
+
+
+def test_an_open_violation_stays_reported_until_it_is_fixed(world):
+    """An incremental run's window still reaches an open violation (the watermark never passes it): a
+    payment left unrecorded is named every day, not only on the day it settled, and once it is recorded
+    the window moves on."""
+    from billingctl.services.payments import record_payment
+
+    co = world.checkout("user_a")
+    lost = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    later(world, 3 * 3600)
+    assert "payment_unrecorded" in checks(world)
+    named_by_the_next_daily_runs(world, "payment_unrecorded")
+    record_payment(world.c, world.c.orchestrator.get_payment(lost["id"]), "operator")
+    assert reconcile(world.c)["ok"] is True
+    later(world, 86400)
+    report = reconcile(world.c)
+    assert report["ok"] is True and report["checked"]["payments"] == 0  # the window moved past it
+
+
+def test_a_violation_in_our_own_books_stays_reported_by_the_daily_runs(world):
+    """The daily run reads only the ledger rows written in its window; one that shows a violation keeps
+    the window reaching back to it (a credit matching no purchase, two days on)."""
+    plant_ledger_without_purchase(world)
+    assert "ledger_without_purchase" in checks(world)
+    named_by_the_next_daily_runs(world, "ledger_without_purchase")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from itertools import groupby
 
-from sqlalchemy import Text, delete, func, or_, select, update
+from sqlalchemy import Text, delete, func, or_, select, true, update
 
 from billingctl.adapters.db.purchases import REVERSALS
 from billingctl.adapters.db.repository import Repository
@@ -67,17 +67,29 @@ def _live_grants():
 
 
 def _reversed():
-    return (select(credit_ledger.c.payment_id, (-func.sum(credit_ledger.c.amount)).label("reversed"))
+    return (select(credit_ledger.c.payment_id, (-func.sum(credit_ledger.c.amount)).label("reversed"),
+                   func.max(credit_ledger.c.created_at).label("last"))
             .where(credit_ledger.c.reason.in_(REVERSALS)).group_by(credit_ledger.c.payment_id).subquery())
 
 
-def _checks(now, limits: Limits) -> list[Check]:
-    """Every check of our own books."""
+def _checks(now, limits: Limits, since=None) -> list[Check]:
+    """Every check of our own books. With `since` (an incremental run, decision 133), the checks whose
+    tables grow with history read only what was written since (ledger rows, purchases, reversals, closes;
+    each violation's `at` says when, so the next window still reaches it while it stands); the others
+    read small tables or open rows only."""
     grace = limits.grace
-    payments = select(credit_ledger.c.id, credit_ledger.c.payment_id, credit_ledger.c.user_id, credit_ledger.c.amount
+
+    def recent(column):
+        return true() if since is None else column >= since
+
+    payments = select(credit_ledger.c.id, credit_ledger.c.payment_id, credit_ledger.c.user_id, credit_ledger.c.amount,
+                      credit_ledger.c.created_at.label("at")
                       ).outerjoin(purchase, purchase.c.transaction_id == credit_ledger.c.payment_id)
     reversed_ = _reversed()
-    sums = (select(credit_ledger.c.user_id, func.sum(credit_ledger.c.amount).label("total"))
+    ledger_users = select(credit_ledger.c.user_id).where(recent(credit_ledger.c.created_at))
+    sums = (select(credit_ledger.c.user_id, func.sum(credit_ledger.c.amount).label("total"),
+                   func.max(credit_ledger.c.created_at).label("last"))
+            .where(true() if since is None else credit_ledger.c.user_id.in_(ledger_users))
             .group_by(credit_ledger.c.user_id).subquery())
     # A payment in recovery's own queue is its work until the row ends; one a person holds (exhausted,
     # needs review) is named: whoever owns it, a purchase that is not on a paid invoice is a violation.
@@ -85,6 +97,8 @@ def _checks(now, limits: Limits) -> list[Check]:
     live = _live_grants().subquery()
     twice = select(live.c.invoice_id).where(live.c.invoice_id.is_not(None)).group_by(live.c.invoice_id).having(
         func.count() > 1)
+    if since is not None:
+        twice = twice.where(live.c.invoice_id.in_(select(purchase.c.invoice_id).where(purchase.c.created_at >= since)))
     billed = (select(subscription.c.customer_id, subscription.c.item_price_id)
               .where(subscription.c.status.in_(BILLED), subscription.c.item_price_id.is_not(None))
               .group_by(subscription.c.customer_id, subscription.c.item_price_id).having(func.count() > 1).subquery())
@@ -92,31 +106,37 @@ def _checks(now, limits: Limits) -> list[Check]:
     pending = (dunning_attempt.c.status == "pending") & dunning_attempt.c.resolved_at.is_(None)
     return [
         Check("ledger_without_purchase",
-              payments.where(credit_ledger.c.reason == "payment", or_(
+              payments.where(credit_ledger.c.reason == "payment", recent(credit_ledger.c.created_at), or_(
                   purchase.c.id.is_(None), purchase.c.user_id != credit_ledger.c.user_id,
                   purchase.c.credits != credit_ledger.c.amount)),
               lambda r: {"ledger_id": r.id, "payment_id": r.payment_id, "user_id": r.user_id,
                          "detail": "a credit that matches no purchase"}),
         Check("refund_without_purchase",
-              payments.where(credit_ledger.c.reason.in_(REVERSALS), purchase.c.id.is_(None)),
+              payments.where(credit_ledger.c.reason.in_(REVERSALS), purchase.c.id.is_(None),
+                             recent(credit_ledger.c.created_at)),
               lambda r: {"ledger_id": r.id, "payment_id": r.payment_id, "user_id": r.user_id,
                          "detail": "a reversal that matches no purchase"}),
-        Check("ledger_unknown_reason", select(credit_ledger.c.id, credit_ledger.c.user_id, credit_ledger.c.reason)
-              .where(credit_ledger.c.reason.not_in(("payment", *REVERSALS))),
+        Check("ledger_unknown_reason", select(credit_ledger.c.id, credit_ledger.c.user_id, credit_ledger.c.reason,
+                                              credit_ledger.c.created_at.label("at"))
+              .where(credit_ledger.c.reason.not_in(("payment", *REVERSALS)), recent(credit_ledger.c.created_at)),
               lambda r: {"ledger_id": r.id, "user_id": r.user_id, "detail": r.reason}),
         Check("refund_exceeds_credit",
-              select(purchase.c.transaction_id, purchase.c.user_id, purchase.c.credits, reversed_.c.reversed)
+              select(purchase.c.transaction_id, purchase.c.user_id, purchase.c.credits, reversed_.c.reversed,
+                     reversed_.c.last.label("at"))
               .join(reversed_, reversed_.c.payment_id == purchase.c.transaction_id)
-              .where(reversed_.c.reversed > purchase.c.credits),
+              .where(reversed_.c.reversed > purchase.c.credits, recent(reversed_.c.last)),
               lambda r: {"payment_id": r.transaction_id, "user_id": r.user_id,
                          "detail": f"{r.reversed} reversed of {r.credits}"}),
         Check("credits_differ_from_ledger",
-              select(users.c.id, users.c.credits, func.coalesce(sums.c.total, 0).label("ledger_sum"))
-              .outerjoin(sums, sums.c.user_id == users.c.id).where(users.c.credits != func.coalesce(sums.c.total, 0)),
+              select(users.c.id, users.c.credits, func.coalesce(sums.c.total, 0).label("ledger_sum"),
+                     sums.c.last.label("at"))
+              .join(sums, sums.c.user_id == users.c.id, isouter=since is None)
+              .where(users.c.credits != func.coalesce(sums.c.total, 0)),
               lambda r: {"user_id": r.id, "detail": f"users.credits={r.credits}, ledger sum={int(r.ledger_sum)}"}),
         # Refunded or closed purchases are not counted: the fix for a double charge is a refund.
         Check("invoice_paid_twice",
-              select(live.c.invoice_id, live.c.transaction_id, live.c.user_id).where(live.c.invoice_id.in_(twice))
+              select(live.c.invoice_id, live.c.transaction_id, live.c.user_id, live.c.created_at.label("at"))
+              .where(live.c.invoice_id.in_(twice))
               .order_by(live.c.invoice_id, live.c.created_at),
               lambda rows: {"invoice_id": rows[0].invoice_id, "payment_ids": [r.transaction_id for r in rows],
                             "user_id": rows[0].user_id,
@@ -140,9 +160,10 @@ def _checks(now, limits: Limits) -> list[Check]:
                          "detail": "recorded by us, not on the provider's invoice"}),
         Check("closed_purchase_not_reversed",
               select(purchase.c.transaction_id, purchase.c.user_id, purchase.c.closed_reason, purchase.c.credits,
-                     func.coalesce(reversed_.c.reversed, 0).label("r"))
+                     func.coalesce(reversed_.c.reversed, 0).label("r"), purchase.c.closed_at.label("at"))
               .outerjoin(reversed_, reversed_.c.payment_id == purchase.c.transaction_id)
-              .where(purchase.c.closed_at.is_not(None), func.coalesce(reversed_.c.reversed, 0) < purchase.c.credits),
+              .where(purchase.c.closed_at.is_not(None), recent(purchase.c.closed_at),
+                     func.coalesce(reversed_.c.reversed, 0) < purchase.c.credits),
               lambda r: {"payment_id": r.transaction_id, "user_id": r.user_id,
                          "detail": f"closed ({r.closed_reason}) but only {int(r.r)} of {r.credits} credits reversed"}),
         Check("dispute_lost_not_reversed",
@@ -193,18 +214,21 @@ def _checks(now, limits: Limits) -> list[Check]:
 
 
 class Books(Repository):
-    def violations(self, now, limits: Limits, limit: int):
-        """(check, violation) for each violation of each check of our own books (at most `limit` rows
-        are read per check; a grouped check reads its rows in the order of its groups)."""
-        for check in _checks(now, limits):
+    def violations(self, now, limits: Limits, limit: int, since=None):
+        """(check, violation, at) for each violation of each check of our own books (at most `limit` rows
+        are read per check; a grouped check reads its rows in the order of its groups). `at`: when the
+        row that shows it was written (None where the check reads every row each run)."""
+        for check in _checks(now, limits, since):
             if check.group is None:
                 for row in self.execute(check.query.limit(limit)):
-                    yield check.name, check.describe(row)
+                    yield check.name, check.describe(row), row._mapping.get("at")
                 continue
             keys = (check.group,) if isinstance(check.group, str) else check.group
             rows = self.execute(check.query.limit(limit * 4)).all()
             for _, group in groupby(rows, key=lambda r: tuple(getattr(r, k) for k in keys)):
-                yield check.name, check.describe(list(group))
+                group = list(group)
+                times = [r._mapping.get("at") for r in group if r._mapping.get("at") is not None]
+                yield check.name, check.describe(group), max(times) if times else None
 
     def purchases_of(self, payment_ids: list[str]) -> dict[str, dict]:
         """Our purchase and review row (if any) of each of a page of orchestrator payments: one statement
@@ -256,22 +280,24 @@ class Books(Repository):
                             .where(subscription.c.customer_id.in_(customer_ids),
                                    subscription.c.status.in_(BILLED))).all()
 
-    def notified_since(self, source: str, event_type: str, since) -> list[str]:
-        """The inbox keys of one source's notifications of one type received since `since`."""
-        return list(self.execute(select(event_inbox.c.event_id).where(
+    def notified_since(self, source: str, event_type: str, since) -> list:
+        """(inbox key, received at) of one source's notifications of one type received since `since`."""
+        return self.execute(select(event_inbox.c.event_id, event_inbox.c.received_at).where(
             event_inbox.c.source == source, event_inbox.c.event_type == event_type,
-            event_inbox.c.received_at >= since)).scalars())
+            event_inbox.c.received_at >= since)).all()
 
     def credits_of(self, payment_ids) -> list[tuple[str, int]]:
         """(payment id, credits) of those of the payments we recorded."""
         return [(r.transaction_id, r.credits) for r in self.execute(
             select(purchase.c.transaction_id, purchase.c.credits).where(purchase.c.transaction_id.in_(payment_ids)))]
 
-    def active_created_since(self, since) -> list[str]:
-        """Our active subscriptions first copied since `since` (an incremental reconcile asks the provider
-        about each one its window did not list)."""
-        return list(self.execute(select(subscription.c.id).where(subscription.c.status == "active",
-                                                                  subscription.c.created_at >= since)).scalars())
+    def active_created_since(self, since=None) -> list:
+        """(id, created at) of our active subscriptions (first copied since `since`: an incremental reconcile
+        asks the provider about each one its window did not list)."""
+        query = select(subscription.c.id, subscription.c.created_at).where(subscription.c.status == "active")
+        if since is not None:
+            query = query.where(subscription.c.created_at >= since)
+        return self.execute(query).all()
 
     def attempts_since(self, since):
         """(user id, created at, metadata) of the authorization attempts written since `since`, by user and
@@ -286,7 +312,7 @@ class Books(Repository):
 
     def recorded_on_provider_since(self, since):
         """(payment id, invoice id) of purchases marked recorded at the provider since `since`, streamed."""
-        query = select(purchase.c.transaction_id, purchase.c.invoice_id).where(
+        query = select(purchase.c.transaction_id, purchase.c.invoice_id, purchase.c.provider_recorded_at).where(
             purchase.c.provider_recorded_at.is_not(None), purchase.c.invoice_id.is_not(None),
             purchase.c.provider_recorded_at >= since)
         yield from self.execute(query.execution_options(yield_per=1000))

@@ -145,6 +145,11 @@ purchase = Table(
     # was refunded as a duplicate or an orphan): nothing is recorded at the provider, its credits are reversed.
     Column("closed_reason", String(32)),
     _ts("closed_at"),
+    # Reconcile's window (decision 133): purchases made, and follow-ups still open, since a time.
+    Index("ix_purchase_created_at", "created_at"),
+    Index("ix_purchase_open_followup", "created_at",
+          postgresql_where=text("provider_recorded_at IS NULL AND closed_at IS NULL"),
+          sqlite_where=text("provider_recorded_at IS NULL AND closed_at IS NULL")),
 )
 
 fraud_event = Table(
@@ -234,7 +239,7 @@ credit_ledger = Table(
     Column("source_key", String(200), nullable=False, unique=True),
     Column("reason", String(32), nullable=False),
     Column("payment_id", String(64), index=True),  # a refund's reversal sums the payment's rows
-    _ts("created_at", nullable=False),
+    _ts("created_at", nullable=False, index=True),  # reconcile's window (decision 133)
 )
 
 # One inbox for events from every source (webhooks and pollers), processed exactly once.

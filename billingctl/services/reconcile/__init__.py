@@ -38,14 +38,14 @@ def reconcile(container, since=None, progress=None, full: bool = False) -> dict:
     now = container.clock.now()
     span = window.choose(container, now, since, full)
     found = Findings(acks.current(container))
-    checked = check_local(container, now, found)
+    checked = check_local(container, now, found, span.since)
     checked["payments"] = orchestrator_books.check(container, now, span, found.add, progress)
     checked["subscriptions_at_provider"] = provider_books.check(container, now, span, found.add, progress)
 
     total = sum(found.counts.values())
     container.metrics.reconcile_violations.set(total)
     _store_violations(container, total)
-    window.advance(container, now, span)
+    window.advance(container, now, span, found.hold)
     # Each violation is a failed item: the reconcile job exits 5 while any stands.
     return BatchResult({"window": span.describe(), "checked": checked, "violations": found.violations,
                         "counts": found.counts, "acknowledged": found.acknowledged, "ok": not found.counts},

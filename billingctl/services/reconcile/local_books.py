@@ -16,10 +16,10 @@ def limits(settings) -> Limits:
                   authorized=timedelta(minutes=settings.renewal_authorized_max_minutes))
 
 
-def check_local(container, now, found) -> dict:
+def check_local(container, now, found, since=None) -> dict:
     with container.uow() as uow:
-        for check, violation in uow.books.violations(now, limits(container.settings), LIMIT):
-            found.add(check, violation)
+        for check, violation, at in uow.books.violations(now, limits(container.settings), LIMIT, since):
+            found.add(check, violation, at=at)
         if container.settings.is_production:  # outside production the quota is not enforced
             _check_quota(uow, now, found.add)
         return {"ledger_entries": uow.ledger.count(), "users": uow.books.count_users(),

@@ -9,6 +9,7 @@ found by the weekly full pass). Payments still in flight are listed by status (a
 
 from __future__ import annotations
 
+from functools import partial
 from itertools import islice
 
 from billingctl.services.payments import CAPTURED_STATUSES
@@ -42,14 +43,15 @@ def check(container, now, span, add, progress=None) -> int:
             if settled is not None and now - settled < TOO_RECENT:
                 continue
             recorded, owner = books[payment.id]["purchase"], books[payment.id]["review"]
-            _check_recorded(payment, recorded, owner, expected.get(payment.id), add)
-            _check_order(container, payment, orders, add)
+            at = settled or now
+            _check_recorded(payment, recorded, owner, expected.get(payment.id), partial(add, at=at))
+            _check_order(container, payment, orders, partial(add, at=at))
             if span.full and recorded is not None and settled is not None and now - settled < REFUND_WINDOW:
-                refund_reads.append((payment.id, recorded["credits"]))
+                refund_reads.append((payment.id, recorded["credits"], None))
     if not span.full:
         refund_reads = _refunds_notified(container, span.since)
-    for payment_id, credits in refund_reads:
-        _check_refund(container, payment_id, credits, add)
+    for payment_id, credits, notified in refund_reads:
+        _check_refund(container, payment_id, credits, partial(add, at=notified))
     _check_in_flight(container, now, add)
     return checked
 
@@ -93,14 +95,18 @@ def _fully_refunded(container, payment_id: str) -> bool:
     return container.orchestrator.get_payment(payment_id).fully_refunded
 
 
-def _refunds_notified(container, since) -> list[tuple[str, int]]:
-    """(payment id, credits) of the recorded payments a refund notification named since `since`."""
+def _refunds_notified(container, since) -> list[tuple[str, int, object]]:
+    """(payment id, credits, when notified first) of the recorded payments a refund notification named
+    since `since`."""
     from billingctl.services.webhook_events import payment_of_event
 
+    named: dict[str, object] = {}
     with container.uow() as uow:
-        named = {payment_of_event(key) for key in uow.books.notified_since("orchestrator", "PAYMENT.REFUND", since)}
-        named.discard(None)
-        return uow.books.credits_of(sorted(named)) if named else []
+        for key, received in uow.books.notified_since("orchestrator", "PAYMENT.REFUND", since):
+            payment_id = payment_of_event(key)
+            if payment_id and (payment_id not in named or received < named[payment_id]):
+                named[payment_id] = received
+        return [(pid, credits, named[pid]) for pid, credits in uow.books.credits_of(sorted(named))] if named else []
 
 
 def _check_refund(container, payment_id: str, credits: int, add) -> None:

@@ -34,14 +34,15 @@ def _check_transactions(container, since, add) -> None:
             first = invoice_of.setdefault(reference, link.invoice_id)
             if link.invoice_id != first:
                 add("payment_on_two_invoices", {"payment_id": reference, "invoice_ids": [first, link.invoice_id],
-                                                "detail": "one orchestrator payment applied to two provider invoices"})
+                                                "detail": "one orchestrator payment applied to two provider invoices"},
+                    at=parse_time(txn.date))
     # Recorded comfortably inside the window, so its transaction is in the list (dated when recorded).
     with container.uow() as uow:
         for row in uow.books.recorded_on_provider_since(since + timedelta(minutes=5)):
             if row.transaction_id not in invoice_of:
                 add("recorded_not_on_provider_invoice", {
                     "payment_id": row.transaction_id, "invoice_id": row.invoice_id,
-                    "detail": "marked recorded, but no provider transaction carries it"})
+                    "detail": "marked recorded, but no provider transaction carries it"}, at=row.provider_recorded_at)
 
 
 def _check_invoices(container, now, since, add) -> None:
@@ -53,7 +54,7 @@ def _check_invoices(container, now, since, add) -> None:
             standing = uow.books.grants_on([i.id for i in page])
         for invoice in page:
             grants, purchases = standing[invoice.id]["grants"], standing[invoice.id]["purchases"]
-            changed = parse_time(invoice.paid_at or invoice.updated_at)
+            changed, at = parse_time(invoice.paid_at or invoice.updated_at), parse_time(invoice.updated_at)
             settled_long_ago = changed is not None and now - changed > GRACE
             ids = {"invoice_id": invoice.id, "user_id": invoice.customer_id,
                    "subscription_id": invoice.subscription_id}
@@ -61,13 +62,13 @@ def _check_invoices(container, now, since, add) -> None:
                 if len(grants) > 1 or (not grants and not purchases):
                     add("invoice_credits_not_one_term", {
                         **ids, "payment_ids": grants,
-                        "detail": f"paid at the provider, {len(grants)} terms of credits stand on it"})
+                        "detail": f"paid at the provider, {len(grants)} terms of credits stand on it"}, at=at)
             elif invoice.status in UNPAID and grants:
                 old = [p.transaction_id for p in purchases if p.transaction_id in grants and now - p.created_at > GRACE]
                 if old:
                     add("purchase_on_unpaid_invoice", {
                         **ids, "payment_ids": old,
-                        "detail": f"credited by us, {invoice.status} at the provider"})
+                        "detail": f"credited by us, {invoice.status} at the provider"}, at=at)
 
 
 def _check_subscriptions(container, span, add, progress) -> int:
@@ -76,33 +77,38 @@ def _check_subscriptions(container, span, add, progress) -> int:
     customers' others)."""
     seen: set[str] = set()
     billed: dict[tuple[str, str], set[str]] = {}
+    oldest: dict[tuple[str, str], object] = {}  # the oldest listed copy of each customer and plan
     for remote in container.provider.list_subscriptions(updated_after=span.since):
         seen.add(remote.id)
         if progress:
             progress(1)
         with container.uow() as uow:
             local = uow.subscriptions.status(remote.id)
+        at = parse_time(remote.updated_at)
         if local == "active" and remote.status != "active":
             add("subscription_differs", {"subscription_id": remote.id, "user_id": remote.customer_id,
-                                         "detail": f"local active, provider {remote.status}"})
+                                         "detail": f"local active, provider {remote.status}"}, at=at)
         if remote.status in BILLED and remote.customer_id and remote.item_price_id:
-            billed.setdefault((remote.customer_id, remote.item_price_id), set()).add(remote.id)
+            key = (remote.customer_id, remote.item_price_id)
+            billed.setdefault(key, set()).add(remote.id)
+            oldest[key] = min(oldest.get(key) or at, at) if at else oldest.get(key)
     with container.uow() as uow:
         for row in uow.books.billed_of(sorted({customer for customer, _ in billed})):
             if row.id not in seen and row.item_price_id:
                 billed.setdefault((row.customer_id, row.item_price_id), set()).add(row.id)
         # A full pass lists every subscription; an incremental one asks about each of ours it did not list
         # that is new since its window began (a copy of one the provider never had).
-        active = uow.subscriptions.ids_in(("active",)) if span.full else uow.books.active_created_since(span.since)
+        active = uow.books.active_created_since(None if span.full else span.since)
     for (customer, plan), ids in sorted(billed.items()):
         if len(ids) > 1:
             add("two_live_subscriptions", {"user_id": customer, "item_price_id": plan,
                                            "subscription_ids": sorted(ids),
-                                           "detail": f"{len(ids)} live subscriptions of {plan}, each billed"})
-    for sub_id in active:
+                                           "detail": f"{len(ids)} live subscriptions of {plan}, each billed"},
+                at=oldest.get((customer, plan)))
+    for sub_id, created in active:
         if sub_id not in seen and (span.full or _unknown_to_provider(container, sub_id, add)):
             add("subscription_missing_at_provider", {"subscription_id": sub_id,
-                                                     "detail": "active locally, unknown to the provider"})
+                                                     "detail": "active locally, unknown to the provider"}, at=created)
     return len(seen)
 
 

@@ -25,7 +25,9 @@ CHECKS = (
 
 
 class Findings:
-    """The violations of one run: at most LIMIT listed per check, all counted, acknowledged ones apart."""
+    """The violations of one run: at most LIMIT listed per check, all counted, acknowledged ones apart.
+    `hold`: the oldest time at which a counted violation's external record sits (an incremental run's
+    window must still reach it next time, so an open violation never drops out of the daily report)."""
 
     def __init__(self, acknowledged: dict[tuple[str, str], str]):
         self.violations: list[dict] = []
@@ -33,8 +35,9 @@ class Findings:
         self.counts: dict[str, int] = {}
         self._acks = acknowledged
         self._seen: set[str] = set()
+        self.hold = None
 
-    def add(self, check: str, violation: dict) -> None:
+    def add(self, check: str, violation: dict, at=None) -> None:
         name = check.split(":")[0]
         found = {"check": name, **violation}
         seen = repr(sorted((k, v) for k, v in found.items() if k != "detail"))
@@ -45,6 +48,8 @@ class Findings:
         if reason is not None:
             self.acknowledged.append({**found, "acknowledged": reason})
             return
+        if at is not None and (self.hold is None or at < self.hold):
+            self.hold = at
         self.counts[check] = self.counts.get(check, 0) + 1
         if self.counts[check] <= LIMIT:
             self.violations.append(found)

@@ -41,13 +41,14 @@ def choose(container, now, since: datetime | None = None, full: bool = False) ->
     return Span(False, min(watermark, now) - OVERLAP, "since the last run")
 
 
-def advance(container, now, span: Span) -> None:
-    """After a run that read its whole window: the next starts where this one started. A run over a window
-    an operator chose (--since) moves nothing."""
+def advance(container, now, span: Span, hold: datetime | None = None) -> None:
+    """After a run that read its whole window: the next starts where this one started, or earlier where
+    an open violation sits (`hold`: the next run reads it again, so it stays reported until it is fixed or
+    acknowledged). A run over a window an operator chose (--since) moves nothing."""
     from billingctl.services.cursors import write_value
 
     if span.why == "asked (--since)":
         return
-    write_value(container, WATERMARK, now.isoformat())
+    write_value(container, WATERMARK, min(now, hold or now).isoformat())
     if span.full:
         write_value(container, FULL_AT, now.isoformat())
