@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PG_BIN := $(firstword $(wildcard /usr/lib/postgresql/*/bin))
 
-.PHONY: demo test venv servers lint bench simulate fuzz mutation clean
+.PHONY: demo test venv servers lint bench simulate fuzz explore mutation clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,12 @@ simulate: venv servers
 fuzz: venv servers
 	FUZZ_EXAMPLES=$${FUZZ_EXAMPLES:-3400} $(BIN)/pytest -p no:cacheprovider -n 2 --basetemp=.pytest-tmp \
 		tests/e2e/test_webhook_fuzz.py -s
+
+# The model-based exploration at its long target: 2,000 histories the machine chooses (make test runs 8),
+# each audited against the outside world's books with reconcile required to agree (docs/reliability.md).
+explore: venv servers
+	EXPLORE_EXAMPLES=$${EXPLORE_EXAMPLES:-2000} $(BIN)/pytest -p no:cacheprovider --basetemp=.pytest-tmp \
+		tests/reliability/test_exploration.py -s
 
 # Mutation testing of the money and security modules (mutmut; the score is in docs/reliability.md). The
 # tests' files (SQLite databases, the sandbox's) go to memory when /dev/shm has a gigabyte free (a

@@ -283,3 +283,26 @@ def plan_not_held(container, user_id: str, plans: tuple[str, ...]) -> str:
             if not uow.subscriptions.holding_plan(user_id, plan, None):
                 return plan
     raise AssertionError(f"{user_id} holds every plan of {plans}")
+
+
+def assert_books_hold_at_every_moment(container) -> None:
+    """What holds after every step, whatever is in flight: one purchase per payment, credits equal the
+    ledger, no payment reversed beyond what it credited (the stateful tests' invariant)."""
+    from sqlalchemy import func, select
+
+    from billingctl.adapters.db.purchases import REVERSALS
+    from billingctl.adapters.db.tables import credit_ledger, purchase, users
+
+    with container.uow() as uow:
+        dupes = uow.execute(select(purchase.c.transaction_id).group_by(purchase.c.transaction_id)
+                            .having(func.count() > 1)).all()
+        balances = dict(uow.execute(select(users.c.id, users.c.credits)).all())
+        sums = dict(uow.execute(select(credit_ledger.c.user_id, func.sum(credit_ledger.c.amount))
+                                .group_by(credit_ledger.c.user_id)).all())
+        over = uow.execute(select(purchase.c.transaction_id).join(
+            credit_ledger, (credit_ledger.c.payment_id == purchase.c.transaction_id)
+            & credit_ledger.c.reason.in_(REVERSALS)).group_by(purchase.c.transaction_id, purchase.c.credits)
+            .having(-func.sum(credit_ledger.c.amount) > purchase.c.credits)).all()
+    assert dupes == []
+    assert all(int(balances[u]) == int(sums.get(u) or 0) for u in balances)
+    assert over == []

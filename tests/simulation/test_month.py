@@ -292,6 +292,8 @@ class Model:
                 users.c.frozen_at.is_not(None))).all())
             late_credits = uow.execute(select(credit_ledger.c.user_id, credit_ledger.c.created_at).where(
                 credit_ledger.c.amount > 0)).all()
+            credited = set(uow.execute(select(credit_ledger.c.payment_id).where(
+                credit_ledger.c.reason == "payment")).scalars())
             chat = Counter(uow.execute(select(alert_outbox.c.dedupe_key).where(
                 alert_outbox.c.sink == "chat")).scalars())
             disputes = Counter(m.get("dispute_id") for m in uow.execute(select(fraud_event.c.metadata).where(
@@ -313,6 +315,18 @@ class Model:
         for row in purchases.values():  # what we recorded, the provider holds as paid
             if row.invoice_id and row.provider_recorded_at and sandbox.invoice(row.invoice_id)["status"] != "paid":
                 found.append(f"not paid at the provider: {row.invoice_id}")
+        # One billed subscription per customer and plan at the provider (two tabs must not bill twice).
+        billed = Counter((sub["customer_id"], sub["subscription_items"][0]["item_price_id"])
+                         for sub in sandbox.store.all("subscription") if sub["status"] in ("in_trial", "active",
+                                                                                            "non_renewing"))
+        found += [f"two live subscriptions of one plan at the provider: {key}" for key, n in billed.items() if n > 1]
+        # A term the provider holds as paid is credited once: of the payments on one of its invoices, at most
+        # one that the orchestrator did not refund in full stands credited in our ledger.
+        kept = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) < p["amount"]}
+        standing = Counter(row.invoice_id for row in purchases.values()
+                           if row.invoice_id and row.closed_at is None and row.transaction_id in kept
+                           and row.transaction_id in credited)
+        found += [f"one term credited {n} times: {invoice}" for invoice, n in standing.items() if n > 1]
         for user, created in late_credits:  # nothing credited after a freeze
             if user in frozen_at and created > frozen_at[user]:
                 found.append(f"credited after the freeze: {user}")

@@ -1,0 +1,217 @@
+"""Model-based exploration of the whole system in process (issue 36, item 4): a Hypothesis stateful test
+chooses histories of customers, the outside world, operators, jobs, faults and clocks that disagree, on
+PostgreSQL with the sandbox in process, and after each audit step checks the invariants from the outside
+world's books (what the orchestrator charged, what the provider holds as paid and live) and ours, with
+`reconcile` required to agree (no false clean, no false alarm).
+
+The customers and the world are the month simulation's model (`tests/simulation/test_month.py`), each of
+its actions a rule with Hypothesis choosing the action, its order and every choice inside it; the rules it
+lacks are here: two browser tabs checking out one plan at once, a payment entered at the provider, partial
+settles, dispute outcomes, a freeze that voids invoices, an unfreeze, an operator resolving an orphan,
+`sync-all`, each job on its own, and our clock moving ahead of or behind the sandbox's.
+
+`make test` runs EXPLORE_EXAMPLES (8) histories; `make explore` runs 2,000."""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from billingctl.bootstrap import Container
+from billingctl.domain import errors as e
+from billingctl.domain.clock import ManualClock
+from billingctl.services import alerts, checkout, events, orphans, payments, renewals
+from billingctl.services.sync import sync_all
+from billingctl.services.users import freeze, unfreeze
+from tests.conftest import _truncate_postgres
+from tests.helpers import assert_books_hold_at_every_moment
+from tests.simulation.test_month import PLANS, Model
+
+pytestmark = pytest.mark.reliability
+EXAMPLES = int(os.environ.get("EXPLORE_EXAMPLES", 8))
+STEPS = int(os.environ.get("EXPLORE_STEPS", 30))
+USERS = ("ex_0", "ex_1", "ex_2")
+JOBS = {"poll": events.poll, "orphans": orphans.run_orphans, "activations": payments.retry_pending,
+        "renewals": renewals.run_renewals, "cleanup": checkout.cleanup_expired, "deliver": alerts.deliver_outbox,
+        "sync-all": lambda c: sync_all(c, None)}
+SPANS = (16, 61, 15 * 60, 4 * 3600, 86400, 31 * 86400)  # a renewal falls due after a month
+SKEWS = (-90, -7, 0, 7, 90)  # seconds our clock runs ahead of the sandbox's (negative: behind)
+FIGURES = {"examples": 0, "steps": 0, "audits": 0}
+CONTEXT: dict = {}
+
+
+class Exploration(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        FIGURES["examples"] += 1
+        _truncate_postgres(CONTEXT["db_url"])
+        sandbox_db = Path(CONTEXT["tmp"]) / f"sandbox-{FIGURES['examples']}.db"
+        self.c = Container(CONTEXT["make_settings"](database_url=CONTEXT["db_url"], sandbox_db=str(sandbox_db),
+                                                    http_max_attempts=2, provider_rate_limit=1_000_000),
+                           clock=ManualClock())
+        self.c.provider.http.sleep = self.c.orchestrator.http.sleep = lambda s: None
+        self.m = Model(random.Random(0), self.c, users=list(USERS))
+        self.m.advance(0)
+        self.steps = 0
+
+    def teardown(self):
+        try:
+            if self.steps:
+                self.audit()
+        finally:
+            self.c.close()
+
+    def step(self, seed: int, text: str) -> random.Random:
+        FIGURES["steps"] += 1
+        self.steps += 1
+        self.m.rng.seed(seed)
+        self.m.note(text)
+        return self.m.rng
+
+    @initialize(skew=st.sampled_from(SKEWS))
+    def clocks(self, skew):
+        self.m.skew = skew
+
+    # ---- the customers and the outside world (the month's model) -------------------------------------
+    @rule(action=st.sampled_from(["checkout", "pay", "abandon", "pay_late", "refund", "cancel_at_provider",
+                                  "declines", "outage", "freeze", "dispute", "expire_card", "charges_in_flight",
+                                  "finish_charges", "cancel_by_operator"]), seed=st.integers(0, 2**32))
+    def world(self, action, seed):
+        self.step(seed, f"world: {action}")
+        getattr(self.m, action)()
+
+    @rule(user=st.sampled_from(USERS), plan=st.sampled_from(PLANS))
+    def two_tabs(self, user, plan):
+        """One customer checks out one plan from two browser tabs at once."""
+        self.step(0, f"two tabs {user} {plan}")
+        answers, errors = [], []
+        barrier = threading.Barrier(2)
+
+        def tab():
+            try:
+                barrier.wait(10)
+                answers.append(checkout.create_checkout(self.c, user, plan))
+            except e.BillingError as exc:
+                errors.append(exc.code)
+
+        threads = [threading.Thread(target=tab) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert len({a["order_id"] for a in answers}) <= 1, answers  # one checkout, whichever tab asked
+        self.m.open_checkouts.extend(answers[:1])
+
+    @rule(seed=st.integers(0, 2**32))
+    def payment_entered_at_the_provider(self, seed):
+        """Finance records a cheque on an unpaid invoice at the provider's console."""
+        rng = self.step(seed, "cheque at the provider")
+        due = [i for i in self.m.sandbox.store.all("invoice") if i["status"] in ("payment_due", "not_paid")]
+        if due:
+            invoice = rng.choice(due)
+            self.m.sandbox.record_payment(invoice["id"], invoice["amount_due"], f"cheque {rng.randint(1, 999)}")
+
+    @rule(seed=st.integers(0, 2**32))
+    def partial_settles(self, seed):
+        self.step(seed, "renewal charges settle in part")
+        self.m.sandbox.async_charges("PARTIALLY_SETTLED")
+
+    @rule(seed=st.integers(0, 2**32), outcome=st.sampled_from(["LOST", "WON", "ACCEPTED", "CHALLENGED"]))
+    def dispute_outcome(self, seed, outcome):
+        rng = self.step(seed, f"dispute {outcome}")
+        settled = self.m.sandbox.payments("SETTLED")
+        if settled:
+            self.m.sandbox.dispute_status(rng.choice(settled)["id"], outcome)
+
+    # ---- operators -------------------------------------------------------------------------------------
+    @rule(user=st.sampled_from(USERS), void=st.booleans())
+    def operator_freezes(self, user, void):
+        self.step(0, f"operator freezes {user}{' --void-invoices' if void else ''}")
+        try:
+            freeze(self.c, user, "exploration", "explorer", void_invoices=void)
+            self.m.frozen.add(user)
+        except e.BillingError:
+            pass
+
+    @rule(user=st.sampled_from(USERS))
+    def operator_unfreezes(self, user):
+        self.step(0, f"operator unfreezes {user}")
+        try:
+            unfreeze(self.c, user, "exploration", "explorer")
+            self.m.frozen.discard(user)
+        except e.BillingError:
+            pass
+
+    @rule(seed=st.integers(0, 2**32), action=st.sampled_from(["refund", "create-subscription", "mark-handled"]))
+    def operator_resolves_an_orphan(self, seed, action):
+        rng = self.step(seed, f"operator resolves an orphan: {action}")
+        rows = orphans.list_orphans(self.c)
+        open_rows = [r for r in rows if r["status"] in ("retrying", "exhausted", "needs_review")]
+        if open_rows:
+            try:
+                orphans.resolve(self.c, rng.choice(open_rows)["payment_id"], action, "exploration", "explorer")
+            except e.BillingError:
+                pass
+
+    # ---- the jobs and the clocks -------------------------------------------------------------------------
+    @rule(job=st.sampled_from(sorted(JOBS)))
+    def job(self, job):
+        self.step(0, f"job {job}")
+        try:
+            JOBS[job](self.c)
+        except e.BillingError:
+            pass  # visible (exit 4/5); the next run resumes
+
+    @rule(seconds=st.sampled_from(SPANS))
+    def time_passes(self, seconds):
+        self.step(0, f"{seconds} s pass")
+        self.m.advance(seconds)
+
+    @rule(skew=st.sampled_from(SKEWS))
+    def our_clock_drifts(self, skew):
+        self.step(0, f"our clock {skew:+} s from the sandbox's")
+        self.c.clock.advance(skew - self.m.skew)
+        self.m.skew = skew
+
+    # ---- the books -----------------------------------------------------------------------------------------
+    @precondition(lambda self: self.steps > 0)
+    @rule()
+    def audit(self):
+        """Faults clear and the jobs run until nothing moves; then the outside world's books and ours agree,
+        and reconcile agrees with them."""
+        FIGURES["audits"] += 1
+        self.m.settle_quietly()
+        try:
+            self.m.check()
+        except AssertionError as failure:
+            raise AssertionError(f"{failure}\n" + "\n".join(self.m.trace[-60:])) from None
+
+    @invariant()
+    def every_moment(self):
+        assert_books_hold_at_every_moment(self.c)
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
+def test_histories_the_machine_chooses_keep_every_book(db_url, make_settings, tmp_path, record_property):
+    CONTEXT.update(db_url=db_url, make_settings=make_settings, tmp=tmp_path)
+    run_state_machine_as_test(Exploration, settings=settings(
+        max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=EXAMPLES <= 8,
+        database=None, suppress_health_check=list(HealthCheck)))
+    for name, value in FIGURES.items():
+        record_property(name, value)
+    print(f"exploration: {FIGURES['examples']} histories, {FIGURES['steps']} steps, {FIGURES['audits']} audits")
+    assert FIGURES["audits"] >= EXAMPLES
