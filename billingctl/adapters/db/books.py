@@ -307,6 +307,13 @@ class Books(Repository):
                  .order_by(fraud_event.c.user_id, fraud_event.c.created_at, fraud_event.c.id))
         yield from self.execute(query.execution_options(yield_per=1000))
 
+    def count_ledger(self, since=None) -> int:
+        """Ledger rows (written since `since`: what an incremental run read)."""
+        query = select(func.count()).select_from(credit_ledger)
+        if since is not None:
+            query = query.where(credit_ledger.c.created_at >= since)
+        return self.execute(query).scalar_one()
+
     def count_users(self) -> int:
         return self.execute(select(func.count()).select_from(users)).scalar_one()
 

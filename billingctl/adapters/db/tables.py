@@ -147,6 +147,7 @@ purchase = Table(
     _ts("closed_at"),
     # Reconcile's window (decision 133): purchases made, and follow-ups still open, since a time.
     Index("ix_purchase_created_at", "created_at"),
+    Index("ix_purchase_provider_recorded_at", "provider_recorded_at"),
     Index("ix_purchase_open_followup", "created_at",
           postgresql_where=text("provider_recorded_at IS NULL AND closed_at IS NULL"),
           sqlite_where=text("provider_recorded_at IS NULL AND closed_at IS NULL")),

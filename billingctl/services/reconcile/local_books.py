@@ -22,7 +22,7 @@ def check_local(container, now, found, since=None) -> dict:
             found.add(check, violation, at=at)
         if container.settings.is_production:  # outside production the quota is not enforced
             _check_quota(uow, now, found.add)
-        return {"ledger_entries": uow.ledger.count(), "users": uow.books.count_users(),
+        return {"ledger_entries": uow.books.count_ledger(since), "users": uow.books.count_users(),
                 "active_subscriptions": len(uow.subscriptions.ids_in(("active",)))}
 
 
