@@ -166,6 +166,7 @@ EXAMPLES = {
     "jobs run": "billingctl jobs run poll --loop",
     "jobs render": "billingctl jobs render --out .",
     "payments record": "billingctl payments record pay_123",
+    "payments refund": "billingctl payments refund pay_123 --reason 'charged twice for one period' --yes",
     "lock show": "billingctl lock show user_123",
     "lock clear": "billingctl lock clear user_123 --lane nsfw --reason 'wrong lock' --yes",
     "lock repair": "billingctl lock repair user_123 --lane sfw",

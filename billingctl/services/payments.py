@@ -721,10 +721,62 @@ def retry_pending(container) -> dict:
     return BatchResult({"completed": done, "failed": failed}, done=done, failed=failed)
 
 
-def record_payment_by_id(container, payment_id: str, path: str = "cli") -> dict:
+def record_payment_by_id(container, payment_id: str, path: str = "cli", confirmed: bool = True) -> dict:
+    """An operator's record of one payment. Unless `confirmed`, a payment whose invoice (or, for a checkout,
+    subscription) another recorded payment already pays is refused: recording it would credit a second
+    term, and a double charge is fixed by a refund (issue 38, item 6)."""
     require_id(payment_id, "payment_id")
     payment = container.orchestrator.get_payment(payment_id)
+    if not confirmed and payment.status in CAPTURED_STATUSES:
+        facts = facts_from_payment(container, payment)
+        with container.uow(autocommit=True) as uow:
+            other = (uow.purchases.paying_invoice(facts.invoice_id) if facts.invoice_id
+                     else uow.purchases.paying_subscription(facts.subscription_id))
+        if other is not None and other != payment_id:
+            what = f"invoice {facts.invoice_id}" if facts.invoice_id else f"subscription {facts.subscription_id}"
+            raise e.Refused(f"{what} is already paid by {other}: recording {payment_id} would credit a second term; "
+                            f"refund it (billingctl payments refund {payment_id} --reason R --yes), or add --yes "
+                            "to record it anyway")
     return record_payment(container, payment, path)
+
+
+def refund_by_operator(container, payment_id: str, reason: str, actor: str, dry_run: bool = False) -> dict:
+    """`billingctl payments refund`: refund what is left of a captured payment at the orchestrator and
+    reverse its credits once (the refund notification that follows finds them reversed), audited. Safe to
+    re-run: a payment refunded already is only made sure of in the ledger. A payment held in the review
+    queue is resolved there (`orphans resolve --refund`), so its row ends with it."""
+    require_id(payment_id, "payment_id")
+    if not (reason or "").strip():
+        raise e.InvalidInput("--reason is required")
+    payment = container.orchestrator.get_payment(payment_id)
+    if payment.status not in CAPTURED_STATUSES:
+        raise e.Refused(f"payment {payment_id} is {payment.status}: only a captured payment can be refunded")
+    with container.uow() as uow:
+        held, recorded = uow.orphans.status(payment_id), uow.purchases.by_payment_id(payment_id) is not None
+    left = payment.charged - payment.refunded
+    if left > 0 and held in (*lifecycle.REVIEW_OPEN, *lifecycle.REVIEW_HUMAN):
+        raise e.Refused(f"payment {payment_id} is held for review ({held}): "
+                        f"billingctl orphans resolve {payment_id} --refund --reason R --yes")
+    plan = {"payment_id": payment_id, "amount": payment.charged, "currency_code": payment.currency_code,
+            "already_refunded": payment.refunded, "to_refund": max(left, 0)}
+    if dry_run:
+        return {"dry_run": True, **plan}
+    answer = refund(container, payment_id, reason) if left > 0 else payment
+    # Credits exist only for a recorded payment; an unrecorded one is only refunded (its notification then
+    # finds it refunded in full).
+    reversed_ = (reverse_refund(container, payment_id, answer.refunded, "operator") if recorded
+                 else {"credits_reversed": 0, "user_id": payment.user_id})
+    with container.uow() as uow:
+        uow.audit.record(actor, "payments.refund", payment_id, reason,
+                         {**plan, "credits_reversed": reversed_.get("credits_reversed", 0)}, container.clock.now())
+        total = uow.ledger.reversed_for(payment_id)
+        uow.commit()
+    log.warning("payment refunded by an operator", extra={"payment_id": payment_id, "actor": actor})
+    # credits_reversed: by this command; credits_reversed_total: for the payment, whichever path reversed them
+    # (the refund's own notification may have been first).
+    return {**plan, "outcome": "refunded" if left > 0 else "already_refunded", "refunded": answer.refunded,
+            "credits_reversed": reversed_.get("credits_reversed", 0), "credits_reversed_total": total,
+            "user_id": reversed_.get("user_id")}
 
 
 # ---- refunds ------------------------------------------------------------------------------------

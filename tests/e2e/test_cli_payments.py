@@ -11,7 +11,37 @@ from tests.helpers import billingctl
 pytestmark = pytest.mark.e2e
 
 
+def test_a_double_charge_is_closed_by_its_runbook(container, env):
+    """Issue 38 item 6: the ReconcileViolations runbook on a double charge. Recording the second charge of a
+    paid order is refused with the way out (it credited a second term without a warning); `payments
+    refund` refunds it at the orchestrator, audited, and again is a no-op; reconcile then exits 0 (the
+    refunded duplicate no longer counts)."""
+    from sqlalchemy import select
 
+    from billingctl.adapters.db.tables import audit_log
+
+    co = create_checkout(container, "user_twice", "credits-pro-USD-monthly")
+    first = container.sandbox.pay(co["order_id"])
+    second = container.sandbox.pay(co["order_id"], drop_webhook=True)  # the same checkout charged again
+    container.sandbox.store.put("payment", second["id"], {**second, "date": second["date"] - 60})
+    assert billingctl(["reconcile"], env).returncode == 5
+    refused = billingctl(["payments", "record", second["id"]], env)
+    assert refused.returncode == 3 and f"already paid by {first['id']}" in refused.stderr
+    assert f"payments refund {second['id']}" in refused.stderr
+    term = json.loads(billingctl(["--json", "users", "show", "user_twice"], env).stdout)["credits"]
+    assert term == 2000  # one term of the plan, nothing recorded by the refusal
+    assert billingctl(["payments", "refund", second["id"], "--reason", "charged twice"], env).returncode == 3
+    refunded = json.loads(billingctl(["--json", "payments", "refund", second["id"], "--reason", "charged twice",
+                                      "--yes"], env).stdout)
+    assert (refunded["outcome"], refunded["refunded"]) == ("refunded", second["amount"])
+    again = billingctl(["--json", "payments", "refund", second["id"], "--reason", "charged twice", "--yes"], env)
+    assert again.returncode == 0, again.stderr
+    again = json.loads(again.stdout)
+    assert again["outcome"] == "already_refunded" and again["credits_reversed"] == 0
+    clean = billingctl(["--json", "reconcile"], env)
+    assert clean.returncode == 0, clean.stdout
+    with container.uow() as uow:
+        assert len(uow.execute(select(audit_log).where(audit_log.c.action == "payments.refund")).all()) == 2
 
 
 

@@ -530,3 +530,23 @@ def test_a_violation_in_our_own_books_stays_reported_by_the_daily_runs(world):
     plant_ledger_without_purchase(world)
     assert "ledger_without_purchase" in checks(world)
     named_by_the_next_daily_runs(world, "ledger_without_purchase")
+
+
+def test_an_operator_refund_of_a_recorded_payment_reverses_its_credits_once(world):
+    """`payments refund` (issue 38 item 6): through the orchestrator, audited; the reversal it makes and the
+    refund notification that follows reverse the credits once; run again, it changes nothing."""
+    from billingctl.services.payments import refund_by_operator
+
+    _, payment = paid(world)
+    credits = purchase_of(world, payment["id"]).credits
+    done = refund_by_operator(world.c, payment["id"], "customer asked", "ops")
+    assert (done["outcome"], done["refunded"], done["credits_reversed_total"]) == ("refunded", payment["amount"],
+                                                                                   credits)
+    again = refund_by_operator(world.c, payment["id"], "customer asked", "ops")
+    assert (again["outcome"], again["credits_reversed"]) == ("already_refunded", 0)
+    with world.c.uow() as uow:
+        reversals = uow.execute(select(credit_ledger.c.amount).where(credit_ledger.c.reason == "refund")).all()
+        balance = uow.execute(select(users.c.credits).where(users.c.id == "user_a")).scalar_one()
+    assert [r.amount for r in reversals] == [-credits] and balance == 0
+    later(world)
+    assert reconcile(world.c)["ok"] is True

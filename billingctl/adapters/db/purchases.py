@@ -38,6 +38,11 @@ class Purchases(Repository):
         return self.execute(select(purchase.c.transaction_id).where(purchase.c.invoice_id == invoice_id)
                             .order_by(purchase.c.id)).scalar()
 
+    def paying_subscription(self, subscription_id: str) -> str | None:
+        """The payment id of the (first) purchase recorded for a subscription."""
+        return self.execute(select(purchase.c.transaction_id).where(purchase.c.subscription_id == subscription_id)
+                            .order_by(purchase.c.id)).scalar()
+
     def exists_for_subscription(self, subscription_id: str, without_invoice: bool = False) -> bool:
         query = select(purchase.c.id).where(purchase.c.subscription_id == subscription_id)
         if without_invoice:
