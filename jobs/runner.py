@@ -14,7 +14,7 @@ from datetime import timedelta
 
 from billingctl.domain.batch import failed_items
 from billingctl.domain.errors import BatchFailed, BillingError, LeaseHeld
-from billingctl.services.job_status import job_freshness, leases  # noqa: F401 - the runner's report
+from billingctl.services.job_status import leases  # noqa: F401 - the runner's report
 from jobs.schedule import Job, resolve
 
 log = logging.getLogger("billingctl.jobs")

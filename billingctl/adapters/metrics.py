@@ -207,9 +207,11 @@ class Metrics:
 # State gauges are read from the shared state when Prometheus scrapes, never aggregated over the files
 # of processes that exited (a job that once saw the breaker open would keep the alert firing).
 LIVE_GAUGES = ("billing_circuit_breaker_state", "billing_reconcile_violations",
-               "billing_job_last_success_timestamp_seconds", "billing_job_interval_seconds", "billing_outbox_pending",
+               "billing_job_last_success_timestamp_seconds", "billing_job_last_failure_timestamp_seconds",
+               "billing_job_interval_seconds", "billing_outbox_pending", "billing_outbox_oldest_pending_age_seconds",
+               "billing_inbox_events", "billing_inbox_oldest_pending_age_seconds", "billing_orphans",
                "billing_event_poller_last_run_timestamp_seconds", "billing_renewal_charges_in_flight",
-               "billing_renewal_charge_in_flight_oldest_age_seconds")
+               "billing_renewal_charge_in_flight_oldest_age_seconds", "billing_dependency_up")
 
 
 class WithoutLive:
@@ -232,53 +234,71 @@ class WithoutLive:
 
 
 class LiveState:
-    """billing_circuit_breaker_state from the breakers (shared through Redis when configured) and
-    billing_reconcile_violations from the database (the last reconcile's count), read at scrape time."""
+    """The live state gauges, from one read of the shared state at scrape time (`read()`: a document as
+    billingctl.services.observed builds it). A part that could not be read is absent, and
+    billing_dependency_up says which dependency is down (issue 38 item 3)."""
 
-    def __init__(self, breakers: callable, violations: callable, jobs: callable = lambda: [],
-                 outbox: callable = lambda: {}, poller: callable = lambda: None, in_flight: callable = lambda: None):
-        self.breakers, self.violations, self.jobs, self.outbox = breakers, violations, jobs, outbox
-        self.poller, self.in_flight = poller, in_flight
+    def __init__(self, read: callable):
+        self.read = read
 
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
         from billingctl.adapters.breaker import STATE_VALUE
 
-        state = GaugeMetricFamily("billing_circuit_breaker_state",
-                                  "Circuit breaker state per dependency: 0 closed, 1 half-open, 2 open.",
-                                  labels=["dependency"])
-        for name, snap in self.breakers().items():
-            state.add_metric([name], STATE_VALUE.get(snap["state"], 2))
-        yield state
-        count = self.violations()
-        if count is not None:
+        state = self.read()
+
+        def family(name, text, labels=None, rows=()):
+            metric = GaugeMetricFamily(name, text, labels=labels)
+            for row in rows:
+                metric.add_metric(*row)
+            return metric
+
+        yield family("billing_dependency_up", "1 when the scrape could read the dependency, 0 when it could not.",
+                     ["dependency"], [([name], up) for name, up in state.get("up", {}).items()])
+        if "breakers" in state:
+            yield family("billing_circuit_breaker_state",
+                         "Circuit breaker state per dependency: 0 closed, 1 half-open, 2 open.", ["dependency"],
+                         [([name], STATE_VALUE.get(snap["state"], 2)) for name, snap in state["breakers"].items()])
+        if state.get("violations") is not None:
             yield GaugeMetricFamily("billing_reconcile_violations",
-                                    "Invariant violations found by the last reconcile.", value=count)
-        last = GaugeMetricFamily("billing_job_last_success_timestamp_seconds",
-                                 "Unix time of each job's newest successful run (from its lease row, any host).",
-                                 labels=["job_name"])
-        interval = GaugeMetricFamily("billing_job_interval_seconds", "Each job's scheduled interval.",
-                                     labels=["job_name"])
-        for row in self.jobs():
-            interval.add_metric([row["job"]], row["interval_seconds"])
-            if row["last_success_at"] is not None:
-                last.add_metric([row["job"]], row["last_success_at"])
-        yield last
-        yield interval
-        backlog = GaugeMetricFamily("billing_outbox_pending", "Outbox messages not yet delivered, by sink.",
-                                    labels=["sink"])
-        for sink, count in self.outbox().items():
-            backlog.add_metric([sink], count)
-        yield backlog
-        charges = self.in_flight()
+                                    "Invariant violations found by the last reconcile.", value=state["violations"])
+        if "jobs" in state:
+            jobs = state["jobs"]
+            yield family("billing_job_last_success_timestamp_seconds",
+                         "Unix time of each job's newest successful run (from its lease row, any host); for a job "
+                         "that never succeeded, when this deployment began watching it.", ["job_name"],
+                         [([j["job"]], j["last_success_at"]) for j in jobs])
+            yield family("billing_job_last_failure_timestamp_seconds",
+                         "Unix time of each job's newest failed run (any host).", ["job_name"],
+                         [([j["job"]], j["last_failure_at"]) for j in jobs if j["last_failure_at"] is not None])
+            yield family("billing_job_interval_seconds", "Each job's scheduled interval.", ["job_name"],
+                         [([j["job"]], j["interval_seconds"]) for j in jobs])
+        if "outbox" in state:
+            outbox = state["outbox"]
+            yield family("billing_outbox_pending", "Outbox messages not yet delivered, by sink.", ["sink"],
+                         [([sink], v["pending"]) for sink, v in outbox.items()])
+            yield family("billing_outbox_oldest_pending_age_seconds",
+                         "Age of the oldest undelivered outbox message, by sink (0 when none).", ["sink"],
+                         [([sink], v["oldest_age_seconds"]) for sink, v in outbox.items()])
+        if "inbox" in state:
+            inbox = state["inbox"]
+            yield family("billing_inbox_events", "Inbox events waiting (pending) or given up on (parked).",
+                         ["state"], [(["pending"], inbox["pending"]), (["parked"], inbox["parked"])])
+            yield GaugeMetricFamily("billing_inbox_oldest_pending_age_seconds",
+                                    "Age of the oldest pending inbox event (0 when none).",
+                                    value=inbox["oldest_pending_age_seconds"])
+        if "review" in state:
+            yield family("billing_orphans", "Review rows still open, by status (retrying: recovery's own; "
+                         "exhausted, needs_review: a person's).", ["status"],
+                         [([status], n) for status, n in state["review"].items()])
+        charges = state.get("in_flight")
         if charges is not None:
             yield GaugeMetricFamily("billing_renewal_charges_in_flight",
                                     "Renewal charges the orchestrator has not ended yet.", value=charges["count"])
             yield GaugeMetricFamily("billing_renewal_charge_in_flight_oldest_age_seconds",
                                     "Age of the oldest renewal charge in flight (0 when none).",
                                     value=charges["oldest_age_seconds"])
-        newest = self.poller()
-        if newest is not None:
+        if state.get("poller") is not None:
             yield GaugeMetricFamily("billing_event_poller_last_run_timestamp_seconds",
-                                    "Unix time of the newest event poller run (any host).", value=newest)
+                                    "Unix time of the newest event poller run (any host).", value=state["poller"])

@@ -105,10 +105,3 @@ def deliver_outbox(container, limit: int = 100) -> dict:
 def list_outbox(container, status: str | None = None, limit: int = 50) -> list[dict]:
     with container.uow() as uow:
         return uow.outbox.listing(status, limit)
-
-
-def outbox_backlog(container) -> dict[str, int]:
-    """Undelivered messages per sink (every sink listed, 0 included), for the scrape."""
-    with container.uow() as uow:
-        counts = uow.outbox.undelivered_per_sink()
-    return {sink: int(counts.get(sink, 0)) for sink in SINK_SETTINGS}

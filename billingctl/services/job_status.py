@@ -22,11 +22,3 @@ def leases(container) -> list[dict]:
                        "last_error": row.get("last_error"),
                        "late": lag is not None and lag > 3 * job.interval_seconds + 60})
     return report
-
-
-def job_freshness(container) -> list[dict]:
-    """Every job of the table with its interval and its newest success (any host), for the scrape."""
-    with container.uow() as uow:
-        rows = uow.leases.last_successes()
-    return [{"job": job.name, "interval_seconds": job.interval_seconds,
-             "last_success_at": rows[job.name].timestamp() if rows.get(job.name) else None} for job in JOBS]

@@ -99,3 +99,66 @@ def test_apps_refuse_to_start_on_a_missing_production_secret(monkeypatch):
         create_public_app()
     with pytest.raises(ConfigError, match="BILLING_"):
         create_internal_app()
+
+
+def _series(response) -> dict[str, float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f"{s.name}{sorted(s.labels.items())}": s.value
+            for family in text_string_to_metric_families(response.data.decode()) for s in family.samples}
+
+
+def test_every_scheduled_job_has_a_success_series_from_the_first_scrape(internal, container):
+    """Issue 38 item 1: a job that never succeeded (or whose timer was never enabled) had no last-success
+    series, so JobNotRunning could not fire for it. Every job of the table now has one: its newest success,
+    or when this deployment began watching it; a failed run is a series of its own."""
+    from jobs.runner import release
+    from jobs.schedule import BY_NAME, JOBS
+
+    series = _series(internal.get("/metrics"))
+    for job in JOBS:
+        assert f"billing_job_last_success_timestamp_seconds[('job_name', '{job.name}')]" in series
+        assert series[f"billing_job_interval_seconds[('job_name', '{job.name}')]"] == job.interval_seconds
+    with container.uow() as uow:
+        uow.leases.create("activations", "host:1", container.clock.now(), container.clock.now())
+        uow.commit()
+    release(container, BY_NAME["activations"], "host:1", "ExternalUnavailable: provider down")
+    series = _series(internal.get("/metrics"))
+    failed = series["billing_job_last_failure_timestamp_seconds[('job_name', 'activations')]"]
+    assert failed > series["billing_job_last_success_timestamp_seconds[('job_name', 'activations')]"] - 1
+    assert series["billing_dependency_up[('dependency', 'database')]"] == 1
+
+
+def test_metrics_with_the_database_down_serve_what_can_still_be_read(make_settings):
+    """Issue 38 item 3: with the database down, /metrics answered 503 and every series vanished, the
+    breakers' state included, and the only page blamed scraping. It now answers 200 with what it can read,
+    and billing_dependency_up says the database is down; nothing read from it is made up."""
+    settings = make_settings(database_url="postgresql+psycopg://postgres@127.0.0.1:9/nowhere")
+    response = create_internal_app(settings).test_client().get("/metrics")
+    assert response.status_code == 200
+    series = _series(response)
+    assert series["billing_dependency_up[('dependency', 'database')]"] == 0
+    assert any(name.startswith("billing_circuit_breaker_state[") for name in series)
+    assert not any(name.startswith(("billing_job_", "billing_inbox_", "billing_reconcile_")) for name in series)
+
+
+def test_the_inbox_the_outbox_and_the_review_queue_are_series(internal, container):
+    """Issue 38 item 2: what EventsParked, ChatAlertsUndelivered and OrphanRecoveryExhausted read."""
+    from sqlalchemy import insert
+
+    from billingctl.adapters.db.tables import alert_outbox, event_inbox, orphan_recovery
+
+    now = container.clock.now()
+    with container.uow() as uow:
+        uow.execute(insert(event_inbox).values(source="provider", event_id="ev_parked", event_type="x",
+                                               payload={}, status="parked", attempts=5, received_at=now))
+        uow.execute(insert(alert_outbox).values(sink="chat", dedupe_key="k1", payload={"text": "x"},
+                                                created_at=now, status="pending"))
+        uow.execute(insert(orphan_recovery).values(payment_id="pay_x", status="exhausted", attempts=10,
+                                                   created_at=now, updated_at=now))
+        uow.commit()
+    series = _series(internal.get("/metrics"))
+    assert series["billing_inbox_events[('state', 'parked')]"] == 1
+    assert series["billing_outbox_pending[('sink', 'chat')]"] == 1
+    assert "billing_outbox_oldest_pending_age_seconds[('sink', 'chat')]" in series
+    assert series["billing_orphans[('status', 'exhausted')]"] == 1

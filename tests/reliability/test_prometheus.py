@@ -162,5 +162,36 @@ def test_a_real_prometheus_scrapes_and_the_alerts_fire_and_clear(stack, containe
     shared.delete("billing:breaker:subscription_provider:opened_at")
     wait_for(lambda: [r for r in query(api, breaker) if r["value"][1] == "0"], what="breaker closed (0)")
 
+    # Issue 38 item 2: an orphan recovery gave up on pages (whatever happened to its chat alert) and clears
+    # once a person resolves it; parked events and undelivered chat messages are scraped for their alerts
+    # (whose `for` is held by promtool's tests).
+    from billingctl.adapters.db.tables import alert_outbox, event_inbox, orphan_recovery
+
+    now = container.clock.now()
+    with container.uow() as uow:
+        uow.execute(insert(orphan_recovery).values(payment_id="pay_gave_up", user_id="user_o", status="exhausted",
+                                                   attempts=10, created_at=now, updated_at=now))
+        uow.execute(insert(event_inbox).values(source="provider", event_id="ev_parked", event_type="x", payload={},
+                                               status="parked", attempts=5, received_at=now))
+        uow.execute(insert(alert_outbox).values(sink="chat", dedupe_key="k_stuck", payload={"text": "x"},
+                                                status="pending", created_at=now - timedelta(hours=1)))
+        uow.commit()
+    alert = wait_for(lambda: firing(api).get("OrphanRecoveryExhausted"), what="OrphanRecoveryExhausted firing")
+    assert alert[0]["severity"] == "page"
+    wait_for(lambda: [r for r in query(api, 'billing_inbox_events{state="parked"}') if r["value"][1] == "1"],
+             what="parked events scraped")
+    wait_for(lambda: [r for r in query(api, 'billing_outbox_oldest_pending_age_seconds{sink="chat"} > 900')],
+             what="the chat backlog's age scraped")
+    with container.uow() as uow:
+        uow.execute(update(orphan_recovery).where(orphan_recovery.c.payment_id == "pay_gave_up")
+                    .values(status="resolved", resolution="refunded"))
+        uow.commit()
+    wait_for(lambda: "OrphanRecoveryExhausted" not in firing(api), what="OrphanRecoveryExhausted cleared")
+    # Every scheduled job has its last-success series, including those that never ran (JobNotRunning).
+    from jobs.schedule import JOBS
+
+    wait_for(lambda: len(query(api, "billing_job_last_success_timestamp_seconds")) == len(JOBS),
+             what="a last-success series for every job")
+
     assert "MetricsScrapeFailing" not in firing(api)
     assert "CircuitBreakerOpen" not in firing(api)  # a process that saw failures and exited latches nothing

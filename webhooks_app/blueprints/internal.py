@@ -36,11 +36,7 @@ def metrics():
     from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
     from billingctl.adapters.metrics import LiveState, WithoutLive
-    from billingctl.services.alerts import outbox_backlog
-    from billingctl.services.health import breaker_status
-    from billingctl.services.job_status import job_freshness
-    from billingctl.services.reconcile import last_violations
-    from billingctl.services.renewals import charges_in_flight
+    from billingctl.services.observed import observed_state
 
     c = container()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
@@ -51,17 +47,9 @@ def metrics():
         source = c.metrics.registry  # this process only (tests, a single-process deployment)
     registry = CollectorRegistry()
     registry.register(WithoutLive(source))
-    registry.register(LiveState(lambda: breaker_status(c), lambda: last_violations(c), lambda: job_freshness(c),
-                                lambda: outbox_backlog(c), lambda: _newest_poll(c), lambda: charges_in_flight(c)))
+    registry.register(LiveState(lambda: observed_state(c)))
     # content_type, not mimetype: Flask would append a second charset to the one the constant carries.
     return Response(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
-
-
-def _newest_poll(c) -> float | None:
-    from billingctl.services.events import poller_freshness
-
-    newest = poller_freshness(c)["newest_run_at"]
-    return newest.timestamp() if newest is not None else None
 
 
 @bp.get("/internal/health/circuit-breaker")

@@ -84,6 +84,15 @@ class Inbox(Repository):
         return self.execute(select(func.count()).select_from(event_inbox).where(
             event_inbox.c.status == "pending", event_inbox.c.received_at <= before)).scalar_one()
 
+    def backlog(self) -> dict:
+        """Pending and parked events, and when the oldest pending one was received (the scrape)."""
+        counts = dict(self.execute(select(event_inbox.c.status, func.count()).where(
+            event_inbox.c.status.in_(("pending", "parked"))).group_by(event_inbox.c.status)).all())
+        oldest = self.execute(select(func.min(event_inbox.c.received_at)).where(
+            event_inbox.c.status == "pending")).scalar()
+        return {"pending": int(counts.get("pending", 0)), "parked": int(counts.get("parked", 0)),
+                "oldest_pending": oldest}
+
     def count_parked(self) -> int:
         return self.execute(select(func.count()).select_from(event_inbox).where(
             event_inbox.c.status == "parked")).scalar_one()

@@ -18,6 +18,14 @@ class Orphans(Repository):
         return self.execute(select(orphan_recovery).where(orphan_recovery.c.payment_id == payment_id)) \
             .mappings().first()
 
+    def count_by_status(self) -> dict[str, int]:
+        """Review rows still open, by status (the scrape): recovery's own and a person's."""
+        from billingctl.domain.lifecycle import REVIEW_HUMAN, REVIEW_OPEN
+
+        counts = dict(self.execute(select(orphan_recovery.c.status, func.count()).where(
+            orphan_recovery.c.status.in_((*REVIEW_OPEN, *REVIEW_HUMAN))).group_by(orphan_recovery.c.status)).all())
+        return {status: int(counts.get(status, 0)) for status in (*REVIEW_OPEN, *REVIEW_HUMAN)}
+
     def status(self, payment_id: str) -> str | None:
         return self.execute(select(orphan_recovery.c.status).where(orphan_recovery.c.payment_id == payment_id)) \
             .scalar()

@@ -55,6 +55,12 @@ class Outbox(Repository):
         return self.execute(select(func.count()).select_from(alert_outbox).where(
             alert_outbox.c.status.in_(UNDELIVERED))).scalar_one()
 
+    def backlog(self) -> dict[str, dict]:
+        """Per sink: undelivered messages and when the oldest was queued (the scrape)."""
+        return {row.sink: {"pending": int(row.n), "oldest": row.oldest} for row in self.execute(
+            select(alert_outbox.c.sink, func.count().label("n"), func.min(alert_outbox.c.created_at).label("oldest"))
+            .where(alert_outbox.c.status.in_(UNDELIVERED)).group_by(alert_outbox.c.sink))}
+
     def undelivered_per_sink(self) -> dict[str, int]:
         return dict(self.execute(select(alert_outbox.c.sink, func.count()).where(
             alert_outbox.c.status.in_(UNDELIVERED)).group_by(alert_outbox.c.sink)).all())

@@ -28,7 +28,7 @@ from __future__ import annotations
 from billingctl.domain.batch import BatchResult
 from billingctl.services.reconcile.rules import CHECKS, GRACE, LIMIT, REFUND_WINDOW, TOO_RECENT, Findings
 
-__all__ = ["CHECKS", "GRACE", "LIMIT", "REFUND_WINDOW", "TOO_RECENT", "Findings", "reconcile", "last_violations"]
+__all__ = ["CHECKS", "GRACE", "LIMIT", "REFUND_WINDOW", "TOO_RECENT", "Findings", "reconcile"]
 
 
 def reconcile(container, since=None, progress=None, full: bool = False) -> dict:
@@ -61,10 +61,3 @@ def _store_violations(container, count: int) -> None:
     from billingctl.services.cursors import write_value
 
     write_value(container, STATE_KEY, str(count))
-
-
-def last_violations(container) -> int | None:
-    from billingctl.services.cursors import read_value
-
-    value = read_value(container, STATE_KEY)
-    return int(value) if value is not None else None
