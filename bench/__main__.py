@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import budget, contention, recording, roundtrips, scale, startup, webhook
+from bench import budget, contention, reconcile_window, recording, roundtrips, scale, startup, webhook
 from bench.common import postgres
 from tests.servers import RedisServer
 
@@ -62,6 +62,14 @@ def summary(r: dict) -> list[tuple[str, str, str]]:
     rows.append((f"reconcile peak memory at {sc['ledger_rows']['large']:,} ledger rows vs at "
                  f"{sc['ledger_rows']['small']:,}", f"{sc['reconcile_memory_ratio']}× "
                  f"({sc['reconcile_large']['peak_mib']} vs {sc['reconcile_small']['peak_mib']} MiB)", "≤ 1.2×"))
+    rw = r.get("reconcile_window")
+    if rw:
+        first, last = rw["sizes"][0], rw["sizes"][-1]
+        rows.append((f"reconcile's daily run at {last['history_payments']:,} vs {first['history_payments']:,} "
+                     "payments of history (time; orchestrator + provider calls)",
+                     f"{rw['daily_time_ratio_largest_vs_smallest']}× ({last['daily_run']['seconds']} vs "
+                     f"{first['daily_run']['seconds']} s); {rw['daily_calls_largest_vs_smallest']} calls",
+                     "flat: ≤ 1.5×, the same calls"))
     hot = sc["hot_lookups_at_large"]
     rows.append(("hot lookups at scale (refund reversal / purchase by invoice / velocity watch), median",
                  " / ".join(f"{hot[k]['median_ms']} ms" for k in ("refund_reversal", "purchase_by_invoice",
@@ -88,6 +96,8 @@ def main() -> None:
             results["webhook_under_catch_up"] = contention.run(url, redis_url)
             step("scale: reconcile memory and hot lookups")
             results["scale"] = scale.run(url)
+            step("reconcile's daily run at 10k, 100k and 1M payments of history")
+            results["reconcile_window"] = reconcile_window.run(url)
             with postgres(durable=True) as durable_url:
                 step("recording under a duplicate storm")
                 results["recording"] = recording.run(url, redis_url, durable_url=durable_url)
