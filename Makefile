@@ -33,10 +33,11 @@ lint: venv servers
 	promtool check rules prometheus/alerts.yml
 	cd prometheus && promtool test rules alerts_test.yml
 
-# Two workers (pytest-xdist), one per core: each starts its own PostgreSQL and Redis. PYTEST_WORKERS=0 runs
-# in one process.
+# One worker per core (pytest-xdist; two on the CI machine): each starts its own PostgreSQL and Redis. The
+# longest tests go first (tests/conftest.py) and an idle worker steals queued tests from a busy one, so
+# neither waits at the end. PYTEST_WORKERS=0 runs in one process.
 test: venv servers lint
-	$(BIN)/pytest -p no:cacheprovider --basetemp=.pytest-tmp -n $${PYTEST_WORKERS:-2} $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:cacheprovider --basetemp=.pytest-tmp -n $${PYTEST_WORKERS:-2} --dist worksteal $(PYTEST_ARGS)
 
 demo: venv
 	$(BIN)/billingctl demo
@@ -44,7 +45,7 @@ demo: venv
 # The simulation at ten times the size `make test` runs: ten seeds instead of one, each through 40 days in
 # process and 33 days in separate processes (gunicorn, a process per job, infrastructure faults).
 simulate: venv servers
-	SIM_DAYS=$${SIM_DAYS:-40} SIM_PROCESS_DAYS=$${SIM_PROCESS_DAYS:-33} \
+	SIM_DAYS=$${SIM_DAYS:-40} SIM_PROCESS_DAYS=$${SIM_PROCESS_DAYS:-33} SIM_SKEWS=$${SIM_SKEWS:-7,-90} \
 		SIM_SEEDS=$${SIM_SEEDS:-1,2,3,4,5,6,7,8,9,10} $(BIN)/pytest -p no:cacheprovider -n 2 \
 		--basetemp=.pytest-tmp tests/simulation
 
