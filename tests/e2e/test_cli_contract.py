@@ -33,6 +33,34 @@ def test_the_demo_runs_to_completion_on_a_fresh_directory(tmp_path):
     assert story.returncode == 0 and '{"ts"' not in story.stderr and "{'" not in story.stderr + story.stdout
 
 
+def test_the_demo_judges_only_its_own_users_and_says_how_to_start_clean(tmp_path):
+    """Issue 38 item 11: once the local database held any violation (another run's, another tool's), every
+    `make demo` exited 5 printing a Python repr. It judges its own run, names the others apart, and says how
+    to start clean."""
+    from datetime import UTC, datetime
+
+    from sqlalchemy import create_engine, text
+
+    env = {"PATH": os.environ["PATH"]}
+    first = subprocess.run([sys.executable, "-m", "billingctl", "--json", "demo"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    engine = create_engine(f"sqlite:///{tmp_path / 'billing.db'}")
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    with engine.begin() as conn:  # someone else's data, wrong: a credit that matches no purchase
+        conn.execute(text("INSERT INTO users (id, created_at, credits) VALUES ('someone_else', :now, 0)"),
+                     {"now": now})
+        conn.execute(text("INSERT INTO credit_ledger (user_id, amount, source_key, reason, payment_id, created_at) "
+                          "VALUES ('someone_else', 0, 'payment:pay_ghost', 'payment', 'pay_ghost', :now)"),
+                     {"now": now})
+    engine.dispose()
+    story = subprocess.run([sys.executable, "-m", "billingctl", "demo"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert story.returncode == 0, story.stderr[-2000:]
+    assert "clean" in story.stderr and "1 violation(s) of other data in this database" in story.stderr
+    assert "make clean" in story.stderr and "{'" not in story.stderr + story.stdout
+
+
 def snapshot(engine) -> dict:
     with engine.connect() as conn:
         return {t.name: sorted(map(repr, conn.execute(select(t)).all())) for t in metadata.sorted_tables}
