@@ -270,6 +270,79 @@ def test_job_processes_fold_their_metric_files_so_the_directory_stays_small(env,
     assert runs[(("job", "velocity-watch"), ("outcome", "ok"))] == 4  # nothing lost in the folding
 
 
+def _counter_file(directory, pid: int, value: float) -> None:
+    """A process's counter file, as prometheus_client writes it (billing_job_runs_total)."""
+    import json
+
+    from prometheus_client.mmap_dict import MmapedDict
+
+    key = json.dumps(("billing_job_runs", "billing_job_runs_total", {"job": "poll", "outcome": "ok"},
+                      "Job runs by outcome."), sort_keys=True)
+    file = MmapedDict(str(directory / f"counter_{pid}.db"))
+    file.write_value(key, value, 0.0)
+    file.close()
+
+
+def _scraped_runs(directory) -> float:
+    from billingctl.adapters.metrics import FoldedDirectory
+
+    return sum(s.value for family in FoldedDirectory(str(directory)).collect() for s in family.samples
+               if s.name == "billing_job_runs_total")
+
+
+def test_a_fold_never_runs_during_a_scrape_and_a_half_written_file_never_fails_one(tmp_path, monkeypatch):
+    """Issue 38 item 4: an exiting job added its counts to the archive before removing its own file, so a
+    scrape in between counted it twice and the next saw the counter go back (a reset to Prometheus); a file
+    a starting process had just created raised struct.error. The fold now waits for a scrape in progress,
+    every scrape sees each count once, and an unwritten file is left out of that scrape."""
+    import threading
+
+    from billingctl.adapters.metrics import archive_process_metrics, folding_lock
+
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
+    _counter_file(directory, 1001, 3)
+    with folding_lock(str(directory), exclusive=False):  # a scrape reading the files
+        fold = threading.Thread(target=archive_process_metrics, args=(1001,))
+        fold.start()
+        fold.join(0.3)
+        assert fold.is_alive() and (directory / "counter_1001.db").exists()  # the fold waits
+    fold.join(10)
+    assert not (directory / "counter_1001.db").exists() and _scraped_runs(directory) == 3
+
+    for pid in range(2000, 2150):  # processes exiting while scrapes run: each scrape sees the same total
+        _counter_file(directory, pid, 1)
+    seen, done = [], threading.Event()
+
+    def scrape():
+        while not done.is_set():
+            seen.append(_scraped_runs(directory))
+
+    scraper = threading.Thread(target=scrape)
+    scraper.start()
+    for pid in range(2000, 2150):
+        archive_process_metrics(pid)
+    done.set()
+    scraper.join(10)
+    assert seen and set(seen) == {153}, sorted(set(seen))
+    (directory / "counter_3000.db").write_bytes(b"")  # created, not yet written
+    assert _scraped_runs(directory) == 153
+
+
+def test_a_job_that_cannot_use_the_metrics_directory_leaves_nothing_behind(tmp_path, env):
+    """Issue 38 item 4: each such run left a billing-metrics-* directory in the temporary directory (about
+    13,000 a day from the crontab)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    for _ in range(2):
+        result = billingctl(["jobs", "run", "velocity-watch"],
+                            {**env, "PROMETHEUS_MULTIPROC_DIR": "/proc/no-such-dir", "TMPDIR": str(scratch)})
+        assert result.returncode == 0, result.stderr[-500:]
+        assert "metrics directory unavailable" in result.stderr
+    assert list(scratch.glob("billing-metrics-*")) == []
+
+
 def test_a_run_that_finds_the_lease_held_stops_before_the_jobs_heavy_imports(container, env):
     """Issue "Performance at production shape" item 4: the lease is checked before the heavy imports, so
     an overlapping timer run costs little. Python's own import log shows what the exit-75 run loaded."""

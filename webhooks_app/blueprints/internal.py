@@ -40,9 +40,9 @@ def metrics():
 
     c = container()
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        from prometheus_client import multiprocess
+        from billingctl.adapters.metrics import FoldedDirectory
 
-        source = multiprocess.MultiProcessCollector(None)  # every process's files
+        source = FoldedDirectory(os.environ["PROMETHEUS_MULTIPROC_DIR"])  # every process's files
     else:
         source = c.metrics.registry  # this process only (tests, a single-process deployment)
     registry = CollectorRegistry()
