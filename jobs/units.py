@@ -48,7 +48,8 @@ def cron_command(job: Job, env_file: str = ENV_FILE, billingctl: str = BILLINGCT
     """The env file is read by `sh` here and by systemd in the units: one format for both (values with
     spaces, quotes or JSON in single quotes). Output goes to syslog (the journal), which every host has;
     the metrics directory is the units' (the job creates it when it can)."""
-    return (f"set -a && . {env_file} && PROMETHEUS_MULTIPROC_DIR={METRICS_DIR} {billingctl} jobs run {job.name} "
+    # One group for all of it: an env file that fails to source is logged too, not sent as cron mail.
+    return (f"{{ set -a && . {env_file} && PROMETHEUS_MULTIPROC_DIR={METRICS_DIR} {billingctl} jobs run {job.name}; }} "
             f"2>&1 | logger -t billing-job-{job.name}")
 
 

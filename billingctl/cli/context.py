@@ -108,15 +108,26 @@ def command(app: typer.Typer, name: str | None = None, **kwargs):
                     cli.output.error(f"database unavailable: {str(exc).splitlines()[0][:200]}")
                     raise typer.Exit(EXTERNAL) from None
                 cli.output.error(f"unexpected {type(exc).__name__}: {exc}")
-                if os.environ.get("BILLING_DEBUG"):
-                    import traceback
-
-                    traceback.print_exc(file=sys.stderr)
+                if os.environ.get("BILLING_DEBUG") or not sys.stderr.isatty():
+                    _log_crash(exc, f"{fn.__module__.rsplit('.', 1)[-1]} {name or fn.__name__}", kw)
                 raise typer.Exit(UNEXPECTED) from None
 
         return app.command(name, **kwargs)(wrapper)
 
     return decorate
+
+
+def _log_crash(exc: BaseException, command: str, arguments: dict) -> None:
+    """An unexpected error, as one log record with its traceback, the command and its arguments (a job's
+    name among them): a JSON line for the journal or syslog (cron, systemd), readable at a terminal with
+    BILLING_DEBUG (issue 38 item 5)."""
+    import logging
+
+    shown = {k: v for k, v in arguments.items() if isinstance(v, str | int | float | bool)}
+    job = shown.get("name") if command == "jobs run" else None
+    logging.getLogger("billingctl.cli").error(
+        "command crashed: %s: %s", type(exc).__name__, exc, exc_info=(type(exc), exc, exc.__traceback__),
+        extra={"command": command, "arguments": shown, **({"job": job} if job else {})})
 
 
 _RELATIVE = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}

@@ -222,6 +222,51 @@ def test_the_cron_line_runs_end_to_end_with_one_env_file_format(env, tmp_path, c
     assert unquoted.returncode == 2 and "BILLING_PROCESSOR_LANES" in unquoted.stderr
 
 
+def test_an_env_file_that_fails_to_source_is_logged_not_mailed(tmp_path):
+    """Issue 38 item 5: `set -a && . env && cmd 2>&1 | logger` piped only the command's output: the shell's
+    own error about an env file it could not source went to cron mail, which nobody reads. The whole line's
+    output now reaches syslog (here a stand-in `logger` that keeps what it reads)."""
+    import os
+    import stat
+
+    from jobs.units import cron_command
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    logged = tmp_path / "syslog"
+    fake_logger = bin_dir / "logger"
+    fake_logger.write_text(f"#!/bin/sh\ncat >> {logged}\n")
+    fake_logger.chmod(fake_logger.stat().st_mode | stat.S_IEXEC)
+    line = cron_command(BY_NAME["velocity-watch"], env_file=str(tmp_path / "missing.env"), billingctl="true")
+    mail = subprocess.run(["sh", "-c", line], env={"PATH": f"{bin_dir}:{os.environ['PATH']}"},
+                          capture_output=True, text=True, timeout=60)
+    assert mail.stdout == "" and mail.stderr == ""  # cron mails what is left here: nothing
+    assert "missing.env" in logged.read_text()
+
+
+@pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # on SQLite a missing table reads as an outage
+def test_a_crashing_job_logs_one_json_record_with_its_traceback_and_its_name(env, container):
+    """Issue 38 item 5: a job that crashed logged one plain-text line: no traceback, no job, not JSON. Its
+    stderr (the journal's, syslog's) now carries a JSON record with the command, the job and the traceback,
+    beside the one readable line."""
+    from sqlalchemy import text
+
+    with container.uow() as uow:  # a table the velocity watch reads, gone: a crash, not an expected refusal
+        uow.execute(text("ALTER TABLE \"transaction\" RENAME TO transaction_away"))
+        uow.commit()
+    try:
+        result = billingctl(["jobs", "run", "velocity-watch"], env)
+    finally:
+        with container.uow() as uow:
+            uow.execute(text("ALTER TABLE transaction_away RENAME TO \"transaction\""))
+            uow.commit()
+    assert result.returncode != 0
+    records = [json.loads(line) for line in result.stderr.splitlines() if line.startswith("{")]
+    [crash] = [r for r in records if r["message"].startswith("command crashed")]
+    assert crash["level"] == "error" and crash["job"] == "velocity-watch"
+    assert crash["command"] == "jobs run" and "Traceback" in crash["exc"]
+
+
 def test_state_gauges_report_the_live_state_not_the_max_over_exited_processes(container, env, tmp_path,
                                                                               monkeypatch):
     """Issue "Observability" 2: reconcile_violations (and the breaker state) were a max over the metric
