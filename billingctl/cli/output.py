@@ -90,13 +90,7 @@ class Output:
             if fmt == "tsv":
                 sys.stdout.write("".join(f"{k}\t{_tsv_cell(v)}\n" for k, v in data.items()))
                 return
-            from rich.text import Text
-
-            console = self._console()
-            for key, value in data.items():
-                line = Text(f"{key}: ", style="bold")
-                line.append(human(value))  # plain text: `[/]` or `[red]` in stored data is shown as is
-                console.print(line)
+            self._block(data, 0)
             return
         sys.stdout.write(f"{human(data)}\n")
 
@@ -142,6 +136,24 @@ class Output:
         for line in cells:
             table.add_row(*(Text(cell) for cell in line))
         console.print(table, soft_wrap=False)
+
+    def _block(self, data: dict, indent: int) -> None:
+        """`key: value` lines; a nested document is an indented block under its key, a list of documents a
+        table under its key (issue 38 item 10: they were one long `k=v` line)."""
+        from rich.text import Text
+
+        console = self._console()
+        for key, value in data.items():
+            if isinstance(value, dict) and value:
+                console.print(Text(f"{' ' * indent}{key}:", style="bold"))
+                self._block(value, indent + 2)
+            elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+                console.print(Text(f"{' ' * indent}{key}:", style="bold"))
+                self.table(value)
+            else:
+                line = Text(f"{' ' * indent}{key}: ", style="bold")
+                line.append(human(value))  # plain text: `[/]` or `[red]` in stored data is shown as is
+                console.print(line)
 
     @staticmethod
     def _records(cells: list[list[str]], columns: list[str], title: str | None, width: int) -> None:

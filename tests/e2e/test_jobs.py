@@ -473,3 +473,23 @@ def test_reconcile_shows_every_id_whole_in_a_terminal(container, env, columns):
     for id_ in [twice["invoice_id"], *twice["payment_ids"], twice["user_id"]]:
         assert id_ in words, (id_, screen)
     assert max(len(line) for line in screen.splitlines()) <= columns
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_users_show_lays_out_nested_values_and_shows_what_was_refunded(container, env, columns):
+    """Issue 38 item 10: nested values printed as one long `k=v` line, and a refunded payment read as
+    credited. The payments are a table under their key, ids whole, each with where it stands."""
+    from billingctl.services.checkout import create_checkout
+    from tests.helpers import billingctl_in_terminal
+
+    co = create_checkout(container, "user_refunded_at_their_request", "credits-pro-USD-monthly")
+    payment = container.sandbox.pay(co["order_id"])
+    container.sandbox.refund(payment["id"])
+    shown = json.loads(billingctl(["--json", "users", "show", "user_refunded_at_their_request"], env).stdout)
+    [bought] = shown["recent_payments"]
+    assert (bought["status"], bought["refund_credits"]) == ("refunded", bought["credits"])
+    screen = billingctl_in_terminal(["users", "show", "user_refunded_at_their_request"], env, columns)
+    assert "recent_payments:" in screen and "transaction_id=" not in screen
+    assert payment["id"] in screen.split() or f"│ {payment['id']}" in screen or f"{payment['id']} " in screen
+    assert "refunded" in screen
+    assert max(len(line) for line in screen.splitlines()) <= columns

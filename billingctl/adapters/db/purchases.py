@@ -142,11 +142,28 @@ class Purchases(Repository):
             purchase.c.user_id == user_id)).scalar_one()
 
     def recent_of_user(self, user_id: str, limit: int) -> list[dict]:
-        rows = self.execute(select(purchase.c.transaction_id, purchase.c.subscription_id, purchase.c.amount,
-                                   purchase.c.currency_code, purchase.c.credits, purchase.c.processor,
-                                   purchase.c.recorded_via, purchase.c.created_at)
-                            .where(purchase.c.user_id == user_id).order_by(purchase.c.id.desc()).limit(limit))
-        return [dict(r) for r in rows.mappings()]
+        """The user's newest purchases, each with what was taken back: credits reversed by refunds and by
+        lost disputes, the newest dispute's state, and a close (issue 38 item 10: a refunded payment read
+        as credited)."""
+        from billingctl.adapters.db.tables import dispute
+
+        taken_back = {reason: (select(credit_ledger.c.payment_id, (-func.sum(credit_ledger.c.amount)).label("n"))
+                               .where(credit_ledger.c.reason == reason).group_by(credit_ledger.c.payment_id)
+                               .subquery()) for reason in REVERSALS}
+        newest_dispute = (select(dispute.c.state).where(dispute.c.payment_id == purchase.c.transaction_id)
+                          .order_by(dispute.c.updated_at.desc()).limit(1).scalar_subquery())
+        query = (select(purchase.c.transaction_id, purchase.c.subscription_id, purchase.c.amount,
+                        purchase.c.currency_code, purchase.c.credits, purchase.c.processor, purchase.c.recorded_via,
+                        purchase.c.created_at, purchase.c.closed_reason,
+                        *(func.coalesce(q.c.n, 0).label(f"{reason}_credits") for reason, q in taken_back.items()),
+                        newest_dispute.label("dispute"))
+                 .select_from(purchase))
+        for q in taken_back.values():
+            query = query.outerjoin(q, q.c.payment_id == purchase.c.transaction_id)
+        rows = self.execute(query.where(purchase.c.user_id == user_id).order_by(purchase.c.id.desc()).limit(limit))
+        return [{**dict(r), "refund_credits": int(r["refund_credits"]),
+                 "dispute_lost_credits": int(r["dispute_lost_credits"]),
+                 "status": _standing(r)} for r in rows.mappings()]
 
 
 class Ledger(Repository):
@@ -212,3 +229,19 @@ class Transactions(Repository):
         return self.execute(select(transaction.c.customer_id, func.count(), spent)
                             .where(transaction.c.status == "captured", transaction.c.created_at > since)
                             .group_by(transaction.c.customer_id)).all()
+
+
+def _standing(row) -> str:
+    """A person's word for where one purchase stands."""
+    reversed_ = int(row["refund_credits"]) + int(row["dispute_lost_credits"])
+    if row["closed_reason"]:
+        return f"closed ({row['closed_reason']})"
+    if row["dispute_lost_credits"]:
+        return "dispute lost"
+    if reversed_ and reversed_ >= int(row["credits"] or 0):
+        return "refunded"
+    if reversed_:
+        return "partly refunded"
+    if row["dispute"] == "open":
+        return "disputed"
+    return "credited"
