@@ -78,10 +78,10 @@ class SubscriptionProviderClient:
         return self._typed(Subscription, self._get(f"/subscriptions/{seg(subscription_id)}").get("subscription"))
 
     def list_subscriptions(self, updated_after: datetime | int | None = None,
-                           status: str | None = None) -> Iterator[Subscription]:
+                           status: str | None = None, customer_id: str | None = None) -> Iterator[Subscription]:
         return self.http.typed_entries(Subscription, self.paginate(
             "/subscriptions", {"updated_at[after]": _ts(updated_after), "status[is]": status,
-                               "sort_by[asc]": "updated_at"}, wrapper="subscription"))
+                               "customer_id[is]": customer_id, "sort_by[asc]": "updated_at"}, wrapper="subscription"))
 
     def create_subscription_for_items(self, customer_id: str, item_price_id: str, start_date: datetime | int,
                                       idempotency_key: str | None = None) -> SubscriptionAnswer:

@@ -106,6 +106,7 @@ def _register() -> None:
         renewals,
         sandbox,
         subscriptions,
+        trace,
         users,
     )
 
@@ -115,6 +116,7 @@ def _register() -> None:
     subscriptions.register_root_commands(app)
     events.register_root_commands(app)
     reconcile.register(app)
+    trace.register(app)
     for noun in (db, alerts, sandbox, orphans, media, jobs, payments, lock, users, renewals, fraud, checkout,
                  quota, products, subscriptions, events):
         app.add_typer(noun.app, name=noun.__name__.rsplit(".", 1)[1])
@@ -133,6 +135,7 @@ EXAMPLES = {
     "sync-all": "billingctl sync-all --since 1d",
     "invalidate": "billingctl invalidate user_123",
     "reconcile": "billingctl reconcile --since 2d --output tsv",
+    "trace": "billingctl trace user_123 --json",
     "db upgrade": "billingctl db upgrade --dry-run",
     "db current": "billingctl db current --json",
     "db prune": "billingctl --dry-run db prune",

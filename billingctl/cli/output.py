@@ -51,7 +51,7 @@ def human(value) -> str:
 
 # Columns of free text: the only ones a narrow terminal cuts (ids, statuses and times stay whole).
 FREE_TEXT = frozenset({"detail", "reason", "last_error", "error", "message", "summary", "description", "title",
-                       "activation_error", "resolution", "help", "text", "note", "command"})
+                       "activation_error", "resolution", "help", "text", "note", "command", "what"})
 FREE_MIN, FREE_COMFORT = 12, 40
 
 

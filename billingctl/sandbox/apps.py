@@ -257,7 +257,8 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
 
     @app.get(f"{prefix}/subscriptions")
     def list_subscriptions():
-        return page("subscription", None, after("updated_at") + equals("status", "status", SUBSCRIPTION_STATUSES),
+        return page("subscription", None, after("updated_at") + equals("status", "status", SUBSCRIPTION_STATUSES)
+                    + equals("customer_id", "customer_id"),
                     sort_key("updated_at", ("created_at", "updated_at")),
                     wrap=lambda s: {"subscription": s, "customer": sandbox.customer(s["customer_id"])})
 

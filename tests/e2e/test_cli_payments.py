@@ -138,3 +138,17 @@ def test_orphans_verbs(container, env):
     assert both.returncode == 2 and "exactly one" in both.stderr
     no_yes = billingctl(["orphans", "resolve", "pay_nope", "--refund", "--reason", "x"], env)
     assert no_yes.returncode == 3 and "--yes" in no_yes.stderr
+
+
+def test_trace_is_the_first_command_of_i_paid_and_have_no_credits(container, env):
+    """Issue 38 item 12 through the command: the timeline names the lost payment and the check, exit 5;
+    once recorded, the books agree (exit 0)."""
+    co = create_checkout(container, "user_no_credits", "credits-pro-USD-monthly")
+    lost = container.sandbox.pay(co["order_id"], drop_webhook=True)
+    flagged = billingctl(["--json", "trace", "user_no_credits"], env)
+    assert flagged.returncode == 5
+    report = json.loads(flagged.stdout)
+    assert [(d["check"], d["payment"]) for d in report["disagreements"]] == [("payment_unrecorded", lost["id"])]
+    assert billingctl(["payments", "record", lost["id"]], env).returncode == 0
+    agreed = billingctl(["trace", lost["id"]], env)
+    assert agreed.returncode == 0 and "the books agree" in agreed.stderr and lost["id"] in agreed.stdout

@@ -299,6 +299,45 @@ class Books(Repository):
             query = query.where(subscription.c.created_at >= since)
         return self.execute(query).all()
 
+    def owner_of(self, any_id: str) -> str | None:
+        """The user an id of ours belongs to: the user itself, a payment, a subscription or an invoice."""
+        for query in (select(users.c.id).where(users.c.id == any_id),
+                      select(purchase.c.user_id).where(purchase.c.transaction_id == any_id),
+                      select(orphan_recovery.c.user_id).where(orphan_recovery.c.payment_id == any_id),
+                      select(subscription.c.customer_id).where(subscription.c.id == any_id),
+                      select(invoice.c.customer_id).where(invoice.c.id == any_id)):
+            found = self.execute(query.limit(1)).scalar()
+            if found:
+                return found
+        return None
+
+    def trace(self, user_id: str, limit: int = 500) -> dict:
+        """Everything our books hold about one user, for `billingctl trace` (issue 38 item 12)."""
+        def rows(query):
+            return [dict(r) for r in self.execute(query.limit(limit)).mappings()]
+
+        bought = rows(select(purchase).where(purchase.c.user_id == user_id).order_by(purchase.c.id))
+        payments = [b["transaction_id"] for b in bought]
+        reviewed = rows(select(orphan_recovery).where(orphan_recovery.c.user_id == user_id))
+        payments += [r["payment_id"] for r in reviewed if r["payment_id"] not in payments]
+        subscriptions = rows(select(subscription).where(subscription.c.customer_id == user_id))
+        keys = [*payments, *(s["id"] for s in subscriptions)]
+        inbox = rows(select(event_inbox.c.id, event_inbox.c.source, event_inbox.c.event_id, event_inbox.c.event_type,
+                            event_inbox.c.status, event_inbox.c.received_at, event_inbox.c.processed_at)
+                     .where(or_(*(event_inbox.c.event_id.contains(k) for k in keys),
+                                func.cast(event_inbox.c.payload, Text()).contains(user_id)))
+                     .order_by(event_inbox.c.id)) if keys else []
+        return {
+            "user": rows(select(users).where(users.c.id == user_id)),
+            "purchases": bought, "reviews": reviewed, "subscriptions": subscriptions, "inbox": inbox,
+            "ledger": rows(select(credit_ledger).where(credit_ledger.c.user_id == user_id)
+                           .order_by(credit_ledger.c.id)),
+            "dunning": rows(select(dunning_attempt).where(dunning_attempt.c.user_id == user_id)
+                            .order_by(dunning_attempt.c.id)),
+            "disputes": rows(select(dispute).where(dispute.c.user_id == user_id)),
+            "audit": rows(select(audit_log).where(audit_log.c.target.in_([user_id, *keys])).order_by(audit_log.c.id)),
+        }
+
     def attempts_since(self, since):
         """(user id, created at, metadata) of the authorization attempts written since `since`, by user and
         in the order they were written, streamed (a user's rows are few: the quota bounds them)."""

@@ -1,0 +1,60 @@
+"""`billingctl trace` (issue 38 item 12): one customer's timeline across the three sets of books, each
+disagreement flagged with the reconcile check that names it, on both databases."""
+
+import pytest
+from sqlalchemy import update
+
+from billingctl.adapters.db.tables import subscription, users
+from billingctl.domain.errors import NotFound
+from billingctl.services.trace import trace
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def world(one_try_world):
+    return one_try_world
+
+
+def paid(world, user="user_t"):
+    co = world.checkout(user)
+    payment = world.sandbox.pay(co["order_id"])
+    return co, payment
+
+
+def test_a_customer_whose_books_agree_has_one_timeline_from_all_three(world):
+    co, payment = paid(world)
+    for asked in ("user_t", payment["id"], co["subscription_id"]):
+        report = trace(world.c, asked)
+        assert report["user_id"] == "user_t" and report["agree"] is True, report["disagreements"]
+    sources = {line["source"] for line in report["timeline"]}
+    assert sources == {"ours", "provider", "orchestrator"}
+    times = [line["at"] for line in report["timeline"] if line["at"] is not None]
+    assert times == sorted(times)
+    assert any(payment["id"] in line["ids"] and line["source"] == "orchestrator" for line in report["timeline"])
+
+
+def test_a_payment_nobody_recorded_is_flagged(world):
+    """The "I paid and have no credits" case: settled at the orchestrator, its notification lost."""
+    co = world.checkout("user_t")
+    lost = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    report = trace(world.c, lost["id"])
+    assert [d["check"] for d in report["disagreements"]] == ["payment_unrecorded"]
+    assert report["disagreements"][0]["payment"] == lost["id"]
+
+
+def test_a_refund_not_reversed_and_a_subscription_that_differs_are_flagged(world):
+    co, payment = paid(world)
+    world.sandbox.hold_webhooks()  # the refund's report is lost
+    world.sandbox.refund(payment["id"])
+    with world.c.uow() as uow:
+        uow.execute(update(subscription).where(subscription.c.id == co["subscription_id"]).values(status="cancelled"))
+        uow.execute(update(users).where(users.c.id == "user_t").values(credits=users.c.credits + 5))
+        uow.commit()
+    checks = {d["check"] for d in trace(world.c, "user_t")["disagreements"]}
+    assert checks == {"refund_not_reversed", "subscription_differs", "credits_differ_from_ledger"}
+
+
+def test_an_id_no_book_knows_is_not_found(world):
+    with pytest.raises(NotFound):
+        trace(world.c, "pay_nobody_knows")
