@@ -8,18 +8,15 @@ from billingctl.adapters.db.tables import subscription, users
 from billingctl.domain.errors import NotFound
 from billingctl.services.trace import trace
 
+from tests.integration.test_reconcile import world  # noqa: F401 - the fixture
+
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def world(one_try_world):
-    return one_try_world
-
-
 def paid(world, user="user_t"):
-    co = world.checkout(user)
-    payment = world.sandbox.pay(co["order_id"])
-    return co, payment
+    from tests.integration.test_reconcile import paid as paid_and_later
+
+    return paid_and_later(world, user)
 
 
 def test_a_customer_whose_books_agree_has_one_timeline_from_all_three(world):
