@@ -7,19 +7,17 @@ from sqlalchemy import update
 from billingctl.adapters.db.tables import subscription, users
 from billingctl.domain.errors import NotFound
 from billingctl.services.trace import trace
-
-from tests.integration.test_reconcile import world  # noqa: F401 - the fixture
+from tests.integration.test_reconcile import paid as paid_and_later
 
 pytestmark = pytest.mark.integration
 
 
 def paid(world, user="user_t"):
-    from tests.integration.test_reconcile import paid as paid_and_later
-
     return paid_and_later(world, user)
 
 
-def test_a_customer_whose_books_agree_has_one_timeline_from_all_three(world):
+def test_a_customer_whose_books_agree_has_one_timeline_from_all_three(one_try_world):
+    world = one_try_world
     co, payment = paid(world)
     for asked in ("user_t", payment["id"], co["subscription_id"]):
         report = trace(world.c, asked)
@@ -31,8 +29,9 @@ def test_a_customer_whose_books_agree_has_one_timeline_from_all_three(world):
     assert any(payment["id"] in line["ids"] and line["source"] == "orchestrator" for line in report["timeline"])
 
 
-def test_a_payment_nobody_recorded_is_flagged(world):
+def test_a_payment_nobody_recorded_is_flagged(one_try_world):
     """The "I paid and have no credits" case: settled at the orchestrator, its notification lost."""
+    world = one_try_world
     co = world.checkout("user_t")
     lost = world.sandbox.pay(co["order_id"], drop_webhook=True)
     report = trace(world.c, lost["id"])
@@ -40,7 +39,8 @@ def test_a_payment_nobody_recorded_is_flagged(world):
     assert report["disagreements"][0]["payment"] == lost["id"]
 
 
-def test_a_refund_not_reversed_and_a_subscription_that_differs_are_flagged(world):
+def test_a_refund_not_reversed_and_a_subscription_that_differs_are_flagged(one_try_world):
+    world = one_try_world
     co, payment = paid(world)
     world.sandbox.hold_webhooks()  # the refund's report is lost
     world.sandbox.refund(payment["id"])
@@ -52,6 +52,7 @@ def test_a_refund_not_reversed_and_a_subscription_that_differs_are_flagged(world
     assert checks == {"refund_not_reversed", "subscription_differs", "credits_differ_from_ledger"}
 
 
-def test_an_id_no_book_knows_is_not_found(world):
+def test_an_id_no_book_knows_is_not_found(one_try_world):
+    world = one_try_world
     with pytest.raises(NotFound):
         trace(world.c, "pay_nobody_knows")
