@@ -1,4 +1,4 @@
-"""`billingctl lock show|clear|repair|backfill-mid`: the per-lane processor lock."""
+"""`billingctl lock show|list|clear|repair|backfill-mid`: the per-lane processor lock."""
 
 from __future__ import annotations
 
@@ -18,6 +18,21 @@ def lock_show(user_id: str):
 
     cli = get_ctx()
     cli.output.result(show(cli.container, user_id))
+
+
+@command(app, "list")
+def lock_list(problem: Literal["drift", "unknown", "unlocked"] = typer.Option(..., "--problem",
+              help="drift: settled on another processor of the lane than the lock; unknown: on a processor no "
+                   "lane lists; unlocked: the user's lane is still unlocked."),
+              since: str = typer.Option("1d", "--since", help="ISO 8601 or a span (1h, 2d): payments since.")):
+    """The users behind a processor-lock alert: each recent payment with the problem, its user and lane."""
+    from billingctl.cli.context import parse_since
+    from billingctl.services.processor_lock import problems
+
+    cli = get_ctx()
+    rows = problems(cli.container, problem, parse_since(since))
+    cli.output.table(rows, ["user_id", "lane", "locked", "settled", "payment_id", "at"],
+                     title=f"processor locks: {problem}")
 
 
 @command(app, "clear")

@@ -171,6 +171,7 @@ EXAMPLES = {
     "payments record": "billingctl payments record pay_123",
     "payments refund": "billingctl payments refund pay_123 --reason 'charged twice for one period' --yes",
     "lock show": "billingctl lock show user_123",
+    "lock list": "billingctl lock list --problem drift --since 1d",
     "lock clear": "billingctl lock clear user_123 --lane nsfw --reason 'wrong lock' --yes",
     "lock repair": "billingctl lock repair user_123 --lane sfw",
     "lock backfill-mid": "billingctl --dry-run lock backfill-mid",

@@ -230,3 +230,28 @@ def backfill_mid(container, actor: str = "operator", dry_run: bool = False) -> d
         if not dry_run:
             uow.commit()
     return {"dry_run": dry_run, "filled": filled, "without_history": missing}
+
+
+PROBLEMS = ("drift", "unknown", "unlocked")
+
+
+def problems(container, problem: str, since) -> list[dict]:
+    """The users behind a processor-lock alert (issue 38 item 7: its runbook needs ids the alert does not
+    carry): each captured payment since `since` that settled on a processor other than its user's lock in
+    its lane (`drift`), on a processor no lane lists (`unknown`), or for a user whose lane is still unlocked
+    (`unlocked`)."""
+    if problem not in PROBLEMS:
+        raise InvalidInput(f"problem must be one of {', '.join(PROBLEMS)}")
+    table = container.settings.processor_lanes
+    with container.uow() as uow:
+        settles = uow.locks.settles_since(since)
+    found = []
+    for row in settles:
+        lane = lane_of_processor(row["processor"], table) if row["processor"] else None
+        locked = row.get(f"{lane}_processor") if lane else None
+        kind = ("unknown" if lane is None else "unlocked" if is_unlocked(locked)
+                else "drift" if locked != row["processor"] else None)
+        if kind == problem:
+            found.append({"user_id": row["customer_id"], "lane": lane, "locked": locked,
+                          "settled": row["processor"], "payment_id": row["transaction_id"], "at": row["created_at"]})
+    return found

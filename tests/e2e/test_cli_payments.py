@@ -152,3 +152,22 @@ def test_trace_is_the_first_command_of_i_paid_and_have_no_credits(container, env
     assert billingctl(["payments", "record", lost["id"]], env).returncode == 0
     agreed = billingctl(["trace", lost["id"]], env)
     assert agreed.returncode == 0 and "the books agree" in agreed.stderr and lost["id"] in agreed.stdout
+
+
+def test_lock_list_names_the_users_behind_a_processor_lock_alert(container, env):
+    """Issue 38 item 7: ProcessorLockDrift and ProcessorLockUnknownProcessor carry a lane, and their
+    runbooks asked for a user no command listed. `lock list --problem` lists them, with the payment."""
+    co = create_checkout(container, "user_drifting", "credits-pro-USD-monthly")
+    container.sandbox.pay(co["order_id"], processor="SFW_STRIPE")  # locked on SFW_STRIPE
+    other = create_checkout(container, "user_drifting", "credits-basic-USD-monthly")
+    drifted = container.sandbox.pay(other["order_id"], processor="SFW_ADYEN")  # settles on the other one
+    unknown_co = create_checkout(container, "user_acme", "credits-pro-USD-monthly")
+    unknown = container.sandbox.pay(unknown_co["order_id"], processor="ACME_PAY")
+    listed = billingctl(["--json", "lock", "list", "--problem", "drift"], env)
+    assert listed.returncode == 0, listed.stderr
+    drift = json.loads(listed.stdout)
+    assert [(r["user_id"], r["lane"], r["locked"], r["settled"], r["payment_id"]) for r in drift] == [
+        ("user_drifting", "sfw", "SFW_STRIPE", "SFW_ADYEN", drifted["id"])]
+    odd = json.loads(billingctl(["--json", "lock", "list", "--problem", "unknown"], env).stdout)
+    assert [(r["user_id"], r["payment_id"]) for r in odd] == [("user_acme", unknown["id"])]
+    assert billingctl(["lock", "list", "--problem", "nonsense"], env).returncode == 2

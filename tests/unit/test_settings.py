@@ -163,3 +163,33 @@ def test_a_clock_skew_is_only_for_the_sandbox_clock():
     assert load_settings(clock="sandbox", clock_skew_seconds=7).clock_skew_seconds == 7
     with pytest.raises(ConfigError, match="BILLING_CLOCK_SKEW_SECONDS"):
         load_settings(clock_skew_seconds=7)
+
+
+def test_every_runbook_says_how_to_know_it_is_fixed_and_uses_only_commands_that_exist():
+    """Issue 38 item 7: every runbook ends with how to know its incident is closed, and each `billingctl`
+    command it names exists (a runbook that asks for a user or subscription id names the command that
+    lists them)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    import typer
+
+    from billingctl.cli.main import app
+
+    root = typer.main.get_command(app)
+    runbooks = sorted((Path(__file__).resolve().parents[2] / "docs" / "runbooks").glob("*.md"))
+    assert runbooks
+    for runbook in runbooks:
+        text = runbook.read_text()
+        assert "**How you know it is fixed.**" in text, runbook.name
+        for block in re.findall(r"```sh\n(.*?)```", text, flags=re.S):
+            for line in block.splitlines():
+                line = line.split("#", 1)[0].strip()
+                if not line.startswith("billingctl "):
+                    continue
+                words = [w for w in shlex.split(line)[1:] if not w.startswith("-")]
+                command = root
+                while hasattr(command, "commands") and words and words[0] in command.commands:
+                    command = command.commands[words.pop(0)]
+                assert not hasattr(command, "commands"), f"{runbook.name}: {line}"

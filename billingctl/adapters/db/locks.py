@@ -59,6 +59,19 @@ class ProcessorLocks(Repository):
         ).values(nsfw_processor_mid=mid))
 
 
+    def settles_since(self, since) -> list[dict]:
+        """Captured payments since `since` with their user's live locks (`lock list`)."""
+        from billingctl.adapters.db.tables import transaction
+
+        rows = self.execute(
+            select(transaction.c.transaction_id, transaction.c.customer_id, transaction.c.processor,
+                   transaction.c.created_at, user_credits.c.sfw_processor, user_credits.c.nsfw_processor)
+            .outerjoin(user_credits, (user_credits.c.user_id == transaction.c.customer_id)
+                       & user_credits.c.deleted_at.is_(None))
+            .where(transaction.c.status.in_(("captured", "partially_captured")), transaction.c.created_at >= since)
+            .order_by(transaction.c.created_at))
+        return [dict(r) for r in rows.mappings()]
+
 @lru_cache(maxsize=8)
 def _lock_statement(dialect: str, column: str, columns: tuple[str, ...]):
     from sqlalchemy import text
