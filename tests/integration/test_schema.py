@@ -185,3 +185,38 @@ def test_prune_removes_what_grows_for_ever_and_keeps_every_key(container):
     assert kept == {}  # the row and its key stay: the event is still a duplicate
     again = process_once(container, "orchestrator", f"ev:{old}", "X", {"big": "x"}, lambda: {"outcome": "ran"})
     assert again["outcome"] == "duplicate"
+
+
+def test_prune_works_in_short_batches_and_leaves_the_recent_rows(container, monkeypatch):
+    """Issue 39 item 5: `db prune` deleted in one transaction (16.6 s at 1M rows, every writer of the table
+    waiting). It now prunes in batches of PRUNE_BATCH rows, each its own transaction, until none is left."""
+    from datetime import timedelta
+
+    from sqlalchemy import func, insert, select
+
+    from billingctl.adapters.db.tables import audit_log
+    from billingctl.services import retention
+
+    monkeypatch.setattr(retention, "PRUNE_BATCH", 7)
+    now = container.clock.now()
+    with container.uow() as uow:
+        uow.execute(insert(audit_log), [{"actor": "ops", "action": "a", "target": f"t{i}", "details": {},
+                                         "created_at": now - timedelta(days=900 if i < 40 else 1)}
+                                        for i in range(45)])
+        uow.commit()
+    statements = []
+
+    def count_deletes(conn, cursor, statement, *_):
+        if statement.lstrip().upper().startswith("DELETE FROM AUDIT_LOG"):
+            statements.append(statement)
+
+    from sqlalchemy import event
+
+    event.listen(container.engine, "before_cursor_execute", count_deletes)
+    try:
+        assert retention.prune(container)["pruned"]["audit_log"] == 40
+    finally:
+        event.remove(container.engine, "before_cursor_execute", count_deletes)
+    assert len(statements) == 6  # 7+7+7+7+7+5: six short transactions, not one
+    with container.uow() as uow:
+        assert uow.execute(select(func.count()).select_from(audit_log)).scalar_one() == 5

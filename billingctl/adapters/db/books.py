@@ -363,10 +363,10 @@ class Books(Repository):
             purchase.c.provider_recorded_at >= since)
         yield from self.execute(query.execution_options(yield_per=1000))
 
-    def prune(self, cutoffs: dict, dry_run: bool) -> dict[str, int]:
-        """Delete what retention allows (emptying the payloads of long-processed inbox events, whose rows
-        stay): `cutoffs` names the age limit of each target. The counts of what was (or would be) pruned."""
-        targets = {
+    @staticmethod
+    def _prunable(cutoffs: dict) -> dict:
+        """(table, what is old) of each retention target."""
+        return {
             "poller_runs": (event_poller_state, event_poller_state.c.created_at < cutoffs["poller_runs"]),
             "inbox_payloads": (event_inbox, (event_inbox.c.status == "processed")
                                & (event_inbox.c.processed_at < cutoffs["inbox_payloads"])
@@ -375,13 +375,16 @@ class Books(Repository):
                                  & (alert_outbox.c.delivered_at < cutoffs["delivered_outbox"])),
             "audit_log": (audit_log, audit_log.c.created_at < cutoffs["audit_log"]),
         }
-        counts = {}
-        for name, (table, old) in targets.items():
-            counts[name] = self.execute(select(func.count()).select_from(table).where(old)).scalar_one()
-            if dry_run or not counts[name]:
-                continue
-            if name == "inbox_payloads":
-                self.execute(update(table).where(old).values(payload={}))
-            else:
-                self.execute(delete(table).where(old))
-        return counts
+
+    def count_prunable(self, cutoffs: dict) -> dict[str, int]:
+        return {name: self.execute(select(func.count()).select_from(table).where(old)).scalar_one()
+                for name, (table, old) in self._prunable(cutoffs).items()}
+
+    def prune_batch(self, name: str, cutoffs: dict, batch: int) -> int:
+        """Prune at most `batch` rows of one target (the payloads of inbox events are emptied, their rows
+        stay); the rows it pruned. Each batch is its caller's own short transaction."""
+        table, old = self._prunable(cutoffs)[name]
+        chosen = select(table.c.id).where(old).order_by(table.c.id).limit(batch).scalar_subquery()
+        if name == "inbox_payloads":
+            return self.execute(update(table).where(table.c.id.in_(chosen)).values(payload={})).rowcount
+        return self.execute(delete(table).where(table.c.id.in_(chosen))).rowcount
