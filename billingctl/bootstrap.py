@@ -139,7 +139,7 @@ class Container:
                            redis_url=s.redis_url, max_wait=s.provider_rate_max_wait_seconds,
                            on_error=self._redis_error)
 
-    def _http(self, dependency: str, base_url: str | None, headers: dict, app_factory, idempotency_header: str,
+    def _http(self, dependency: str, base_url: str | None, headers: dict, sandbox_app: str, idempotency_header: str,
               limiter=None):
         import httpx
 
@@ -149,11 +149,12 @@ class Container:
         s = self.settings
         if base_url:
             client = httpx.Client(base_url=base_url, headers=headers, timeout=s.http_timeout_seconds)
-        else:
+        else:  # the in-process sandbox (Flask) is imported only when it answers: never in production
+            from billingctl.sandbox import apps
             from billingctl.sandbox.transport import SandboxTransport
 
             client = httpx.Client(base_url="http://sandbox.local", headers=headers,
-                                  transport=SandboxTransport(app=app_factory(self.sandbox)))
+                                  transport=SandboxTransport(app=getattr(apps, sandbox_app)(self.sandbox)))
         metrics = self.metrics
 
         def on_error(exc):
@@ -173,7 +174,6 @@ class Container:
     @cached_property
     def provider(self):
         from billingctl.adapters.subscription_provider import SubscriptionProviderClient
-        from billingctl.sandbox.apps import create_provider_app
 
         s = self.settings
         key = s.secret("provider_api_key") or "sandbox-provider-key"
@@ -184,17 +184,16 @@ class Container:
         else:
             authorization = f"Bearer {key}"
         http = self._http("subscription_provider", s.provider_url, {"Authorization": authorization},
-                          create_provider_app, s.provider_idempotency_header, limiter=self.provider_limiter)
+                          "create_provider_app", s.provider_idempotency_header, limiter=self.provider_limiter)
         return SubscriptionProviderClient(http)
 
     @cached_property
     def orchestrator(self):
         from billingctl.adapters.orchestrator import API_VERSION, OrchestratorClient
-        from billingctl.sandbox.apps import create_orchestrator_app
 
         key = self.settings.secret("orchestrator_api_key") or "sandbox-orchestrator-key"
         http = self._http("orchestrator", self.settings.orchestrator_url,
-                          {"X-API-KEY": key, "X-API-VERSION": API_VERSION}, create_orchestrator_app,
+                          {"X-API-KEY": key, "X-API-VERSION": API_VERSION}, "create_orchestrator_app",
                           "X-Idempotency-Key")
         return OrchestratorClient(http, charge_timeout=self.settings.orchestrator_charge_timeout_seconds)
 
