@@ -9,11 +9,20 @@ import sys
 
 from billingctl.domain.errors import ConfigError
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
 
 def _build(factory):
+    import os
+
     from billingctl.adapters.logs import configure_logging
 
-    configure_logging()
+    # BILLING_LOG_LEVEL, as the CLI reads it (issue 39 item 3: the web apps logged at INFO whatever it said).
+    level = (os.environ.get("BILLING_LOG_LEVEL") or "INFO").upper()
+    if level not in LOG_LEVELS:
+        sys.stderr.write(f"error: BILLING_LOG_LEVEL: {level!r} is not one of {', '.join(LOG_LEVELS)}\n")
+        raise SystemExit(2)
+    configure_logging(level)
     try:
         app = factory()
     except ConfigError as exc:

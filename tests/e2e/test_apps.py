@@ -162,3 +162,22 @@ def test_the_inbox_the_outbox_and_the_review_queue_are_series(internal, containe
     assert series["billing_outbox_pending[('sink', 'chat')]"] == 1
     assert "billing_outbox_oldest_pending_age_seconds[('sink', 'chat')]" in series
     assert series["billing_orphans[('status', 'exhausted')]"] == 1
+
+
+@pytest.mark.parametrize(("level", "expected"), [("ERROR", "40"), ("debug", "10"), (None, "20")])
+def test_the_web_apps_honour_billing_log_level(level, expected):
+    """Issue 39 item 3: only the CLI read BILLING_LOG_LEVEL; the web apps logged at INFO whatever it said
+    (a benchmark that set it measured INFO logging). A level no one knows stops the worker with one line."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import logging; from webhooks_app.wsgi import _build; _build(lambda: None); "
+            "print(logging.getLogger().level)")
+    env = {"PATH": os.environ["PATH"], **({"BILLING_LOG_LEVEL": level} if level else {})}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == expected, result.stderr
+    bad = subprocess.run([sys.executable, "-c", code], env={**env, "BILLING_LOG_LEVEL": "LOUD"},
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "error: BILLING_LOG_LEVEL: 'LOUD' is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
