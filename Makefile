@@ -33,11 +33,12 @@ lint: venv servers
 	promtool check rules prometheus/alerts.yml
 	cd prometheus && promtool test rules alerts_test.yml
 
-# One worker per core (pytest-xdist; two on the CI machine): each starts its own PostgreSQL and Redis. The
-# longest tests go first (tests/conftest.py) and an idle worker steals queued tests from a busy one, so
-# neither waits at the end. PYTEST_WORKERS=0 runs in one process.
+# One worker per core, at most eight (pytest-xdist; two on the CI machine): each starts its own PostgreSQL and
+# Redis. The longest tests go first (tests/conftest.py) and an idle worker steals queued tests from a busy
+# one, so none waits at the end. PYTEST_WORKERS=0 runs in one process.
+CORES := $(shell n=$$(nproc 2>/dev/null || echo 2); [ $$n -gt 8 ] && n=8; echo $$n)
 test: venv servers lint
-	$(BIN)/pytest -p no:cacheprovider --basetemp=.pytest-tmp -n $${PYTEST_WORKERS:-2} --dist worksteal $(PYTEST_ARGS)
+	$(BIN)/pytest -p no:cacheprovider --basetemp=.pytest-tmp -n $${PYTEST_WORKERS:-$(CORES)} --dist worksteal $(PYTEST_ARGS)
 
 demo: venv
 	$(BIN)/billingctl demo
