@@ -417,6 +417,8 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
     if action != "mark-handled" and not isinstance(payment, Payment):
         raise e.ExternalUnavailable(f"payment {payment_id} could not be read at the orchestrator: {payment}",
                                     dependency="orchestrator")
+    if action in ("mark-handled", "create-subscription") and isinstance(payment, Payment):
+        _refuse_a_kept_second_charge(container, payment, action)
     plan = {"payment_id": payment_id, "action": action, "state": row["status"]}
     if dry_run:
         return {**plan, "dry_run": True}
@@ -437,6 +439,22 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
         _finish(container, payment_id, "resolved", resolution="handled", resolved_by=actor)
     _audit(container, actor, f"orphans.resolve.{action}", payment_id, reason, plan)
     return {**plan, "state": "resolved"}
+
+
+def _refuse_a_kept_second_charge(container, payment: Payment, action: str) -> None:
+    """A payment kept (marked handled, or given a subscription of its own) while another captured payment of
+    the same order stands unrefunded would leave the customer charged twice for one checkout or period (found
+    by the model-based exploration: an operator marked a same-plan duplicate handled, and it was never
+    refunded). Refused: refund it (`--refund`), or refund the other first."""
+    if payment.fully_refunded or not payment.order_id:
+        return
+    others = [p.id for p in container.orchestrator.payments_of_order(payment.order_id)
+              if p.id != payment.id and p.status in ("SETTLED", "PARTIALLY_SETTLED")]
+    standing = [pid for pid in others if not container.orchestrator.get_payment(pid).fully_refunded]
+    if standing:
+        raise e.Refused(f"payment {payment.id} is a second charge of order {payment.order_id} (paid by "
+                        f"{', '.join(standing)}): --{action} would leave the customer charged twice; refund it "
+                        f"(billingctl orphans resolve {payment.id} --refund --reason R --yes)")
 
 
 def _audit(container, actor, action, target, reason, details) -> None:

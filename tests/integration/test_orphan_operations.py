@@ -384,3 +384,24 @@ def test_a_resubscription_cancelled_between_attempts_fails_each_attempt_saying_s
     assert (state["attempts"], state["last_error"]) == (
         2, f"re-subscribed {created} but its subscription was not activated: cancelled_at_provider")
     assert world.sandbox.store.get("payment", payment["id"])["processor"]["amountRefunded"] == 0
+
+
+@pytest.mark.parametrize("action", ["mark-handled", "create-subscription"])
+def test_a_second_charge_of_one_order_cannot_be_kept_by_an_operator(world, action):
+    """Found by the model-based exploration (issue 36): one checkout paid twice in its payment form (the
+    second a same-plan duplicate waiting for recovery's refund), then an operator marked the duplicate
+    handled: it was never refunded and the customer stayed charged twice. Keeping a second charge of an
+    order whose first stands is refused, naming the refund; the refund still works, and nothing changed."""
+    co = world.checkout("user_twice")
+    first = world.sandbox.pay(co["order_id"])
+    second = world.sandbox.pay(co["order_id"])  # the same form paid again: held for recovery's refund
+    assert row(world, second["id"])["status"] in ("retrying", "needs_review")
+    with pytest.raises(e.Refused) as refused:
+        orphans.resolve(world.c, second["id"], action, "customer asked", "ops")
+    assert refused.value.message == (
+        f"payment {second['id']} is a second charge of order {co['order_id']} (paid by {first['id']}): "
+        f"--{action} would leave the customer charged twice; refund it "
+        f"(billingctl orphans resolve {second['id']} --refund --reason R --yes)")
+    assert row(world, second["id"])["status"] in ("retrying", "needs_review") and audits(world) == []
+    orphans.resolve(world.c, second["id"], "refund", "charged twice", "ops")
+    assert world.sandbox.store.get("payment", second["id"])["processor"]["amountRefunded"] == second["amount"]
