@@ -239,7 +239,7 @@ class FoldedDirectory:
     """Every process's metric files in PROMETHEUS_MULTIPROC_DIR, read under the folding lock's shared side
     (no exiting process folds meanwhile: issue 38 item 4). A file a starting process has created but not
     yet written, or one removed between the listing and the read, is left out of this scrape instead of
-    failing it (struct.error before)."""
+    failing it (struct.error before); a directory that does not exist yet is empty (it was a 500)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -252,6 +252,8 @@ class FoldedDirectory:
         from prometheus_client.mmap_dict import MmapedDict
         from prometheus_client.multiprocess import MultiProcessCollector
 
+        if not os.path.isdir(self.path):
+            return []  # no process has written yet (or the runtime directory was cleaned): nothing to add
         with folding_lock(self.path, exclusive=False):
             readable = []
             for name in glob.glob(os.path.join(self.path, "*.db")):

@@ -29,5 +29,5 @@ def renewals_list(user: str = typer.Option(None, "--user"), invoice: str = typer
 
     cli = get_ctx()
     rows = list_attempts(cli.container, user, invoice, limit)
-    cli.output.table(rows, ["invoice_id", "user_id", "attempt_no", "status", "decline_code", "processor",
+    cli.output.table(rows, ["invoice_id", "user_id", "payment_id", "attempt_no", "status", "decline_code", "processor",
                             "created_at", "next_attempt_at"], title="dunning attempts", data=rows)

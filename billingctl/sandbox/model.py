@@ -585,11 +585,15 @@ class Sandbox:
         payment = self.store.get("payment", payment_id)
         if payment is None:
             raise SandboxError(404, f"Payment {payment_id} not found", "resource_not_found")
-        if payment["status"] != "SETTLED":
+        # Primer's Payments API (v2.4, "Refund a payment"): a settled payment, or what was captured of a
+        # partially captured one (PARTIALLY_SETTLED); without an amount, all that was captured.
+        if payment["status"] not in ("SETTLED", "PARTIALLY_SETTLED"):
             raise SandboxError(400, f"Payment {payment_id} is {payment['status']}", "invalid_state_for_request")
-        amount = payment["amount"] if amount is None else int(amount)
+        captured = (payment["processor"].get("amountCaptured", 0) if payment["status"] == "PARTIALLY_SETTLED"
+                    else payment["amount"])
+        amount = captured if amount is None else int(amount)
         already = payment["processor"].get("amountRefunded", 0)
-        if already + amount > payment["amount"]:
+        if already + amount > captured:
             raise SandboxError(400, "Refund exceeds the captured amount", "invalid_request")
         payment["processor"]["amountRefunded"] = already + amount
         refunds = payment.setdefault("refunds", [])

@@ -65,7 +65,9 @@ def check_pending_activations(container) -> Check:
     from billingctl.services.payments import pending_activations
 
     rows = pending_activations(container)
-    detail = "none" if not rows else f"{len(rows)} recorded payment(s) waiting for activation"
+    detail = "none" if not rows else f"{len(rows)} recorded payment(s) waiting for activation: " + "; ".join(
+        f"{r['id']} ({r['activation_error'] or 'not yet on its invoice'})" for r in rows[:5]) + (
+        f"; and {len(rows) - 5} more (--json)" if len(rows) > 5 else "")
     return Check("pending_activations", not rows, detail, {"subscriptions": [r["id"] for r in rows[:20]]})
 
 

@@ -523,9 +523,12 @@ def refund(container, payment_id: str, reason: str = "duplicate charge") -> Paym
     """Refund what is left of the payment at the orchestrator, once (the client's idempotency key for a
     refund is the payment id). The amount is always named: a payment already partly refunded (at the
     orchestrator's console) is refunded for the rest, and a request without an amount would ask for the
-    full amount, which the orchestrator refuses."""
+    full amount, which the orchestrator refuses. Of a payment captured in part (PARTIALLY_SETTLED), what was
+    captured: the rest was never taken."""
     payment = container.orchestrator.get_payment(payment_id)
     refunded, amount = payment.refunded, payment.charged
+    if payment.status == "PARTIALLY_SETTLED":
+        amount = int(payment.processor.amount_captured or 0)
     if refunded >= amount:
         return payment
     return container.orchestrator.refund_payment(payment_id, amount - refunded, reason=reason)

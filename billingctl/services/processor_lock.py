@@ -124,8 +124,11 @@ def _check_lane(lane: str) -> str:
 def show(container, user_id: str) -> dict:
     with container.uow() as uow:
         row = uow.locks.read(user_id)
-    if row is None:
+        known = row is not None or uow.users.get(user_id) is not None
+    if not known:
         raise NotFound(f"user {user_id} has no lane record")
+    if row is None:  # a user whose lanes were never locked (a lock write failed): what the runbooks ask about
+        return {"user_id": user_id, "sfw_processor": None, "nsfw_processor": None, "nsfw_processor_mid": None}
     return {"user_id": user_id, "sfw_processor": row["sfw_processor"] or None,
             "nsfw_processor": row["nsfw_processor"] or None, "nsfw_processor_mid": row["nsfw_processor_mid"] or None}
 

@@ -181,3 +181,35 @@ def test_the_web_apps_honour_billing_log_level(level, expected):
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == (
         "error: BILLING_LOG_LEVEL: 'LOUD' is not one of DEBUG, INFO, WARNING, ERROR, CRITICAL")
+
+
+def test_metrics_before_any_process_wrote_its_directory(container, tmp_path, monkeypatch):
+    """Found by the runbook tests (issue 38 item 8): a metrics directory that does not exist yet (no
+    process has written, or the runtime directory was cleaned) made /metrics a 500 (`archive.lock` could
+    not be opened), which silences every alert. It is an empty directory: the live series are served."""
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "not-yet"))
+    response = create_internal_app(container=container).test_client().get("/metrics")
+    assert response.status_code == 200
+    assert _series(response)["billing_dependency_up[('dependency', 'database')]"] == 1
+
+
+def test_metrics_with_redis_down_say_so_and_invent_no_breaker_state(make_settings, db_url):
+    """Found by the runbook tests (issue 38 item 8): with Redis stopped, billing_dependency_up{redis} read 1,
+    because the breakers fall back to the scraping process's own state when Redis fails, and that stand-in
+    was served as the breakers' state. Redis is now asked directly; its series are left out while it is down."""
+    from billingctl.bootstrap import Container
+    from tests.servers import RedisServer
+
+    redis = RedisServer()
+    container = Container(make_settings(database_url=db_url, redis_url=redis.start()))
+    try:
+        internal = create_internal_app(container=container).test_client()
+        assert _series(internal.get("/metrics"))["billing_dependency_up[('dependency', 'redis')]"] == 1
+        redis.stop()
+        series = _series(internal.get("/metrics"))
+        assert series["billing_dependency_up[('dependency', 'redis')]"] == 0
+        assert not [name for name in series if name.startswith("billing_circuit_breaker_state")]
+        assert series["billing_dependency_up[('dependency', 'database')]"] == 1
+    finally:
+        container.close()
+        redis.stop()

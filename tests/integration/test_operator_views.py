@@ -49,6 +49,11 @@ def test_lock_show_and_fraud_quota_show(world):
         pl.show(world.c, "user_none")
     assert missing.value.message == "user user_none has no lane record"
     now = world.c.clock.now()
+    with world.c.uow() as uow:  # found by the runbook tests: a user whose lock write failed could not be shown
+        uow.users.ensure("user_never_locked", now)
+        uow.commit()
+    assert pl.show(world.c, "user_never_locked") == {"user_id": "user_never_locked", "sfw_processor": None,
+                                                     "nsfw_processor": None, "nsfw_processor_mid": None}
     quota = fraud_quota.show(world.c, "user_a")
     assert {k: quota[k] for k in ("user_id", "enforced", "tier", "customer_allowed")} == {
         "user_id": "user_a", "enforced": False, "tier": "nsfw", "customer_allowed": True}

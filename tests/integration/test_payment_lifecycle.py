@@ -72,6 +72,25 @@ def test_a_partially_settled_renewal_is_held_for_review_and_never_charged_again(
     assert world.sandbox.invoice(invoice["id"])["status"] != "paid"  # nothing recorded at the provider
 
 
+def test_a_partially_settled_payment_held_for_review_can_be_refunded(world):
+    """Found by the runbook tests (issue 38 item 8): the PaymentsHeldForReview runbook refunds what was
+    captured, but the sandbox refused any refund of a PARTIALLY_SETTLED payment, where Primer's Payments API
+    refunds what was captured of a partially captured payment. The refund returns the captured part."""
+    from billingctl.services.orphans import resolve
+
+    co = subscribed(world)
+    month_passes(world)
+    invoice = due_invoice(world, co)
+    world.sandbox.async_charges("PARTIALLY_SETTLED")
+    assert run_renewals(world.c)["outcomes"] == {"held": 1}
+    [charge] = renewal_charges(world)
+    resolve(world.c, charge["id"], "refund", "captured in part", "operator")
+    payment = world.sandbox.store.get("payment", charge["id"])
+    assert payment["processor"]["amountRefunded"] == invoice["total"] // 2 == payment["processor"]["amountCaptured"]
+    assert review_row(world, charge["id"])["status"] == "resolved"
+    assert world.credits() == 2000  # nothing was credited for it, nothing reversed
+
+
 # ---- defect 2: an in-flight charge past its age limit is captured, cancelled or escalated ---------------
 
 def test_an_authorization_left_uncaptured_is_captured_after_its_age_limit(world):

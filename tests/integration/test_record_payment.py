@@ -174,6 +174,10 @@ def test_a_failed_activation_keeps_the_payment_and_is_retried(world):
     assert row["status"] == "future" and row["activation_pending_since"] is not None
     checks = {ch["name"]: ch for ch in health_report(world.c)["checks"]}
     assert checks["pending_activations"]["ok"] is False
+    # Found by the runbook tests (issue 38 item 8): the ActivationErrorsHigh runbook reads the subscription
+    # ids and errors from `health`, whose table showed only a count.
+    assert checks["pending_activations"]["detail"].startswith(
+        f"1 recorded payment(s) waiting for activation: {co['subscription_id']} (")
     assert world.c.metrics.sample("billing_activation_errors_total") == 1
 
     assert retry_pending(world.c) == {"completed": 1, "failed": 0}
