@@ -12,7 +12,8 @@ from billingctl.services.sync import sync_all
 from jobs.schedule import JOBS
 
 TARGETS = {"idle_poll": 1, "catch_up_10000_events": 100, "sync_all_5000": math.ceil(5000 / 100),
-           "checkout_new_customer": 2, "checkout_warm_catalog": 1, "recording_with_activation": 2}
+           "checkout_new_customer": 2, "checkout_warm_catalog": 1, "recording_with_activation": 2,
+           "renewal_one_invoice": 1, "renewal_confirmation_poll": 1}
 
 
 def run() -> dict:
@@ -56,7 +57,10 @@ def run() -> dict:
     store = c.sandbox.store
     c.sandbox.pay(create_checkout(c, "renewal_user", "credits-pro-USD-monthly")["order_id"])
     store.advance_clock(31 * 86400)
-    figures["renewal_one_invoice"] = count(lambda: run_renewals(c))
+    figures["renewal_one_invoice"] = count(lambda: run_renewals(c))  # the tick's list, charge and webhook
+    # The workflow's record is confirmed by the provider's payment_succeeded, read by the poll's one page
+    # (which the poll spends every minute anyway, and which confirms up to a hundred renewals' events).
+    figures["renewal_confirmation_poll"] = count(lambda: events.poll(c))
     figures["renewal_tick_nothing_due"] = count(lambda: run_renewals(c))
 
     per_minute = {"poll": 60 / 15 * figures["idle_poll"], "renewals": figures["renewal_tick_nothing_due"] / 15}

@@ -5,8 +5,11 @@ When the budget is spent the caller waits, within a bound; past the bound it get
 The budget is shared by classes of calls (docs/decisions.md): `money` (recording payments and
 activating subscriptions) is bounded only by the whole budget; `interactive` (web requests) and
 `batch` (jobs, operator commands) are each capped at a share of it, so together they always leave a
-part for money. Inside a web request nothing waits for the limiter: the request gets RateLimited at
-once (a 429 with Retry-After) and the jobs finish what it could not."""
+part for money. Interactive calls also have a floor (issue 39 item 2): the others never take its unused
+part while interactive calls are being made, and borrow only half of it while they are idle, so the
+first checkouts after a quiet window are never refused for a backlog's sake. Inside a web request
+nothing waits for the limiter: the request gets RateLimited at once (a 429 with Retry-After) and the
+jobs finish what it could not."""
 
 from __future__ import annotations
 
@@ -29,6 +32,7 @@ log = logging.getLogger("billingctl.ratelimit")
 
 MONEY, INTERACTIVE, BATCH = "money", "interactive", "batch"
 SHARES = {INTERACTIVE: 0.3, BATCH: 0.5}  # of the whole budget; money has no cap of its own
+INTERACTIVE_FLOOR = 0.2  # of the whole budget: kept for interactive calls (12 a minute of the provider's 60)
 _CLASS: ContextVar[str] = ContextVar("budget_class", default=BATCH)
 _NO_WAIT: ContextVar[bool] = ContextVar("budget_no_wait", default=False)
 
@@ -75,6 +79,8 @@ class RateLimiter:
         self.item = RateLimitItemPerSecond(limit, window_seconds)
         self.class_items = {kind: RateLimitItemPerSecond(max(1, int(limit * share)), window_seconds)
                             for kind, share in (SHARES if shares is None else shares).items()}
+        # The floor needs interactive calls counted (its cap's window does it).
+        self.floor = int(limit * INTERACTIVE_FLOOR) if INTERACTIVE in self.class_items else 0
         self.key = key
         self.max_wait = max_wait
         self.sleep = sleep
@@ -99,11 +105,23 @@ class RateLimiter:
         capped = self.class_items.get(kind)
         if capped is not None and not self._call("test", capped, f"{self.key}:{kind}"):
             return False, capped, f"{self.key}:{kind}"
+        kept = self._floor_kept() if kind != INTERACTIVE else 0
+        if kept and not self._call("test", self.item, self.key, cost=kept + 1):
+            return False, self.item, self.key  # what is left is the interactive floor
         if not self._call("hit", self.item, self.key):
             return False, self.item, self.key
         if capped is not None:
             self._call("hit", capped, f"{self.key}:{kind}")
         return True, self.item, self.key
+
+    def _floor_kept(self) -> int:
+        """Slots of the window the other classes must leave: the floor's unused part while interactive calls
+        are being made (any in the window), half the floor while they are idle (what others may borrow)."""
+        if not self.floor:
+            return 0
+        item = self.class_items[INTERACTIVE]
+        used = item.amount - self._call("get_window_stats", item, f"{self.key}:{INTERACTIVE}").remaining
+        return self.floor - min(self.floor, used) if used else self.floor - self.floor // 2
 
     def _reset_in(self, item, key) -> float:
         stats = self._call("get_window_stats", item, key)

@@ -29,6 +29,9 @@ log = logging.getLogger("billingctl.payments")
 
 # The orchestrator's statuses of a payment that captured money (in full, or in part): recording follows.
 CAPTURED_STATUSES = ("SETTLED", "PARTIALLY_SETTLED")
+# How long a renewal's payment waits for the provider to confirm the workflow's record on its invoice (its
+# payment_succeeded event, read by the poll every minute) before the activations job records it itself.
+WORKFLOW_CONFIRMATION = timedelta(minutes=15)
 
 
 @dataclass
@@ -50,6 +53,9 @@ class PaymentFacts:
     expected_amount: int | None = None
     expected_currency: str | None = None
     provider_side: bool = False  # entered at the provider (decision 112)
+    # A merchant-initiated renewal charge on its invoice: the orchestrator's workflow records it there, and
+    # the provider's payment_succeeded event confirms it (issue 39 item 1: nothing bought twice).
+    renewal: bool = False
 
 
 def facts_from_payment(container, payment: Payment) -> PaymentFacts:
@@ -95,7 +101,8 @@ def facts_from_payment(container, payment: Payment) -> PaymentFacts:
         item_price_id=item_price_id, lane=metadata.lane or plan.lane, amount=payment.charged,
         currency_code=payment.currency_code or plan.currency_code, credits=plan.credits,
         processor=payment.processor.name or None, merchant_id=payment.processor.merchant_id or None,
-        settled_at=payment.settled_at, expected_amount=expected[0], expected_currency=expected[1])
+        settled_at=payment.settled_at, expected_amount=expected[0], expected_currency=expected[1],
+        renewal=bool(invoice_id) and expected == (None, None) and is_renewal_payment(payment))
 
 
 def record_payment(container, payment: Payment, path: str, followups: bool = True, provider_side: bool = False,
@@ -145,6 +152,16 @@ def _finished_duplicate(container, payment: Payment) -> dict | None:
         return None
     return {"payment_id": payment.id, "outcome": "duplicate", "subscription_id": row.subscription_id,
             "user_id": row.user_id, "credits_applied": 0, "provider_recorded": True, "activation": "already_active"}
+
+
+def _confirm_after(uow, facts: PaymentFacts, now) -> datetime | None:
+    """Until when a renewal's payment waits for the provider to confirm the workflow's record on its
+    invoice; None (no wait) for anything else, and for an invoice we hold voided: that record is refused,
+    and the follow-up that learns it refunds the payment (decision 113) without a quarter-hour's delay."""
+    if not facts.renewal or facts.provider_side:
+        return None
+    local = uow.invoices.get(facts.invoice_id)
+    return None if local is not None and local["status"] == "voided" else now + WORKFLOW_CONFIRMATION
 
 
 def _is_checkout_payment(payment: Payment) -> bool:
@@ -223,6 +240,8 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
             "processor": facts.processor, "recorded_via": path, "settled_at": facts.settled_at, "created_at": now,
             # A payment the provider itself holds is never posted back to it (that would pay the invoice twice).
             "provider_recorded_at": now if facts.provider_side else None,
+            # A renewal's record on its invoice is the workflow's; ours only if no confirmation came meanwhile.
+            "confirm_after": _confirm_after(uow, facts, now),
         })
         if not new:
             stored = uow.purchases.by_payment_id(facts.payment_id)
@@ -445,7 +464,7 @@ def _complete_followups(container, subscription_id: str) -> dict:
         result["activation"] = "pending"
         result["activation_error"] = exc.message
     with container.uow(autocommit=True) as uow:
-        pending = uow.purchases.unreported(subscription_id)
+        pending = uow.purchases.unreported(subscription_id, container.clock.now())
     for row in pending:
         reported = report_to_provider(container, row) if row["invoice_id"] else False
         if reported == VOIDED:
@@ -699,7 +718,7 @@ def pending_activations(container) -> list[dict]:
     """Subscriptions with follow-up work: an activation still to do, or a purchase not yet recorded on
     the provider's invoice."""
     with container.uow() as uow:
-        return uow.subscriptions.with_followups()
+        return uow.subscriptions.with_followups(container.clock.now())
 
 
 def retry_pending(container) -> dict:

@@ -65,11 +65,31 @@ def _payment_succeeded(container, content: EventContent) -> dict:
                   extra={"transaction_id": txn.id[:64]})
         return {"outcome": "invalid_reference"}
     with container.uow() as uow:
-        if uow.purchases.exists_for_payment(payment_id):
-            return {"outcome": "already_recorded", "payment_id": payment_id}
+        recorded = uow.purchases.exists_for_payment(payment_id)
+    if recorded:
+        _confirm_provider_record(container, payment_id, content)
+        return {"outcome": "already_recorded", "payment_id": payment_id}
     # The orchestrator webhook was missed: record it now, from the orchestrator's own payment.
     result = record_reported_payment(container, payment_id, content, "event_poller")
+    _confirm_provider_record(container, payment_id, content)
     return {"outcome": result["outcome"], "payment_id": payment_id, "credits_applied": result["credits_applied"]}
+
+
+def _confirm_provider_record(container, payment_id: str, content: EventContent) -> bool:
+    """The provider says the invoice is paid by this payment: its purchase is recorded there (by the
+    orchestrator's workflow), so no follow-up posts it again (issue 39 item 1: a renewal costs no call)."""
+    invoice = content.invoice
+    if invoice is None or not invoice.id:
+        return False
+    if not (invoice.status == "paid" or (invoice.amount_due is not None and invoice.amount_due <= 0)):
+        return False
+    with container.uow() as uow:
+        confirmed = uow.purchases.confirm_reported(payment_id, invoice.id, container.clock.now())
+        uow.commit()
+    if confirmed:
+        log.info("recorded on its invoice by the workflow: confirmed by the provider",
+                 extra={"payment_id": payment_id, "invoice_id": invoice.id})
+    return confirmed
 
 
 def record_reported_payment(container, payment_id: str, content: EventContent, path: str) -> dict:

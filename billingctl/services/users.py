@@ -34,6 +34,7 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
     require_id(user_id, "user_id")
     from billingctl.domain.errors import BillingError, InvalidInput
     from billingctl.services import alerts
+    from billingctl.services.invoices import apply_copy
 
     if not reason or not reason.strip():
         raise InvalidInput("a reason is required")
@@ -61,7 +62,10 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
     voided, failed = [], []
     for invoice_id in pending:
         try:
-            container.provider.void_invoice(invoice_id, idempotency_key=f"freeze-void:{invoice_id}")
+            answer = container.provider.void_invoice(invoice_id, idempotency_key=f"freeze-void:{invoice_id}")
+            # Our copy says so at once: a renewal settling on it is refunded without waiting for the
+            # workflow's record the provider will refuse (issue 39 item 1).
+            apply_copy(container, answer.invoice)
             voided.append(invoice_id)
         except BillingError as exc:
             failed.append({"invoice_id": invoice_id, "error": exc.message})

@@ -44,11 +44,16 @@ def test_card_substitution_and_no_card_found_name_the_user_and_what_was_stored(w
 
 
 def test_a_renewal_paid_at_the_provider_by_the_orchestrator_is_marked_recorded(world):
-    """The orchestrator's workflow records the renewal on the invoice first; our report is refused as
-    already paid, which the provider's invoice confirms."""
+    """The orchestrator's workflow records the renewal on the invoice; the provider's payment_succeeded
+    event confirms it (issue 39 item 1: we no longer post it again to be refused as already paid)."""
+    from billingctl.services import events
+
     subscribed(world)
     month_passes(world)
     run_renewals(world.c)
     renewal = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
+    with world.c.uow() as uow:
+        assert uow.purchases.by_payment_id(renewal[0]["id"])["provider_recorded_at"] is None
+    events.poll(world.c)
     with world.c.uow() as uow:
         assert uow.purchases.by_payment_id(renewal[0]["id"])["provider_recorded_at"] is not None

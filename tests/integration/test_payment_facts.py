@@ -30,7 +30,8 @@ def test_every_fact_comes_from_the_payment_when_it_names_it(world):
         "item_price_id": PRO, "lane": "nsfw", "amount": 1234, "currency_code": "EUR", "credits": 2000,
         "processor": "NSFW_NMI", "merchant_id": "mid_9", "settled_at": parse_time("2026-11-20T10:00:00Z"),
         "expected_amount": None, "expected_currency": None,  # no checkout of ours names this order
-        "provider_side": False}
+        "provider_side": False,
+        "renewal": True}  # ordered as an invoice: a renewal charge (its record on the invoice is the workflow's)
 
 
 def test_a_checkout_payment_is_completed_from_our_checkout_and_has_no_invoice_yet(world):

@@ -108,3 +108,45 @@ def test_redis_down_falls_back_to_the_in_process_budget():
     limiter.acquire()
     with pytest.raises(RateLimited):
         limiter.acquire()
+
+
+def _spend(limiter, kind) -> int:
+    """Calls of `kind` admitted until the budget refuses one."""
+    spent = 0
+    with budget(kind):
+        while True:
+            try:
+                limiter.acquire()
+            except RateLimited:
+                return spent
+            spent += 1
+
+
+def test_a_money_backlog_leaves_the_interactive_floor_to_checkouts():
+    """Issue 39 item 2: with 120 renewals due, 42 of 49 checkouts got 429 (money had no cap and took the
+    whole budget). Interactive calls have a floor (20 %): while they are idle the others borrow only half
+    of it, so the first checkouts after a quiet window are admitted at once; while they are being made
+    the others leave its whole unused part."""
+    limiter = RateLimiter(10, 60, key_for("k-floor-idle", "subscription_provider"), max_wait=0)
+    assert _spend(limiter, MONEY) == 9  # ten less half the floor of two
+    assert _spend(limiter, INTERACTIVE) == 1  # the half kept: a checkout after the backlog is admitted
+    assert _spend(limiter, MONEY) == 0
+
+    limiter = RateLimiter(10, 60, key_for("k-floor-active", "subscription_provider"), max_wait=0)
+    with budget(INTERACTIVE):
+        limiter.acquire()  # checkouts are being made
+    assert _spend(limiter, MONEY) == 8  # the floor's unused part (one) is left
+    assert _spend(limiter, INTERACTIVE) == 1
+    assert _spend(limiter, BATCH) == 0
+
+
+def test_the_floor_is_shared_by_every_process_of_the_key(redis_url):
+    """Two processes' limiters on one Redis: the floor one process's checkouts need is kept from the other's
+    backlog."""
+    key = key_for("k-floor-shared", "subscription_provider")
+    web = RateLimiter(10, 60, key, redis_url=redis_url, max_wait=0)
+    jobs = RateLimiter(10, 60, key, redis_url=redis_url, max_wait=0)
+    with budget(INTERACTIVE):
+        web.acquire()
+    assert _spend(jobs, MONEY) == 8
+    assert _spend(web, INTERACTIVE) == 1

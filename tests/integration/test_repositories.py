@@ -163,8 +163,20 @@ def test_subscriptions_with_followups_leave_out_a_checkout_payment_handed_to_orp
                               "settled_at": NOW, "created_at": NOW, "updated_at": NOW})
         if reported:
             uow.purchases.mark_reported(uow.purchases.by_payment_id(pid)["id"], NOW)
-    found = uow.execute(uow.purchases.with_followups_subquery()).scalars().all()
+    found = uow.execute(uow.purchases.with_followups_subquery(NOW)).scalars().all()
     assert sorted(found) == ["sub_a", "sub_b", "sub_d"]
+    # A renewal's payment waiting for the provider's own confirmation is not follow-up work yet (issue 39).
+    from datetime import timedelta
+
+    from sqlalchemy import update
+
+    from billingctl.adapters.db.tables import purchase
+    uow.execute(update(purchase).where(purchase.c.transaction_id == "p_invoiced")
+                .values(confirm_after=NOW + timedelta(minutes=15)))
+    assert sorted(uow.execute(uow.purchases.with_followups_subquery(NOW)).scalars().all()) == ["sub_b", "sub_d"]
+    later = NOW + timedelta(minutes=15)
+    assert sorted(uow.execute(uow.purchases.with_followups_subquery(later)).scalars().all()) == [
+        "sub_a", "sub_b", "sub_d"]
 
 
 def test_a_database_error_never_carries_its_statements_parameters(container):

@@ -84,11 +84,21 @@ class Purchases(Repository):
         return self.execute(select(purchase).where(purchase.c.subscription_id == subscription_id)
                             .order_by(purchase.c.id)).first()
 
-    def unreported(self, subscription_id: str) -> list:
-        """The subscription's purchases not yet recorded on their provider invoice."""
+    def unreported(self, subscription_id: str, now) -> list:
+        """The subscription's purchases not yet recorded on their provider invoice (a renewal's only once its
+        wait for the provider's own confirmation is over)."""
         return self.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
                                                    purchase.c.provider_recorded_at.is_(None),
-                                                   purchase.c.closed_at.is_(None))).mappings().all()
+                                                   purchase.c.closed_at.is_(None), _confirmation_over(now))
+                            ).mappings().all()
+
+    def confirm_reported(self, payment_id: str, invoice_id: str, now) -> bool:
+        """The provider holds `invoice_id` paid by this payment (its payment_succeeded event): the purchase is
+        recorded there, by the orchestrator's workflow. False when there is nothing to confirm."""
+        return self.execute(update(purchase).where(
+            purchase.c.transaction_id == payment_id, purchase.c.invoice_id == invoice_id,
+            purchase.c.provider_recorded_at.is_(None), purchase.c.closed_at.is_(None))
+            .values(provider_recorded_at=now)).rowcount > 0
 
     def without_invoice(self, subscription_id: str) -> list:
         return self.execute(select(purchase).where(purchase.c.subscription_id == subscription_id,
@@ -122,11 +132,12 @@ class Purchases(Repository):
                                                transaction.c.invoice_id.is_(None))
                      .values(subscription_id=subscription_id))
 
-    def with_followups_subquery(self):
+    def with_followups_subquery(self, now):
         """Subscription ids with a purchase not yet recorded at the provider, except a checkout payment
-        handed to orphan recovery (its subscription was cancelled): that one is recovery's work."""
+        handed to orphan recovery (its subscription was cancelled): that one is recovery's work; and a
+        renewal's still waiting for the provider's own confirmation."""
         return select(purchase.c.subscription_id).where(
-            purchase.c.provider_recorded_at.is_(None), purchase.c.closed_at.is_(None),
+            purchase.c.provider_recorded_at.is_(None), purchase.c.closed_at.is_(None), _confirmation_over(now),
             or_(purchase.c.invoice_id.is_not(None),
                 purchase.c.transaction_id.not_in(select(orphan_recovery.c.payment_id))))
 
@@ -245,3 +256,7 @@ def _standing(row) -> str:
     if row["dispute"] == "open":
         return "disputed"
     return "credited"
+
+
+def _confirmation_over(now):
+    return or_(purchase.c.confirm_after.is_(None), purchase.c.confirm_after <= now)

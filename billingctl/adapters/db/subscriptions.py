@@ -83,12 +83,12 @@ class Subscriptions(Repository):
                                 | (subscription.c.provider_updated_at >= updated_since))
         return list(self.execute(query).scalars())
 
-    def with_followups(self) -> list[dict]:
+    def with_followups(self, now) -> list[dict]:
         """Subscriptions with follow-up work: an activation to do, or a purchase not yet on its invoice."""
         rows = self.execute(select(subscription.c.id, subscription.c.customer_id,
                                    subscription.c.activation_pending_since, subscription.c.activation_error)
                             .where(or_(subscription.c.activation_pending_since.is_not(None),
-                                       subscription.c.id.in_(self.uow.purchases.with_followups_subquery())))
+                                       subscription.c.id.in_(self.uow.purchases.with_followups_subquery(now))))
                             .order_by(subscription.c.activation_pending_since)).mappings().all()
         return [dict(r) for r in rows]
 

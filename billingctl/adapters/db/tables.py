@@ -141,6 +141,9 @@ purchase = Table(
     _ts("created_at", nullable=False),
     # When the payment was recorded on the provider's invoice (NULL: still to do).
     _ts("provider_recorded_at"),
+    # A renewal's payment: until then its record on the invoice is the orchestrator's workflow's, confirmed
+    # by the provider's payment_succeeded event; after it, the activations job records it (issue 39 item 1).
+    _ts("confirm_after"),
     # Set when the follow-up ended without the provider's invoice (its invoice was voided, or the payment
     # was refunded as a duplicate or an orphan): nothing is recorded at the provider, its credits are reversed.
     Column("closed_reason", String(32)),
