@@ -105,9 +105,12 @@ class RateLimiter:
         capped = self.class_items.get(kind)
         if capped is not None and not self._call("test", capped, f"{self.key}:{kind}"):
             return False, capped, f"{self.key}:{kind}"
-        kept = self._floor_kept() if kind != INTERACTIVE else 0
-        if kept and not self._call("test", self.item, self.key, cost=kept + 1):
-            return False, self.item, self.key  # what is left is the interactive floor
+        # The floor costs one more request only when the window is nearly spent: room for the whole floor
+        # and this call needs no look at how much of it interactive calls use.
+        if kind != INTERACTIVE and self.floor and not self._call("test", self.item, self.key, cost=self.floor + 1):
+            kept = self._floor_kept()
+            if kept and not self._call("test", self.item, self.key, cost=kept + 1):
+                return False, self.item, self.key  # what is left is the interactive floor
         if not self._call("hit", self.item, self.key):
             return False, self.item, self.key
         if capped is not None:

@@ -78,6 +78,7 @@ def test_a_new_payment_by_webhook_stays_within_its_round_trips(stack):
     # reads and single writes, the one-statement lock gate and the breaker's one-round-trip record.
     # Decision 117 added 6 PostgreSQL round trips (the subscription's and the invoice's step read before
     # its conditional write, the invoice copy of the provider's answer) and 2 Redis (the customer's cached
-    # view is invalidated when activation changes it).
-    assert new["pg"] <= 37 and new["redis"] <= 11, new
+    # view is invalidated when activation changes it). Decision 152 added one Redis request to each of
+    # the two provider calls (the interactive floor's test: room for the floor and this call).
+    assert new["pg"] <= 37 and new["redis"] <= 13, new
 
