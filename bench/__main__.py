@@ -13,7 +13,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import budget, contention, reconcile_window, recording, roundtrips, scale, startup, webhook
+from bench import budget, contention, reconcile_window, recording, renewal_day, roundtrips, scale, startup, webhook
 from bench.common import postgres
 from tests.servers import RedisServer
 
@@ -70,6 +70,14 @@ def summary(r: dict) -> list[tuple[str, str, str]]:
                      f"{rw['daily_time_ratio_largest_vs_smallest']}× ({last['daily_run']['seconds']} vs "
                      f"{first['daily_run']['seconds']} s); {rw['daily_calls_largest_vs_smallest']} calls",
                      "flat: ≤ 1.5×, the same calls"))
+    day = r.get("renewal_day")
+    if day:
+        now, before = day["now_151_and_152"], day["before_151_and_152"]
+        rows.append((f"a {now['renewals']:,}-renewal day under the real limit, {day['checkouts_per_hour']} checkouts "
+                     "an hour: renewals done after; checkouts refused for the budget",
+                     f"{now['finished_after_hours']} h; {now['checkouts_refused_for_budget']} of {now['checkouts']} "
+                     f"(before decisions 151-152: {before['finished_after_hours']} h; "
+                     f"{before['checkouts_refused_for_budget']})", "finishes; none refused"))
     hot = sc["hot_lookups_at_large"]
     rows.append(("hot lookups at scale (refund reversal / purchase by invoice / velocity watch), median",
                  " / ".join(f"{hot[k]['median_ms']} ms" for k in ("refund_reversal", "purchase_by_invoice",
@@ -85,6 +93,8 @@ def main() -> None:
     try:
         step("provider-call budget (counts; SQLite, in-process sandbox)")
         results["provider_call_budget"] = budget.run()
+        step("a 5,000-renewal day against the real limit (virtual clock)")
+        results["renewal_day"] = renewal_day.run()
         with postgres() as url:
             step("round trips")
             results["round_trips"] = roundtrips.run(url, redis_url)
