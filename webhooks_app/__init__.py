@@ -7,6 +7,7 @@ from datetime import date, datetime
 
 from flask import Flask
 from flask.json.provider import DefaultJSONProvider
+from flask.testing import FlaskClient
 
 from billingctl.bootstrap import Container, bootstrap
 from billingctl.sandbox.delivery import provide_receiver
@@ -24,9 +25,19 @@ class IsoJSONProvider(DefaultJSONProvider):
         return DefaultJSONProvider.default(o)
 
 
+class ClosingTestClient(FlaskClient):
+    """Flask's test client, closing each response once read as every WSGI server does once it has sent it
+    (gunicorn, httpx's WSGI transport): the work a view left for after its answer (`call_on_close`) runs."""
+
+    def open(self, *args, **kwargs):
+        kwargs.setdefault("buffered", True)
+        return super().open(*args, **kwargs)
+
+
 def _base_app(name: str, settings: Settings | None, container: Container | None) -> Flask:
     container = container or bootstrap(settings)
     app = Flask(name, static_folder=None)  # no /static route: the route table is exactly the documented one
+    app.test_client_class = ClosingTestClient
     app.json = IsoJSONProvider(app)
     app.config.update(JSON_SORT_KEYS=False, MAX_CONTENT_LENGTH=1 << 20)
     app.extensions["billing"] = container

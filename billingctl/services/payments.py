@@ -10,6 +10,8 @@ records the payment on the provider's invoice and activates the pending subscrip
 from __future__ import annotations
 
 import logging
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
@@ -127,7 +129,12 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
             return result
         if followups:
             # The subscription the purchase belongs to (orphan recovery may have recorded it elsewhere).
-            result.update(complete_followups(container, result["subscription_id"]))
+            deferred = _AFTER_RESPONSE.get()
+            if deferred is not None:  # a webhook: its provider calls run once its answer is sent
+                deferred.add(result["subscription_id"])
+                result["followups"] = "after_response"
+            else:
+                result.update(complete_followups(container, result["subscription_id"]))
     refunded = payment.refunded
     if refunded and result["outcome"] == "recorded":
         # Recorded after it was refunded (a late poller): the refund reports may all be behind us.
@@ -443,6 +450,49 @@ def _hold_mismatch(container, payment: Payment, facts: PaymentFacts, reason: str
 
 
 # ---- follow-ups at the provider: record on the invoice, activate --------------------------------
+
+class AfterResponse:
+    """The provider follow-ups a web request recorded (issue 39 item 3): the request answers from our
+    database alone, and these run once its answer is sent (the WSGI server closes the response), never
+    waiting for the budget. The database is their durable queue: a purchase not yet on its invoice, a
+    subscription still to activate; if this process dies first, or a call fails, the activations job
+    finishes them with the same idempotency keys."""
+
+    def __init__(self, container):
+        self.container = container
+        self.subscriptions: list[str] = []
+
+    def add(self, subscription_id: str) -> None:
+        if subscription_id not in self.subscriptions:
+            self.subscriptions.append(subscription_id)
+
+    def run(self) -> None:
+        from billingctl.adapters.ratelimit import MONEY, budget
+
+        for subscription_id in self.subscriptions:
+            try:
+                # As inside the request: one attempt a call, no wait for the budget (the job does the rest).
+                with self.container.locks.hold(f"subscription:{subscription_id}"), budget(MONEY, no_wait=True), \
+                        self.container.provider.http.attempts(1):
+                    complete_followups(self.container, subscription_id)
+            except Exception as exc:  # noqa: BLE001 - the answer is sent; the activations job retries
+                log.warning("follow-up after the webhook's answer failed; the activations job retries: %s",
+                            getattr(exc, "message", type(exc).__name__), extra={"subscription_id": subscription_id})
+
+
+_AFTER_RESPONSE: ContextVar[AfterResponse | None] = ContextVar("followups_after_response", default=None)
+
+
+@contextmanager
+def followups_after_response(container):
+    """Inside: recording hands its provider follow-ups to the returned AfterResponse instead of making them."""
+    deferred = AfterResponse(container)
+    token = _AFTER_RESPONSE.set(deferred)
+    try:
+        yield deferred
+    finally:
+        _AFTER_RESPONSE.reset(token)
+
 
 def complete_followups(container, subscription_id: str) -> dict:
     """Activate the subscription (which, for a pending checkout, starts it and names the invoice its

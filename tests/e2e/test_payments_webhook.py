@@ -95,3 +95,32 @@ def test_a_redelivered_event_is_a_no_op(client, container):
     second = client.post(PATH, data=body, headers={"X-Signature-Primary": sign(secret, body)})
     assert first.get_json()["outcome"] == "status_updated"
     assert second.get_json()["outcome"] == "duplicate"
+
+
+def test_a_new_payments_webhook_answers_from_our_database_alone(container):
+    """Issue 39 item 3: a new payment's webhook made its two provider calls (activation, the record on the
+    invoice) inside the request, so its latency followed the provider's and a catch-up's budget. It now
+    records the payment, answers, and makes them once its answer is sent; the database holds them until
+    then (a worker that dies first leaves them to the activations job)."""
+    from billingctl.sandbox.model import sign_body
+    from billingctl.services.checkout import create_checkout
+
+    co = create_checkout(container, "user_quick", "credits-pro-USD-monthly")
+    payment = container.sandbox.pay(co["order_id"], drop_webhook=True)
+    body = json.dumps({"eventType": "PAYMENT.STATUS", "signedAt": str(int(time.time())), "payment": payment})
+    headers = {"X-Signature-Primary": sign_body(container.settings.secret("orchestrator_webhook_secret"),
+                                                body.encode())}
+    before = container.sandbox.store.count_requests("provider")
+    answer = create_public_app(container=container).test_client().post(
+        "/webhooks/orchestrator/payments", data=body, content_type="application/json", headers=headers,
+        buffered=False)  # read, not yet closed: what the sender has when its answer arrives
+    assert answer.status_code == 200 and answer.get_json()["followups"] == "after_response"
+    assert container.sandbox.store.count_requests("provider") == before  # the answer waited on no provider call
+    with container.uow() as uow:
+        assert uow.purchases.by_payment_id(payment["id"])["provider_recorded_at"] is None
+        assert uow.execute(select(func.sum(purchase.c.credits))).scalar_one() == 2000  # credited at once
+    answer.close()  # the server has sent it: the follow-ups run
+    assert container.sandbox.store.count_requests("provider") == before + 2
+    assert container.sandbox.subscription(co["subscription_id"])["status"] == "active"
+    with container.uow() as uow:
+        assert uow.purchases.by_payment_id(payment["id"])["provider_recorded_at"] is not None

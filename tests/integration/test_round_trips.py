@@ -79,6 +79,7 @@ def test_a_new_payment_by_webhook_stays_within_its_round_trips(stack):
     # Decision 117 added 6 PostgreSQL round trips (the subscription's and the invoice's step read before
     # its conditional write, the invoice copy of the provider's answer) and 2 Redis (the customer's cached
     # view is invalidated when activation changes it). Decision 152 added one Redis request to each of
-    # the two provider calls (the interactive floor's test: room for the floor and this call).
-    assert new["pg"] <= 37 and new["redis"] <= 13, new
+    # the two provider calls (the interactive floor's test: room for the floor and this call); issue 39
+    # item 3 two more (the follow-ups, made once the answer is sent, take the subscription's lock again).
+    assert new["pg"] <= 37 and new["redis"] <= 15, new
 

@@ -47,9 +47,15 @@ def _orchestrator_body(c, secret_name: str) -> dict:
 
 @bp.post("/orchestrator/payments")
 def orchestrator_payments():
+    from billingctl.services.payments import followups_after_response
+
     c = container()
     body = _orchestrator_body(c, "orchestrator_webhook_secret")
-    return jsonify(handle_payment_event(c, body["eventType"], body["payment"])), 200
+    with followups_after_response(c) as deferred:
+        response = jsonify(handle_payment_event(c, body["eventType"], body["payment"]))
+    if deferred.subscriptions:
+        response.call_on_close(deferred.run)  # once the answer is sent (issue 39 item 3)
+    return response, 200
 
 
 def handle_payment_event(c, event_type: str, payment: dict) -> dict:
