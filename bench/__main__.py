@@ -45,7 +45,9 @@ def summary(r: dict) -> list[tuple[str, str, str]]:
     rt = r["round_trips"]
     rows.append(("round trips: duplicate recording / duplicate webhook / new payment by webhook",
                  f"{rt['duplicate_recording']['pg']} / {rt['duplicate_webhook']['pg']} / "
-                 f"{rt['new_payment_by_webhook']['pg']} PG + {rt['new_payment_by_webhook']['redis']} Redis",
+                 f"{rt['new_payment_by_webhook']['pg']} PG + {rt['new_payment_by_webhook']['redis']} Redis (then "
+                 f"{rt['its_followups_after_the_answer']['pg']} PG + {rt['its_followups_after_the_answer']['redis']} "
+                 "Redis once answered)",
                  "1 / ≤ 2 / ≤ 12 PG and ≤ 4 Redis"))
     rec = r["recording"]
     rows.append(("recording storm vs the hand-written psycopg loop, Redis on", f"{rec['ratio_local_vs_baseline']}×"

@@ -25,14 +25,26 @@ def _key(sink: str, payload: dict) -> str:
 
 def enqueue(uow, clock, sink: str, payload: dict, dedupe_key: str | None = None) -> bool:
     """Queue one message; True when new, False when its dedupe key was already queued."""
+    row = outbox_row(clock, sink, payload, dedupe_key)
+    inserted = uow.outbox.add(sink, row["dedupe_key"], payload, row["created_at"])
+    logged(row, inserted)
+    return inserted
+
+
+def outbox_row(clock, sink: str, payload: dict, dedupe_key: str | None = None) -> dict:
+    """The outbox row of one message, for a caller that writes it together with its own rows (`logged` once
+    written)."""
     if sink not in SINK_SETTINGS:
         raise InvalidInput(f"unknown sink {sink!r}")
-    key = dedupe_key or _key(sink, payload)
-    inserted = uow.outbox.add(sink, key, payload, clock.now())
+    return {"sink": sink, "dedupe_key": dedupe_key or _key(sink, payload), "payload": payload, "status": "pending",
+            "created_at": clock.now()}
+
+
+def logged(row: dict, inserted: bool) -> None:
+    sink, payload = row["sink"], row["payload"]
     log.log(logging.WARNING if sink == "chat" and inserted else logging.INFO,
             "outbox %s: %s", sink, payload.get("text") or payload.get("message") or payload.get("event", ""),
-            extra={"sink": sink, "dedupe_key": key, "new": inserted})
-    return inserted
+            extra={"sink": sink, "dedupe_key": row["dedupe_key"], "new": inserted})
 
 
 def raise_alert(uow, clock, text: str, dedupe_key: str | None = None, **fields) -> bool:

@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
+from billingctl.adapters.db.purchases import ledger_row, transaction_row
 from billingctl.adapters.faults import crash_point
 from billingctl.adapters.payloads import Invoice, Payment, Subscription
 from billingctl.domain import errors as e
@@ -60,9 +61,12 @@ class PaymentFacts:
     renewal: bool = False
 
 
-def facts_from_payment(container, payment: Payment) -> PaymentFacts:
-    """What recording needs, from the payment plus our own checkout record; the provider is asked
-    only for what we do not hold locally."""
+_UNREAD = object()
+
+
+def facts_from_payment(container, payment: Payment, checkout=_UNREAD) -> PaymentFacts:
+    """What recording needs, from the payment plus our own checkout record (`checkout`: the session its
+    order names, when the caller read it already); the provider is asked only for what we do not hold locally."""
     payment = Payment.read(payment)
     if payment.status not in CAPTURED_STATUSES:
         raise e.InvalidInput(f"payment {payment.id} is {payment.status}, not SETTLED")
@@ -76,8 +80,10 @@ def facts_from_payment(container, payment: Payment) -> PaymentFacts:
     invoice_id = None if order_id == subscription_id else order_id
     expected = (None, None)
     if order_id:
-        with container.uow(autocommit=True) as reader:
-            row = reader.checkouts.by_order_id(order_id)
+        row = checkout
+        if row is _UNREAD:
+            with container.uow(autocommit=True) as reader:
+                row = reader.checkouts.by_order_id(order_id)
         if row is not None:
             expected = (int(row["amount"]), row["currency_code"])
             invoice_id = row["invoice_id"] if row["invoice_id"] != row["subscription_id"] else None
@@ -113,10 +119,10 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
     `provider_side`: a payment entered at the provider, not the orchestrator's (a cheque, a wire): never
     posted back to the provider, and its invoice's term is credited once, when `term_paid` (decision 112)."""
     payment = Payment.read(payment)  # typed already, or a stored notification's payment (read once here)
-    done = _finished_duplicate(container, payment) if followups else None
+    done, checkout = _finished_duplicate(container, payment) if followups else (None, _UNREAD)
     if done is not None:
         return done
-    facts = facts_from_payment(container, payment)
+    facts = facts_from_payment(container, payment, checkout)
     if provider_side:
         facts.provider_side = True
         facts.credits = facts.credits if term_paid and facts.invoice_id else 0
@@ -147,18 +153,22 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
     return result
 
 
-def _finished_duplicate(container, payment: Payment) -> dict | None:
+def _finished_duplicate(container, payment: Payment) -> tuple[dict | None, object]:
     """The duplicate fast path, one read before any lock, provider call or transaction: a payment whose
     purchase exists, is recorded on its provider invoice and whose subscription is active with no
-    activation pending has nothing left to do. Anything less takes the full path, which finishes the follow-ups."""
+    activation pending has nothing left to do. Anything less takes the full path, which finishes the follow-ups.
+    The same read brings the checkout session the payment's order names, which the full path needs next."""
     if payment.status != "SETTLED":
-        return None  # the full path refuses it with the right message
+        return None, _UNREAD  # the full path refuses it with the right message
     with container.uow(autocommit=True) as reader:
-        row = reader.purchases.finished(payment.id)
-    if row is None:
-        return None
-    return {"payment_id": payment.id, "outcome": "duplicate", "subscription_id": row.subscription_id,
-            "user_id": row.user_id, "credits_applied": 0, "provider_recorded": True, "activation": "already_active"}
+        row = reader.purchases.finished(payment.id, payment.order_id or None)
+    checkout = {k.removeprefix("checkout_"): v for k, v in row.items() if k.startswith("checkout_")}
+    checkout = checkout if checkout["id"] is not None else None
+    if row["finished_subscription_id"] is None:
+        return None, checkout
+    return {"payment_id": payment.id, "outcome": "duplicate", "subscription_id": row["finished_subscription_id"],
+            "user_id": row["finished_user_id"], "credits_applied": 0, "provider_recorded": True,
+            "activation": "already_active"}, checkout
 
 
 def _confirm_after(uow, facts: PaymentFacts, now) -> datetime | None:
@@ -184,12 +194,12 @@ def is_renewal_payment(payment: Payment) -> bool:
     return bool(order_id and subscription_id and order_id != subscription_id)
 
 
-def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool, bool]:
+def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool, bool, bool]:
     """(the subscription is cancelled, the user is frozen, the user already holds another live subscription
-    of the plan), each only while this payment has no purchase yet: one read."""
+    of the plan), each only while this payment has no purchase yet, and whether the user's row exists: one read."""
     row = uow.purchases.gates(facts.payment_id, facts.subscription_id, facts.user_id, facts.item_price_id)
     return (row.status == "cancelled" and not row.bought, row.frozen_at is not None and not row.bought,
-            bool(row.same_plan or row.paid_other) and not row.bought)
+            bool(row.same_plan or row.paid_other) and not row.bought, bool(row.user_exists))
 
 
 def _left_to_orphan_recovery(facts: PaymentFacts, message: str) -> dict:
@@ -202,8 +212,8 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
     now = container.clock.now()
     with container.uow() as uow:
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
-        cancelled, frozen, same_plan = _unrecorded_gates(uow, facts) if path != "orphan_recovery" else \
-            (False, False, False)
+        cancelled, frozen, same_plan, known = _unrecorded_gates(uow, facts) if path != "orphan_recovery" else \
+            (False, False, False, False)
         if same_plan and not is_renewal_payment(payment) and not cancelled and not frozen:
             # A second checkout of a plan the customer already holds live, or a checkout paid twice (two
             # tabs of one payment form): the same-plan duplicate path of orphan recovery refunds it with one
@@ -239,8 +249,21 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
                         extra={"payment_id": facts.payment_id, "user_id": facts.user_id})
             return {"payment_id": facts.payment_id, "outcome": "held_frozen", "subscription_id": facts.subscription_id,
                     "user_id": facts.user_id, "credits_applied": 0}
-        uow.users.ensure(facts.user_id, now)
-        new = uow.purchases.add({
+        if not known:
+            uow.users.ensure(facts.user_id, now)
+        # A term paid at the provider in several parts (a cheque, then a wire) is credited once, by its invoice.
+        term_key = f"invoice:{facts.invoice_id}" if facts.provider_side else f"payment:{facts.payment_id}"
+        # Analytics in the same transaction: one notification per recorded payment, whatever the path.
+        analytics = alerts.outbox_row(container.clock, "analytics", {
+            "event": "payment_recorded", "payment_id": facts.payment_id, "user_id": facts.user_id,
+            "subscription_id": facts.subscription_id, "item_price_id": facts.item_price_id, "lane": facts.lane,
+            "amount": facts.amount, "currency_code": facts.currency_code, "credits": facts.credits, "path": path,
+        }, f"analytics:payment:{facts.payment_id}")
+        transaction = dict(amount=facts.amount, currency_code=facts.currency_code, customer_id=facts.user_id,
+                           invoice_id=facts.invoice_id, subscription_id=facts.subscription_id,
+                           processor=facts.processor, processor_merchant_id=facts.merchant_id)
+        # Purchase, transaction, ledger and balance, subscription and outbox: one statement on PostgreSQL.
+        written = uow.new_payments.record({
             "invoice_id": facts.invoice_id, "transaction_id": facts.payment_id,
             "subscription_id": facts.subscription_id, "user_id": facts.user_id, "item_price_id": facts.item_price_id,
             "amount": facts.amount, "currency_code": facts.currency_code, "credits": facts.credits,
@@ -249,19 +272,19 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
             "provider_recorded_at": now if facts.provider_side else None,
             # A renewal's record on its invoice is the workflow's; ours only if no confirmation came meanwhile.
             "confirm_after": _confirm_after(uow, facts, now),
-        })
-        if not new:
+        }, transaction_row(facts.payment_id, lifecycle.payment_status("SETTLED"), now, **transaction),
+            ledger_row(facts.user_id, facts.credits, term_key, "payment", facts.payment_id, now)
+            if facts.credits > 0 or not facts.provider_side else None,
+            {"id": facts.subscription_id, "status": "future", "customer_id": facts.user_id, "created_at": now,
+             "coupon_ids": [], "item_price_id": facts.item_price_id, "lane": facts.lane,
+             "activation_pending_since": now}, analytics)
+        if not written.purchase:
             stored = uow.purchases.by_payment_id(facts.payment_id)
             return {"payment_id": facts.payment_id, "outcome": "duplicate",
                     "subscription_id": stored["subscription_id"], "user_id": stored["user_id"], "credits_applied": 0}
-        save_transaction(container, uow, facts.payment_id, "SETTLED", now, amount=facts.amount,
-                         currency_code=facts.currency_code, customer_id=facts.user_id, invoice_id=facts.invoice_id,
-                         subscription_id=facts.subscription_id, processor=facts.processor,
-                         processor_merchant_id=facts.merchant_id)
-        # A term paid at the provider in several parts (a cheque, then a wire) is credited once, by its invoice.
-        term_key = f"invoice:{facts.invoice_id}" if facts.provider_side else f"payment:{facts.payment_id}"
-        credited = (facts.credits > 0 or not facts.provider_side) and apply_credits(
-            uow, facts.user_id, facts.credits, term_key, "payment", facts.payment_id, now)
+        if not written.transaction:  # opened by an earlier status report: moved through its lifecycle
+            save_transaction(container, uow, facts.payment_id, "SETTLED", now, **transaction)
+        credited = written.credited
         if facts.invoice_id:  # a renewal charge ends here, whichever path saw it settle
             end_renewal_attempt(container, uow, _invoice_of(facts), facts.payment_id, "succeeded",
                                 amount=facts.amount)
@@ -269,21 +292,12 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
             name_invoice(uow, facts.invoice_id, now, subscription_id=facts.subscription_id, customer_id=facts.user_id,
                          total_amount=facts.amount, currency_code=facts.currency_code,
                          paid_at=facts.settled_at or now)
-        uow.subscriptions.add({"id": facts.subscription_id, "status": "future", "customer_id": facts.user_id,
-                               "created_at": now, "coupon_ids": [], "item_price_id": facts.item_price_id,
-                               "lane": facts.lane})
-        uow.subscriptions.mark_activation_pending(facts.subscription_id, now)
         lock = lock_after_settle(uow, container, user_id=facts.user_id, payment_lane=facts.lane,
                                  processor=facts.processor, merchant_id=facts.merchant_id)
-        # Analytics in the same transaction: one notification per recorded payment, whatever the path.
-        alerts.enqueue(uow, container.clock, "analytics", {
-            "event": "payment_recorded", "payment_id": facts.payment_id, "user_id": facts.user_id,
-            "subscription_id": facts.subscription_id, "item_price_id": facts.item_price_id, "lane": facts.lane,
-            "amount": facts.amount, "currency_code": facts.currency_code, "credits": facts.credits, "path": path,
-        }, f"analytics:payment:{facts.payment_id}")
         crash_point(container.settings, "record.before_commit")
         uow.commit()
     crash_point(container.settings, "record.after_commit")
+    alerts.logged(analytics, True)
     if facts.settled_at is not None:
         container.metrics.payment_recording_latency.observe(max(0.0, (now - facts.settled_at).total_seconds()))
     container.metrics.payments_recorded.labels(path=path).inc()

@@ -5,7 +5,7 @@ counts. Written against the survivors of `make mutation`."""
 import pytest
 from sqlalchemy import select
 
-from billingctl.adapters.db.tables import fraud_event, orphan_recovery, subscription, transaction
+from billingctl.adapters.db.tables import alert_outbox, fraud_event, orphan_recovery, subscription, transaction
 from billingctl.domain.clock import parse_time
 from billingctl.services.payments import (
     activate_subscription,
@@ -83,6 +83,29 @@ def test_an_nsfw_authorization_without_a_lane_in_its_metadata_counts_by_its_chec
     update_transaction_status(world.c, other)
     with world.c.uow() as uow:
         assert uow.execute(select(fraud_event.c.id).where(fraud_event.c.user_id == "user_r")).first() is None
+
+
+def test_a_payment_reported_authorized_before_it_settled_is_recorded_once_its_row_moved_to_captured(world):
+    """Issue 39 item 4: a new payment's writes are one statement on PostgreSQL. A transaction row an earlier
+    status report opened is not written again but moved through its lifecycle; the purchase, its credits,
+    its subscription's pending activation and its analytics message are written once, and a second
+    recording writes none of them again."""
+    co = world.checkout("user_auth")
+    payment = world.settle(co["order_id"])
+    assert update_transaction_status(world.c, {**payment, "status": "AUTHORIZED"})["outcome"] == "status_updated"
+    assert txn(world, payment["id"])[1] == "authorized"
+    first = record_payment(world.c, payment, "webhook", followups=False)
+    again = record_payment(world.c, payment, "settled_poller", followups=False)
+    assert (first["outcome"], again["outcome"]) == ("recorded", "duplicate")
+    assert txn(world, payment["id"])[1:5] == ("captured", payment["amount"], "USD", "user_auth")
+    assert world.purchases(payment["id"]) == 1 and world.credits("user_auth") == first["credits_applied"] > 0
+    with world.c.uow() as uow:
+        row = uow.execute(select(subscription.c.status, subscription.c.activation_pending_since).where(
+            subscription.c.id == co["subscription_id"])).one()
+        messages = uow.execute(select(alert_outbox.c.payload).where(
+            alert_outbox.c.dedupe_key == f"analytics:payment:{payment['id']}")).scalars().all()
+    assert row.status == "future" and row.activation_pending_since is not None
+    assert [m["event"] for m in messages] == ["payment_recorded"]
 
 
 def test_a_checkout_cancelled_at_the_provider_opens_its_payment_for_review_with_its_facts(world):

@@ -8,7 +8,7 @@ from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.tables import checkout_session, purchase, subscription
 
 
-def _by_order_id(order_id: str):
+def order_matches(order_id: str):
     return or_(checkout_session.c.order_id == order_id, checkout_session.c.invoice_id == order_id)
 
 
@@ -17,7 +17,7 @@ class Checkouts(Repository):
         self.execute(checkout_session.insert().values(**values))
 
     def by_order_id(self, order_id: str, user_id: str | None = None):
-        query = select(checkout_session).where(_by_order_id(order_id))
+        query = select(checkout_session).where(order_matches(order_id))
         if user_id is not None:
             query = query.where(checkout_session.c.user_id == user_id)
         return self.execute(query).mappings().first()
@@ -43,7 +43,7 @@ class Checkouts(Repository):
         )).scalar_one()
 
     def lane_of_order(self, order_id: str) -> str | None:
-        return self.execute(select(checkout_session.c.lane).where(_by_order_id(order_id))).scalar()
+        return self.execute(select(checkout_session.c.lane).where(order_matches(order_id))).scalar()
 
     def user_has_any(self, user_id: str) -> bool:
         return self.execute(select(checkout_session.c.id).where(checkout_session.c.user_id == user_id)

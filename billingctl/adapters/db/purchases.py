@@ -3,11 +3,16 @@ them exactly once, and the payment transactions."""
 
 from __future__ import annotations
 
-from sqlalchemy import func, or_, select, update
+from dataclasses import dataclass
+from functools import lru_cache
 
+from sqlalchemy import bindparam, exists, func, literal, or_, select, true, update
+
+from billingctl.adapters.db.checkouts import order_matches
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import (
+    alert_outbox,
     checkout_session,
     credit_ledger,
     orphan_recovery,
@@ -49,20 +54,27 @@ class Purchases(Repository):
             query = query.where(purchase.c.invoice_id.is_(None))
         return self.execute(query).first() is not None
 
-    def finished(self, payment_id: str):
-        """(subscription_id, user_id) of a payment with nothing left to do: purchased, recorded on its
-        provider invoice, its subscription active with no activation pending. One read."""
-        return self.execute(
-            select(purchase.c.subscription_id, purchase.c.user_id)
-            .join(subscription, subscription.c.id == purchase.c.subscription_id)
-            .where(purchase.c.transaction_id == str(payment_id), purchase.c.invoice_id.is_not(None),
-                   or_(purchase.c.provider_recorded_at.is_not(None), purchase.c.closed_at.is_not(None)),
-                   subscription.c.activation_pending_since.is_(None),
-                   subscription.c.status == "active")).first()
+    def finished(self, payment_id: str, order_id: str | None = None):
+        """One read: (finished_subscription_id, finished_user_id) of a payment with nothing left to do
+        (purchased, recorded on its provider invoice, its subscription active with no activation pending;
+        None when not), and the checkout session its order names (`checkout_*`; None when none)."""
+        done = (select(purchase.c.subscription_id, purchase.c.user_id)
+                .join(subscription, subscription.c.id == purchase.c.subscription_id)
+                .where(purchase.c.transaction_id == str(payment_id), purchase.c.invoice_id.is_not(None),
+                       or_(purchase.c.provider_recorded_at.is_not(None), purchase.c.closed_at.is_not(None)),
+                       subscription.c.activation_pending_since.is_(None),
+                       subscription.c.status == "active").limit(1).subquery("done"))
+        checkout = select(checkout_session).where(order_matches(order_id or "")).limit(1).subquery("checkout")
+        one = select(literal(1).label("one")).subquery("one")
+        return self.execute(select(done.c.subscription_id.label("finished_subscription_id"),
+                                   done.c.user_id.label("finished_user_id"),
+                                   *(c.label(f"checkout_{c.name}") for c in checkout.c))
+                            .select_from(one.outerjoin(done, true()).outerjoin(checkout, true()))).mappings().one()
 
     def gates(self, payment_id: str, subscription_id: str, user_id: str, item_price_id: str | None = None):
-        """One read: the subscription's status, the user's frozen_at, whether the payment is bought, and
-        whether the user holds another live (active or non-renewing) subscription of the same plan."""
+        """One read: the subscription's status, the user's frozen_at, whether the payment is bought,
+        whether the user holds another live (active or non-renewing) subscription of the same plan, and
+        whether the user's row exists."""
         status = select(subscription.c.status).where(subscription.c.id == subscription_id).scalar_subquery()
         frozen = select(users.c.frozen_at).where(users.c.id == user_id).scalar_subquery()
         bought = select(purchase.c.id).where(purchase.c.transaction_id == payment_id).exists()
@@ -71,8 +83,10 @@ class Purchases(Repository):
             subscription.c.status.in_(("active", "non_renewing")), subscription.c.id != subscription_id).exists()
         paid_other = select(purchase.c.id).where(purchase.c.subscription_id == subscription_id,
                                                  purchase.c.transaction_id != payment_id).exists()
+        known = select(users.c.id).where(users.c.id == user_id).exists()
         return self.execute(select(status.label("status"), frozen.label("frozen_at"), bought.label("bought"),
-                                   same_plan.label("same_plan"), paid_other.label("paid_other"))).one()
+                                   same_plan.label("same_plan"), paid_other.label("paid_other"),
+                                   known.label("user_exists"))).one()
 
     def other_payment_of(self, subscription_id: str, payment_id: str) -> str | None:
         """Another payment already recorded for the subscription (its checkout paid once already)."""
@@ -181,11 +195,12 @@ class Ledger(Repository):
     """The credit ledger: one row per source key, the user's balance moved only by a new row."""
 
     def apply(self, user_id: str, amount: int, source_key: str, reason: str, payment_id: str | None, now) -> bool:
-        new = insert_ignore(self.uow, credit_ledger, {"user_id": user_id, "amount": amount, "source_key": source_key,
-                                                      "reason": reason, "payment_id": payment_id, "created_at": now},
-                            ["source_key"])
-        if new and amount:
-            self.uow.users.add_credits(user_id, amount)
+        return self.apply_row(ledger_row(user_id, amount, source_key, reason, payment_id, now))
+
+    def apply_row(self, row: dict) -> bool:
+        new = insert_ignore(self.uow, credit_ledger, row, ["source_key"])
+        if new and row["amount"]:
+            self.uow.users.add_credits(row["user_id"], row["amount"])
         return new
 
     def reversed_for(self, payment_id: str) -> int:
@@ -205,10 +220,8 @@ class Ledger(Repository):
 class Transactions(Repository):
     def insert(self, transaction_id: str, status: str, now, **values) -> bool:
         """The payment's first row; False when it exists (then `move` it through its lifecycle)."""
-        values = {k: v for k, v in values.items() if v is not None}
-        return insert_ignore(self.uow, transaction, {"transaction_id": transaction_id, "status": status,
-                                                     "created_at": now, "amount": values.pop("amount", 0),
-                                                     **values}, ["transaction_id"])
+        return insert_ignore(self.uow, transaction, transaction_row(transaction_id, status, now, **values),
+                             ["transaction_id"])
 
     def status(self, transaction_id: str) -> str | None:
         return self.execute(select(transaction.c.status).where(transaction.c.transaction_id == transaction_id)).scalar()
@@ -260,3 +273,97 @@ def _standing(row) -> str:
 
 def _confirmation_over(now):
     return or_(purchase.c.confirm_after.is_(None), purchase.c.confirm_after <= now)
+
+
+# ---- a new payment's writes, set-based (issue 39 item 4) ---------------------------------------------------
+
+@dataclass(frozen=True)
+class NewPayment:
+    """What recording a new payment wrote: its purchase (False: the payment had one, nothing else was
+    written), its transaction row (False: an earlier status report opened it; move it instead) and its
+    ledger row (credited)."""
+    purchase: bool
+    transaction: bool
+    credited: bool
+
+
+def ledger_row(user_id: str, amount: int, source_key: str, reason: str, payment_id: str | None, now) -> dict:
+    return {"user_id": user_id, "amount": amount, "source_key": source_key, "reason": reason,
+            "payment_id": payment_id, "created_at": now}
+
+
+def transaction_row(transaction_id: str, status: str, now, **values) -> dict:
+    """A payment's first transaction row: the values given (None left out, the amount 0 when unknown)."""
+    values = {k: v for k, v in values.items() if v is not None}
+    return {"transaction_id": transaction_id, "status": status, "created_at": now, "amount": values.pop("amount", 0),
+            **values}
+
+
+def _subscription_pending(statement):
+    """A new payment's subscription: created future with its activation pending, or, already there, made
+    pending unless it is active or pending already (one statement instead of an insert and an update)."""
+    return statement.on_conflict_do_update(
+        index_elements=["id"], set_={"activation_pending_since": statement.excluded.activation_pending_since},
+        where=(subscription.c.status != "active") & subscription.c.activation_pending_since.is_(None))
+
+
+def _bound(table, prefix: str, columns: tuple[str, ...]):
+    return [bindparam(f"{prefix}_{name}", type_=table.c[name].type) for name in columns]
+
+
+@lru_cache(maxsize=32)
+def _new_payment_statement(shape: tuple[tuple[str, tuple[str, ...]], ...]):
+    """PostgreSQL: every write of a new payment in one statement, each a data-modifying CTE that runs only
+    when the purchase is new (an existing purchase means all of them were written with it): purchase,
+    transaction, ledger and the balance it moves, subscription, outbox. Built once per column set."""
+    from sqlalchemy.dialects.postgresql import insert
+
+    columns = dict(shape)
+    p = insert(purchase).values(dict(zip(columns["p"], _bound(purchase, "p", columns["p"]), strict=True))) \
+        .on_conflict_do_nothing(index_elements=["transaction_id"]).returning(purchase.c.id).cte("p")
+    new = exists(select(p.c.id))
+
+    def after_purchase(table, prefix):
+        return insert(table).from_select(list(columns[prefix]),
+                                         select(*_bound(table, prefix, columns[prefix])).where(new))
+
+    t = after_purchase(transaction, "t").on_conflict_do_nothing(index_elements=["transaction_id"]) \
+        .returning(transaction.c.transaction_id).cte("t")
+    s = _subscription_pending(after_purchase(subscription, "s")).returning(subscription.c.id).cte("s")
+    o = after_purchase(alert_outbox, "o").on_conflict_do_nothing(index_elements=["dedupe_key"]) \
+        .returning(alert_outbox.c.id).cte("o")
+    counts = [select(func.count()).select_from(cte).scalar_subquery() for cte in (p, t, s, o)]
+    credited = literal(0)
+    if "l" in columns:
+        ledger = after_purchase(credit_ledger, "l").on_conflict_do_nothing(index_elements=["source_key"]) \
+            .returning(credit_ledger.c.user_id, credit_ledger.c.amount).cte("l")
+        moved = update(users).where(users.c.id == ledger.c.user_id, ledger.c.amount != 0) \
+            .values(credits=users.c.credits + ledger.c.amount).returning(users.c.id).cte("c")
+        credited = select(func.count()).select_from(ledger).scalar_subquery()
+        counts.append(select(func.count()).select_from(moved).scalar_subquery())
+    return select(counts[0].label("purchase"), counts[1].label("transaction"), credited.label("credited"),
+                  *(c.label(f"w{i}") for i, c in enumerate(counts[2:])))
+
+
+class NewPayments(Repository):
+    def record(self, purchase_row: dict, transaction_row: dict, ledger_row: dict | None, subscription_row: dict,
+               outbox_row: dict) -> NewPayment:
+        """Write a new payment: one statement on PostgreSQL, one per table elsewhere (SQLite runs in process:
+        a statement there is no round trip). Nothing but the purchase is written when it exists already."""
+        rows = {"p": purchase_row, "t": transaction_row, "s": subscription_row, "o": outbox_row}
+        if ledger_row is not None:
+            rows["l"] = ledger_row
+        if self.uow.dialect == "postgresql":
+            statement = _new_payment_statement(tuple((prefix, tuple(row)) for prefix, row in rows.items()))
+            params = {f"{prefix}_{name}": value for prefix, row in rows.items() for name, value in row.items()}
+            written = self.execute(statement, params).one()
+            return NewPayment(written.purchase == 1, written.transaction == 1, written.credited == 1)
+        if not insert_ignore(self.uow, purchase, purchase_row, ["transaction_id"]):
+            return NewPayment(False, False, False)
+        opened = insert_ignore(self.uow, transaction, transaction_row, ["transaction_id"])
+        credited = ledger_row is not None and self.uow.ledger.apply_row(ledger_row)
+        from sqlalchemy.dialects.sqlite import insert
+
+        self.execute(_subscription_pending(insert(subscription).values(subscription_row)))
+        insert_ignore(self.uow, alert_outbox, outbox_row, ["dedupe_key"])
+        return NewPayment(True, opened, credited)

@@ -26,7 +26,7 @@ from billingctl.adapters.db.leases import Leases
 from billingctl.adapters.db.locks import ProcessorLocks
 from billingctl.adapters.db.orphans import Orphans
 from billingctl.adapters.db.outbox import Outbox
-from billingctl.adapters.db.purchases import Ledger, Purchases, Transactions
+from billingctl.adapters.db.purchases import Ledger, NewPayments, Purchases, Transactions
 from billingctl.adapters.db.subscriptions import Invoices, Subscriptions
 from billingctl.adapters.db.users import Users
 
@@ -127,6 +127,10 @@ class UnitOfWork:
     @cached_property
     def orphans(self) -> Orphans:
         return Orphans(self)
+
+    @cached_property
+    def new_payments(self) -> NewPayments:
+        return NewPayments(self)
 
     @cached_property
     def outbox(self) -> Outbox:
