@@ -74,6 +74,7 @@ def seed_payments(c: Container, n: int, prefix: str = "bench") -> list[dict]:
         user, sub, pay = f"{prefix}_u{i % 500}", f"sub_{prefix}_{i}", f"pay_{prefix}_{i}"
         subs.append({"id": sub, "customer_id": user, "status": "future", "start_date": now + 400 * 86400,
                      "created_at": now, "updated_at": now, "currency_code": "USD", "coupons": [], "deleted": False,
+                     "auto_collection": "off",
                      "subscription_items": [{"item_price_id": "credits-basic-USD-monthly", "unit_price": 999}]})
         payments.append({"id": pay, "status": "SETTLED", "orderId": sub, "customerId": user, "amount": 999,
                          "currencyCode": "USD", "date": now,
@@ -81,9 +82,10 @@ def seed_payments(c: Container, n: int, prefix: str = "bench") -> list[dict]:
                          "metadata": {"user_id": user, "subscription_id": sub,
                                       "item_price_id": "credits-basic-USD-monthly", "lane": "sfw"}})
     # The provider holds each customer before its subscriptions (it refuses a subscription for a customer
-    # it does not know), as a checkout creates them.
+    # it does not know), as a checkout creates them: collected off the provider (the orchestrator takes the
+    # payments; with auto collection on and no card the provider refuses to start the subscription).
     customers = {s["customer_id"] for s in subs}
-    c.sandbox.store.put_many("customer", [{"id": cid, "auto_collection": "on", "deleted": False, "created_at": now,
+    c.sandbox.store.put_many("customer", [{"id": cid, "auto_collection": "off", "deleted": False, "created_at": now,
                                            "updated_at": now, "object": "customer", "card_status": "no_card",
                                            "preferred_currency_code": "USD"} for cid in sorted(customers)])
     c.sandbox.store.put_many("subscription", subs)

@@ -249,8 +249,6 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
                         extra={"payment_id": facts.payment_id, "user_id": facts.user_id})
             return {"payment_id": facts.payment_id, "outcome": "held_frozen", "subscription_id": facts.subscription_id,
                     "user_id": facts.user_id, "credits_applied": 0}
-        if not known:
-            uow.users.ensure(facts.user_id, now)
         # A term paid at the provider in several parts (a cheque, then a wire) is credited once, by its invoice.
         term_key = f"invoice:{facts.invoice_id}" if facts.provider_side else f"payment:{facts.payment_id}"
         # Analytics in the same transaction: one notification per recorded payment, whatever the path.
@@ -262,8 +260,8 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
         transaction = dict(amount=facts.amount, currency_code=facts.currency_code, customer_id=facts.user_id,
                            invoice_id=facts.invoice_id, subscription_id=facts.subscription_id,
                            processor=facts.processor, processor_merchant_id=facts.merchant_id)
-        # Purchase, transaction, ledger and balance, subscription and outbox: one statement on PostgreSQL.
-        written = uow.new_payments.record({
+        # User, purchase, transaction, ledger and balance, subscription and outbox: one statement on PostgreSQL.
+        written = uow.new_payments.record(known, {
             "invoice_id": facts.invoice_id, "transaction_id": facts.payment_id,
             "subscription_id": facts.subscription_id, "user_id": facts.user_id, "item_price_id": facts.item_price_id,
             "amount": facts.amount, "currency_code": facts.currency_code, "credits": facts.credits,

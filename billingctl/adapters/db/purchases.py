@@ -313,9 +313,10 @@ def _bound(table, prefix: str, columns: tuple[str, ...]):
 
 @lru_cache(maxsize=32)
 def _new_payment_statement(shape: tuple[tuple[str, tuple[str, ...]], ...]):
-    """PostgreSQL: every write of a new payment in one statement, each a data-modifying CTE that runs only
-    when the purchase is new (an existing purchase means all of them were written with it): purchase,
-    transaction, ledger and the balance it moves, subscription, outbox. Built once per column set."""
+    """PostgreSQL: every write of a new payment in one statement, each a data-modifying CTE: the user's row
+    (created when missing, its balance moved by the ledger row); then, only when the purchase is new (an
+    existing purchase means all of them were written with it), transaction, ledger, subscription and
+    outbox. Built once per column set; the foreign keys are checked at the statement's end."""
     from sqlalchemy.dialects.postgresql import insert
 
     columns = dict(shape)
@@ -332,32 +333,39 @@ def _new_payment_statement(shape: tuple[tuple[str, tuple[str, ...]], ...]):
     s = _subscription_pending(after_purchase(subscription, "s")).returning(subscription.c.id).cte("s")
     o = after_purchase(alert_outbox, "o").on_conflict_do_nothing(index_elements=["dedupe_key"]) \
         .returning(alert_outbox.c.id).cte("o")
-    counts = [select(func.count()).select_from(cte).scalar_subquery() for cte in (p, t, s, o)]
-    credited = literal(0)
+    credited, moves = literal(0), literal(0)
     if "l" in columns:
         ledger = after_purchase(credit_ledger, "l").on_conflict_do_nothing(index_elements=["source_key"]) \
-            .returning(credit_ledger.c.user_id, credit_ledger.c.amount).cte("l")
-        moved = update(users).where(users.c.id == ledger.c.user_id, ledger.c.amount != 0) \
-            .values(credits=users.c.credits + ledger.c.amount).returning(users.c.id).cte("c")
+            .returning(credit_ledger.c.amount).cte("l")
         credited = select(func.count()).select_from(ledger).scalar_subquery()
-        counts.append(select(func.count()).select_from(moved).scalar_subquery())
+        moves = func.coalesce(select(func.sum(ledger.c.amount)).scalar_subquery(), 0)
+    # One statement for the user's row: a sibling CTE's update would not see a row another one inserts.
+    user = insert(users).values(id=bindparam("u_id", type_=users.c.id.type),
+                                created_at=bindparam("u_created_at", type_=users.c.created_at.type), credits=moves)
+    u = user.on_conflict_do_update(index_elements=["id"], set_={"credits": users.c.credits + user.excluded.credits},
+                                   where=user.excluded.credits != 0).returning(users.c.id).cte("u")
+    counts = [select(func.count()).select_from(cte).scalar_subquery() for cte in (p, t, s, o, u)]
     return select(counts[0].label("purchase"), counts[1].label("transaction"), credited.label("credited"),
                   *(c.label(f"w{i}") for i, c in enumerate(counts[2:])))
 
 
 class NewPayments(Repository):
-    def record(self, purchase_row: dict, transaction_row: dict, ledger_row: dict | None, subscription_row: dict,
-               outbox_row: dict) -> NewPayment:
-        """Write a new payment: one statement on PostgreSQL, one per table elsewhere (SQLite runs in process:
-        a statement there is no round trip). Nothing but the purchase is written when it exists already."""
+    def record(self, user_known: bool, purchase_row: dict, transaction_row: dict, ledger_row: dict | None,
+               subscription_row: dict, outbox_row: dict) -> NewPayment:
+        """Write a new payment and its user's row when missing (`user_known`: read in this transaction): one
+        statement on PostgreSQL, one per table elsewhere (SQLite runs in process: a statement there is no round
+        trip). Nothing but the purchase is written when it exists already."""
         rows = {"p": purchase_row, "t": transaction_row, "s": subscription_row, "o": outbox_row}
         if ledger_row is not None:
             rows["l"] = ledger_row
         if self.uow.dialect == "postgresql":
             statement = _new_payment_statement(tuple((prefix, tuple(row)) for prefix, row in rows.items()))
             params = {f"{prefix}_{name}": value for prefix, row in rows.items() for name, value in row.items()}
+            params.update(u_id=purchase_row["user_id"], u_created_at=purchase_row["created_at"])
             written = self.execute(statement, params).one()
             return NewPayment(written.purchase == 1, written.transaction == 1, written.credited == 1)
+        if not user_known:
+            self.uow.users.ensure(purchase_row["user_id"], purchase_row["created_at"])
         if not insert_ignore(self.uow, purchase, purchase_row, ["transaction_id"]):
             return NewPayment(False, False, False)
         opened = insert_ignore(self.uow, transaction, transaction_row, ["transaction_id"])
