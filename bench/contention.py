@@ -19,7 +19,7 @@ import httpx
 import psycopg
 
 from bench.common import container, percentile, seed_payments, workdir
-from bench.webhook import _gunicorn
+from bench.webhook import _gunicorn, unit_workers
 from billingctl.sandbox.model import sign_body
 
 EVENTS = int(os.environ.get("BENCH_CATCH_UP_EVENTS", "10000"))
@@ -104,7 +104,8 @@ def run(database_url: str, redis_url: str) -> dict:
     results = [r.get("result", r) for r in runs]
     ordered = sorted(latencies)
     return {
-        "shape": "PostgreSQL + Redis, provider limit 60/min, gunicorn 2 workers, `jobs run poll --loop`",
+        "shape": f"PostgreSQL + Redis, provider limit 60/min, gunicorn {unit_workers()} workers, "
+                 "`jobs run poll --loop`",
         "events": EVENTS, "webhooks": len(latencies), "webhook_statuses": statuses,
         "webhook_p50_ms": round(percentile(ordered, 50) * 1000, 1),
         "webhook_p99_ms": round(percentile(ordered, 99) * 1000, 1),

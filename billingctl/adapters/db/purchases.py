@@ -58,18 +58,8 @@ class Purchases(Repository):
         """One read: (finished_subscription_id, finished_user_id) of a payment with nothing left to do
         (purchased, recorded on its provider invoice, its subscription active with no activation pending;
         None when not), and the checkout session its order names (`checkout_*`; None when none)."""
-        done = (select(purchase.c.subscription_id, purchase.c.user_id)
-                .join(subscription, subscription.c.id == purchase.c.subscription_id)
-                .where(purchase.c.transaction_id == str(payment_id), purchase.c.invoice_id.is_not(None),
-                       or_(purchase.c.provider_recorded_at.is_not(None), purchase.c.closed_at.is_not(None)),
-                       subscription.c.activation_pending_since.is_(None),
-                       subscription.c.status == "active").limit(1).subquery("done"))
-        checkout = select(checkout_session).where(order_matches(order_id or "")).limit(1).subquery("checkout")
-        one = select(literal(1).label("one")).subquery("one")
-        return self.execute(select(done.c.subscription_id.label("finished_subscription_id"),
-                                   done.c.user_id.label("finished_user_id"),
-                                   *(c.label(f"checkout_{c.name}") for c in checkout.c))
-                            .select_from(one.outerjoin(done, true()).outerjoin(checkout, true()))).mappings().one()
+        return self.execute(_finished_statement(), {"payment_id": str(payment_id),
+                                                    "order_id": order_id or ""}).mappings().one()
 
     def gates(self, payment_id: str, subscription_id: str, user_id: str, item_price_id: str | None = None):
         """One read: the subscription's status, the user's frozen_at, whether the payment is bought,
@@ -273,6 +263,22 @@ def _standing(row) -> str:
 
 def _confirmation_over(now):
     return or_(purchase.c.confirm_after.is_(None), purchase.c.confirm_after <= now)
+
+
+@lru_cache(maxsize=1)
+def _finished_statement():
+    """The duplicate fast path's read, built once (issue 39 item 4: no statement construction per delivery)."""
+    done = (select(purchase.c.subscription_id, purchase.c.user_id)
+            .join(subscription, subscription.c.id == purchase.c.subscription_id)
+            .where(purchase.c.transaction_id == bindparam("payment_id"), purchase.c.invoice_id.is_not(None),
+                   or_(purchase.c.provider_recorded_at.is_not(None), purchase.c.closed_at.is_not(None)),
+                   subscription.c.activation_pending_since.is_(None),
+                   subscription.c.status == "active").limit(1).subquery("done"))
+    checkout = select(checkout_session).where(order_matches(bindparam("order_id"))).limit(1).subquery("checkout")
+    one = select(literal(1).label("one")).subquery("one")
+    return select(done.c.subscription_id.label("finished_subscription_id"), done.c.user_id.label("finished_user_id"),
+                  *(c.label(f"checkout_{c.name}") for c in checkout.c)) \
+        .select_from(one.outerjoin(done, true()).outerjoin(checkout, true()))
 
 
 # ---- a new payment's writes, set-based (issue 39 item 4) ---------------------------------------------------
