@@ -119,9 +119,17 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
     `provider_side`: a payment entered at the provider, not the orchestrator's (a cheque, a wire): never
     posted back to the provider, and its invoice's term is credited once, when `term_paid` (decision 112)."""
     payment = Payment.read(payment)  # typed already, or a stored notification's payment (read once here)
-    done, checkout = _finished_duplicate(container, payment) if followups else (None, _UNREAD)
-    if done is not None:
+    done, bought, checkout = _finished_duplicate(container, payment)
+    if done is not None and followups:
         return done
+    if bought is not None:  # recorded before: nothing to write; only its follow-ups may be left
+        result = {"payment_id": payment.id, "outcome": "duplicate", **bought, "credits_applied": 0}
+        if followups and _AFTER_RESPONSE.get() is not None:
+            _followups(container, result)  # queued: they take the subscription's lock once the answer is sent
+        elif followups:
+            with container.locks.hold(f"subscription:{bought['subscription_id']}"):
+                _followups(container, result)
+        return result
     facts = facts_from_payment(container, payment, checkout)
     if provider_side:
         facts.provider_side = True
@@ -134,13 +142,7 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
         if result["outcome"] in ("orphaned", "held_frozen"):
             return result
         if followups:
-            # The subscription the purchase belongs to (orphan recovery may have recorded it elsewhere).
-            deferred = _AFTER_RESPONSE.get()
-            if deferred is not None:  # a webhook: its provider calls run once its answer is sent
-                deferred.add(result["subscription_id"])
-                result["followups"] = "after_response"
-            else:
-                result.update(complete_followups(container, result["subscription_id"]))
+            _followups(container, result)
     refunded = payment.refunded
     if refunded and result["outcome"] == "recorded":
         # Recorded after it was refunded (a late poller): the refund reports may all be behind us.
@@ -153,22 +155,36 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
     return result
 
 
-def _finished_duplicate(container, payment: Payment) -> tuple[dict | None, object]:
-    """The duplicate fast path, one read before any lock, provider call or transaction: a payment whose
-    purchase exists, is recorded on its provider invoice and whose subscription is active with no
-    activation pending has nothing left to do. Anything less takes the full path, which finishes the follow-ups.
-    The same read brings the checkout session the payment's order names, which the full path needs next."""
+def _followups(container, result: dict) -> None:
+    """The provider follow-ups of a recorded payment, under its subscription's lock (held by the caller): made
+    now, or, in a webhook, once its answer is sent. The subscription is the purchase's (orphan recovery may
+    have recorded it elsewhere)."""
+    deferred = _AFTER_RESPONSE.get()
+    if deferred is not None:  # a webhook: its provider calls run once its answer is sent
+        deferred.add(result["subscription_id"])
+        result["followups"] = "after_response"
+    else:
+        result.update(complete_followups(container, result["subscription_id"]))
+
+
+def _finished_duplicate(container, payment: Payment) -> tuple[dict | None, dict | None, object]:
+    """The duplicate fast path, one read before any lock, provider call or transaction: (the answer for a
+    payment with nothing left to do: purchased, recorded on its provider invoice, its subscription active
+    with no activation pending; the (subscription_id, user_id) of a payment purchased already, whose
+    follow-ups may be left; the checkout session the payment's order names, which recording needs next)."""
     if payment.status != "SETTLED":
-        return None, _UNREAD  # the full path refuses it with the right message
+        return None, None, _UNREAD  # the full path refuses it with the right message
     with container.uow(autocommit=True) as reader:
         row = reader.purchases.finished(payment.id, payment.order_id or None)
     checkout = {k.removeprefix("checkout_"): v for k, v in row.items() if k.startswith("checkout_")}
     checkout = checkout if checkout["id"] is not None else None
-    if row["finished_subscription_id"] is None:
-        return None, checkout
-    return {"payment_id": payment.id, "outcome": "duplicate", "subscription_id": row["finished_subscription_id"],
-            "user_id": row["finished_user_id"], "credits_applied": 0, "provider_recorded": True,
-            "activation": "already_active"}, checkout
+    if row["bought_subscription_id"] is None:
+        return None, None, checkout
+    bought = {"subscription_id": row["bought_subscription_id"], "user_id": row["bought_user_id"]}
+    if not row["finished"]:
+        return None, bought, checkout
+    return {"payment_id": payment.id, "outcome": "duplicate", **bought, "credits_applied": 0,
+            "provider_recorded": True, "activation": "already_active"}, bought, checkout
 
 
 def _confirm_after(uow, facts: PaymentFacts, now) -> datetime | None:

@@ -47,6 +47,22 @@ def test_a_duplicate_webhook_and_a_duplicate_recording_are_one_read(stack):
     assert all(s.lstrip('" ').startswith("SELECT") for s in hook["statements"] + again["statements"])
 
 
+def test_a_duplicate_whose_follow_ups_are_pending_is_one_read_before_them(stack):
+    """A payment recorded already whose provider follow-ups are still to do (the budget was spent, the
+    provider failed) writes nothing again: one read says so, before any lock or transaction; what is left
+    are its follow-ups."""
+    c, counter = stack
+    co = create_checkout(c, "user_rt_bought", "credits-pro-USD-monthly")
+    payment = c.sandbox.pay(co["order_id"], drop_webhook=True)
+    assert record_payment(c, payment, "webhook", followups=False)["outcome"] == "recorded"
+    with counter.measure() as again:
+        answer = record_payment(c, payment, "settled_poller", followups=False)
+    assert answer == {"payment_id": payment["id"], "outcome": "duplicate", "subscription_id": co["subscription_id"],
+                      "user_id": "user_rt_bought", "credits_applied": 0}
+    # Before: the full path (the subscription's lock, a transaction, the gates, the writes finding the purchase).
+    assert (again["pg"], again["redis"]) == (1, 0), again
+
+
 def test_a_duplicate_with_follow_ups_still_pending_finishes_them(stack):
     """The fast path answers only when nothing is left: a payment whose activation failed is recorded
     once, and its duplicate finishes the activation."""

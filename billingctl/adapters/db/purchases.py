@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sqlalchemy import bindparam, exists, func, literal, or_, select, true, update
+from sqlalchemy import and_, bindparam, case, exists, func, literal, or_, select, true, update
 
 from billingctl.adapters.db.checkouts import order_matches
 from billingctl.adapters.db.repository import Repository
@@ -55,9 +55,9 @@ class Purchases(Repository):
         return self.execute(query).first() is not None
 
     def finished(self, payment_id: str, order_id: str | None = None):
-        """One read: (finished_subscription_id, finished_user_id) of a payment with nothing left to do
-        (purchased, recorded on its provider invoice, its subscription active with no activation pending;
-        None when not), and the checkout session its order names (`checkout_*`; None when none)."""
+        """One read: the payment's purchase (`bought_subscription_id`, `bought_user_id`; None when it has none)
+        and whether it has nothing left to do (`finished`: recorded on its provider invoice, its subscription
+        active with no activation pending), and the checkout session its order names (`checkout_*`)."""
         return self.execute(_finished_statement(), {"payment_id": str(payment_id),
                                                     "order_id": order_id or ""}).mappings().one()
 
@@ -268,17 +268,19 @@ def _confirmation_over(now):
 @lru_cache(maxsize=1)
 def _finished_statement():
     """The duplicate fast path's read, built once (issue 39 item 4: no statement construction per delivery)."""
-    done = (select(purchase.c.subscription_id, purchase.c.user_id)
-            .join(subscription, subscription.c.id == purchase.c.subscription_id)
-            .where(purchase.c.transaction_id == bindparam("payment_id"), purchase.c.invoice_id.is_not(None),
-                   or_(purchase.c.provider_recorded_at.is_not(None), purchase.c.closed_at.is_not(None)),
-                   subscription.c.activation_pending_since.is_(None),
-                   subscription.c.status == "active").limit(1).subquery("done"))
+    finished = and_(purchase.c.invoice_id.is_not(None),
+                    or_(purchase.c.provider_recorded_at.is_not(None), purchase.c.closed_at.is_not(None)),
+                    subscription.c.activation_pending_since.is_(None), subscription.c.status == "active")
+    bought = (select(purchase.c.subscription_id, purchase.c.user_id,
+                     case((finished, 1), else_=0).label("finished"))
+              .select_from(purchase.outerjoin(subscription, subscription.c.id == purchase.c.subscription_id))
+              .where(purchase.c.transaction_id == bindparam("payment_id")).limit(1).subquery("bought"))
     checkout = select(checkout_session).where(order_matches(bindparam("order_id"))).limit(1).subquery("checkout")
     one = select(literal(1).label("one")).subquery("one")
-    return select(done.c.subscription_id.label("finished_subscription_id"), done.c.user_id.label("finished_user_id"),
+    return select(bought.c.subscription_id.label("bought_subscription_id"), bought.c.user_id.label("bought_user_id"),
+                  func.coalesce(bought.c.finished, 0).label("finished"),
                   *(c.label(f"checkout_{c.name}") for c in checkout.c)) \
-        .select_from(one.outerjoin(done, true()).outerjoin(checkout, true()))
+        .select_from(one.outerjoin(bought, true()).outerjoin(checkout, true()))
 
 
 # ---- a new payment's writes, set-based (issue 39 item 4) ---------------------------------------------------
