@@ -25,6 +25,9 @@ SystemCallArchitectures=native
 CapabilityBoundingSet=
 ReadWritePaths=/var/lib/billing /run/billing-metrics"""
 METRICS_DIR = "/run/billing-metrics"
+# The jobs yield the CPU to the web apps on a shared host: a catch-up is limited by the provider's budget,
+# not by CPU, while a webhook's answer waits on every millisecond it does not get (issue 39 item 3).
+JOB_NICE = 10
 COMMON = f"""User=billing
 Group=billing
 WorkingDirectory={STATE_DIR}
@@ -49,8 +52,8 @@ def cron_command(job: Job, env_file: str = ENV_FILE, billingctl: str = BILLINGCT
     spaces, quotes or JSON in single quotes). Output goes to syslog (the journal), which every host has;
     the metrics directory is the units' (the job creates it when it can)."""
     # One group for all of it: an env file that fails to source is logged too, not sent as cron mail.
-    return (f"{{ set -a && . {env_file} && PROMETHEUS_MULTIPROC_DIR={METRICS_DIR} {billingctl} jobs run {job.name}; }} "
-            f"2>&1 | logger -t billing-job-{job.name}")
+    return (f"{{ set -a && . {env_file} && PROMETHEUS_MULTIPROC_DIR={METRICS_DIR} nice -n {JOB_NICE} {billingctl} jobs "
+            f"run {job.name}; }} 2>&1 | logger -t billing-job-{job.name}")
 
 
 def cron_lines(job: Job) -> list[str]:
@@ -93,6 +96,7 @@ Wants=network-online.target
 Type=simple
 # One run per interval under the job's lease (another host holding it just skips that run).
 ExecStart={billingctl} jobs run {job.name} --loop
+Nice={JOB_NICE}
 Restart=always
 RestartSec=5
 {LONG_RUNNING_TAIL}"""
@@ -106,6 +110,7 @@ Wants=network-online.target
 [Service]
 Type=oneshot
 ExecStart={billingctl} jobs run {job.name}
+Nice={JOB_NICE}
 # 75: another host holds the lease; that is not a failure.
 SuccessExitStatus=75
 TimeoutStartSec={job.lease_seconds}

@@ -244,6 +244,32 @@ def test_an_env_file_that_fails_to_source_is_logged_not_mailed(tmp_path):
     assert "missing.env" in logged.read_text()
 
 
+def test_jobs_yield_the_cpu_to_the_web_apps_under_systemd_and_cron(tmp_path):
+    """Issue 39 item 3: on a shared host a catch-up took the CPU a webhook's answer waited on. Every job runs
+    at a lower priority (its unit's Nice=, the cron line's `nice`); the web apps keep the default."""
+    import os
+    import stat
+
+    from jobs.units import JOB_NICE, cron_command
+
+    units = render_units()
+    for job in JOBS:
+        assert f"\nNice={JOB_NICE}\n" in units[f"billing-job-{job.name}.service"]
+    assert "Nice=" not in units["billing-public.service"] and "Nice=" not in units["billing-internal.service"]
+    bin_dir, seen = tmp_path / "bin", tmp_path / "niceness"
+    bin_dir.mkdir()
+    (bin_dir / "logger").write_text("#!/bin/sh\ncat > /dev/null\n")
+    fake = bin_dir / "billingctl"
+    fake.write_text(f"#!/bin/sh\nnice > {seen}\n")  # the niceness the job's command runs at
+    for script in (bin_dir / "logger", fake):
+        script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    env_file = tmp_path / "billing.env"
+    env_file.write_text("BILLING_LOG_LEVEL=INFO\n")
+    line = cron_command(BY_NAME["velocity-watch"], env_file=str(env_file), billingctl=str(fake))
+    subprocess.run(["sh", "-c", line], env={"PATH": f"{bin_dir}:{os.environ['PATH']}"}, timeout=60, check=True)
+    assert int(seen.read_text()) == min(19, os.nice(0) + JOB_NICE)
+
+
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)  # on SQLite a missing table reads as an outage
 def test_a_crashing_job_logs_one_json_record_with_its_traceback_and_its_name(env, container):
     """Issue 38 item 5: a job that crashed logged one plain-text line: no traceback, no job, not JSON. Its
