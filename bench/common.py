@@ -67,11 +67,13 @@ def median(values: list[float]) -> float:
 
 def seed_payments(c: Container, n: int, prefix: str = "bench") -> list[dict]:
     """n pending (future) subscriptions at the provider and their settled checkout payments (order id =
-    the subscription: a future subscription has no invoice until activation starts it)."""
+    the subscription: a future subscription has no invoice until activation starts it), each of its own
+    customer: a customer holds one live subscription of a plan (decision 110), and a second checkout of it
+    is refused once the first is active."""
     now = int(c.sandbox.store.now())
     subs, payments = [], []
     for i in range(n):
-        user, sub, pay = f"{prefix}_u{i % 500}", f"sub_{prefix}_{i}", f"pay_{prefix}_{i}"
+        user, sub, pay = f"{prefix}_u{i}", f"sub_{prefix}_{i}", f"pay_{prefix}_{i}"
         subs.append({"id": sub, "customer_id": user, "status": "future", "start_date": now + 400 * 86400,
                      "created_at": now, "updated_at": now, "currency_code": "USD", "coupons": [], "deleted": False,
                      "auto_collection": "off",
