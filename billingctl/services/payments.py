@@ -21,6 +21,7 @@ from billingctl.adapters.payloads import Invoice, Payment, Subscription
 from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
 from billingctl.domain.batch import BatchResult
+from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
 from billingctl.services import alerts, catalog, fraud_quota, review
 from billingctl.services.invoices import apply_copy, name_invoice, save_copy
@@ -559,6 +560,7 @@ def report_to_provider(container, row) -> bool | str:
     """Record one purchase on its provider invoice (reference = the orchestrator payment id). True when
     the invoice is paid afterwards; VOIDED when the invoice was voided meanwhile (the payment is then
     refunded, decision 113); a refusal the provider does not explain stays pending."""
+    recorded_at = None
     try:
         answer = container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
         crash_point(container.settings, "provider_record.after_call")
@@ -577,9 +579,11 @@ def report_to_provider(container, row) -> bool | str:
                       extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"],
                              "error_code": exc.details.get("api_error_code")})
             return False
-        # Paid already (the orchestrator's workflow reports each settled payment with this reference).
+        # Paid already (the orchestrator's workflow reports each settled payment with this reference): marked
+        # with the provider's time of it, which reconcile finds its transaction by (not ours, maybe hours later).
         log.info("invoice already paid at the provider", extra={"invoice_id": row["invoice_id"],
                                                                 "payment_id": row["transaction_id"]})
+        recorded_at = parse_time(copy.paid_at)
     except e.BillingError as exc:  # down, not found yet, breaker open: retried later
         log.warning("recording at the provider failed; will retry: %s", exc.message,
                     extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
@@ -587,7 +591,7 @@ def report_to_provider(container, row) -> bool | str:
     with container.uow() as uow:
         if copy is not None and copy.status:
             save_copy(container, uow, copy)
-        uow.purchases.mark_reported(row["id"], container.clock.now())
+        uow.purchases.mark_reported(row["id"], recorded_at or container.clock.now())
         uow.commit()
     return True
 

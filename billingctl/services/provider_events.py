@@ -83,8 +83,12 @@ def _confirm_provider_record(container, payment_id: str, content: EventContent) 
         return False
     if not (invoice.status == "paid" or (invoice.amount_due is not None and invoice.amount_due <= 0)):
         return False
+    # Marked with the provider's time of the record (its transaction's date), not ours: the confirmation may
+    # come hours later, and reconcile looks for the transaction in the provider's list by its date.
+    recorded_at = parse_time(content.transaction.date if content.transaction else None) or \
+        parse_time(invoice.paid_at) or container.clock.now()
     with container.uow() as uow:
-        confirmed = uow.purchases.confirm_reported(payment_id, invoice.id, container.clock.now())
+        confirmed = uow.purchases.confirm_reported(payment_id, invoice.id, recorded_at)
         uow.commit()
     if confirmed:
         log.info("recorded on its invoice by the workflow: confirmed by the provider",
