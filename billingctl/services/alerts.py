@@ -26,7 +26,7 @@ def _key(sink: str, payload: dict) -> str:
 def enqueue(uow, clock, sink: str, payload: dict, dedupe_key: str | None = None) -> bool:
     """Queue one message; True when new, False when its dedupe key was already queued."""
     row = outbox_row(clock, sink, payload, dedupe_key)
-    inserted = uow.outbox.add(sink, row["dedupe_key"], payload, row["created_at"])
+    inserted = uow.outbox.add(row)
     logged(row, inserted)
     return inserted
 

@@ -17,10 +17,9 @@ def _due(now):
 
 
 class Outbox(Repository):
-    def add(self, sink: str, dedupe_key: str, payload: dict, now) -> bool:
-        """Queue one message; False when its dedupe key was already queued."""
-        return insert_ignore(self.uow, alert_outbox, {"sink": sink, "dedupe_key": dedupe_key, "payload": payload,
-                                                      "status": "pending", "created_at": now}, ["dedupe_key"])
+    def add(self, row: dict) -> bool:
+        """Queue one message (`services.alerts.outbox_row`); False when its dedupe key was already queued."""
+        return insert_ignore(self.uow, alert_outbox, row, ["dedupe_key"])
 
     def newest_created(self, key_prefix: str):
         """When the newest message whose dedupe key starts with this prefix was queued (None: never)."""

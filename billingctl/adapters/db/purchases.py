@@ -381,5 +381,5 @@ class NewPayments(Repository):
         from sqlalchemy.dialects.sqlite import insert
 
         self.execute(_subscription_pending(insert(subscription).values(subscription_row)))
-        insert_ignore(self.uow, alert_outbox, outbox_row, ["dedupe_key"])
+        self.uow.outbox.add(outbox_row)
         return NewPayment(True, opened, credited)

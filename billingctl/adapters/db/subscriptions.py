@@ -50,13 +50,6 @@ class Subscriptions(Repository):
             values["provider_resource_version"] = version
         return self.execute(query.values(**values)).rowcount == 1
 
-    def mark_activation_pending(self, subscription_id: str, now) -> None:
-        """Activation becomes pending, unless the subscription is active or already pending."""
-        self.execute(update(subscription).where(subscription.c.id == subscription_id,
-                                                subscription.c.status != "active",
-                                                subscription.c.activation_pending_since.is_(None))
-                     .values(activation_pending_since=now))
-
     def all(self) -> dict[str, dict]:
         return {r["id"]: dict(r) for r in self.execute(select(subscription)).mappings()}
 
