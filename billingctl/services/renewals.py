@@ -100,11 +100,12 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
     now = container.clock.now()
     sub_id, user_id = invoice.get("subscription_id"), invoice.get("customer_id")
     with container.uow() as uow:
-        if uow.checkouts.exists_for_invoice(invoice["id"]):
+        standing = uow.purchases.invoice_standing(invoice["id"], sub_id)
+        if standing.checkout:
             return "not_a_renewal"  # a checkout's first invoice: the customer pays it at checkout
-        if uow.purchases.paying_invoice(invoice["id"]) is not None:
+        if standing.paid:
             return "already_paid"  # a recorded payment pays it; its report to the provider is pending work
-        if uow.purchases.exists_for_subscription(sub_id, without_invoice=True):
+        if standing.waiting:
             return "activation_pending"  # a paid checkout whose first invoice is being assigned
         local = uow.subscriptions.get(sub_id)
         history = _history(uow, invoice["id"])

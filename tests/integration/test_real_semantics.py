@@ -4,9 +4,10 @@ a catalog with foreign item prices, both systems' error shapes, and disputes in 
 Each test judges from the outside world's books (the sandbox's invoices and payments) too."""
 
 import logging
+import threading
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import event, select
 
 from billingctl.adapters.db.tables import checkout_session, dunning_attempt, fraud_event, purchase
 from billingctl.domain import errors as e
@@ -77,6 +78,40 @@ def test_a_start_whose_answer_was_lost_is_read_back_and_the_invoice_found(world)
     assert retry_pending(world.c) == {"completed": 1, "failed": 0}
     assert [i["status"] for i in world.sandbox.store.all("invoice")] == ["paid"]
     assert pending_activations(world.c) == [] and world.credits() == 2000
+
+
+def test_an_activation_committed_between_the_dunning_ticks_reads_never_charges_the_first_invoice(world):
+    """CI, month in separate processes, seed 7, day 8: the activations job assigned a checkout's first invoice
+    while the renewals job, which had listed it payment_due, was reading whether it is a renewal. Its reads
+    were separate statements: the purchase paying the invoice, read before the commit, was not there yet;
+    the purchase waiting for its invoice, read after it, was gone; so the invoice looked like a renewal and
+    was charged a second time (one term credited twice; reconcile named it)."""
+    co = world.checkout()
+    world.sandbox.store.add_fault("provider", "error_after_effect", path="update_for_items", count=1)
+    with world.c.provider.http.attempts(1):
+        checkout_payment = world.sandbox.pay(co["order_id"], drop_webhook=True)
+        assert record_payment(world.c, checkout_payment, "cli")["activation"] == "pending"
+    [first] = world.sandbox.store.all("invoice")
+    assert first["status"] == "payment_due"  # started at the provider; not yet assigned here
+    activation = threading.Thread(target=retry_pending, args=(world.c,))
+
+    def activation_commits_between_reads(conn, cursor, statement, *args):
+        if "FROM purchase" in statement and not activation.is_alive() and activation.ident is None:
+            activation.start()  # the activations job, in its own connection, while the tick reads
+            activation.join(timeout=3)  # SQLite: the tick's transaction holds the database, so it waits
+
+    event.listen(world.c.engine, "after_cursor_execute", activation_commits_between_reads)
+    try:
+        outcomes = run_renewals(world.c)["outcomes"]
+    finally:
+        event.remove(world.c.engine, "after_cursor_execute", activation_commits_between_reads)
+        activation.join()
+    assert activation.ident is not None
+    assert outcomes in ({"activation_pending": 1}, {"already_paid": 1}, {"not_a_renewal": 1})
+    assert [p["id"] for p in world.sandbox.store.all("payment")] == [checkout_payment["id"]]  # never charged again
+    assert world.sandbox.invoice(first["id"])["status"] == "paid"
+    assert [r["transaction_id"] for r in rows(world, purchase)] == [checkout_payment["id"]]
+    assert world.credits() == 2000
 
 
 def test_a_refusal_that_is_not_already_paid_leaves_the_report_pending(world):

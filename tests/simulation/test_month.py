@@ -327,7 +327,9 @@ class Model:
         standing = Counter(row.invoice_id for row in purchases.values()
                            if row.invoice_id and row.closed_at is None and row.transaction_id in kept
                            and row.transaction_id in credited)
-        found += [f"one term credited {n} times: {invoice}" for invoice, n in standing.items() if n > 1]
+        found += [f"one term credited {n} times: {invoice} by " + ", ".join(
+            f"{r.transaction_id} (subscription {r.subscription_id}, recorded {r.created_at:%m-%d %H:%M:%S})"
+            for r in purchases.values() if r.invoice_id == invoice) for invoice, n in standing.items() if n > 1]
         for user, created in late_credits:  # nothing credited after a freeze
             if user in frozen_at and created > frozen_at[user]:
                 found.append(f"credited after the freeze: {user}")

@@ -53,10 +53,6 @@ class Checkouts(Repository):
         return self.execute(select(checkout_session.c.id).where(
             checkout_session.c.subscription_id == subscription_id)).first() is not None
 
-    def exists_for_invoice(self, invoice_id: str) -> bool:
-        return self.execute(select(checkout_session.c.id).where(
-            checkout_session.c.invoice_id == invoice_id)).first() is not None
-
     def cancel(self, subscription_id: str) -> None:
         self.execute(update(checkout_session).where(checkout_session.c.subscription_id == subscription_id)
                      .values(status="cancelled"))

@@ -43,16 +43,25 @@ class Purchases(Repository):
         return self.execute(select(purchase.c.transaction_id).where(purchase.c.invoice_id == invoice_id)
                             .order_by(purchase.c.id)).scalar()
 
+    def invoice_standing(self, invoice_id: str, subscription_id: str | None):
+        """Whether an invoice is a checkout's (`checkout`), is paid by a recorded payment (`paid`), or its
+        subscription has a paid checkout still waiting for its first invoice (`waiting`): one statement,
+        so one snapshot. Activation writes the purchase's and the checkout's invoice in one transaction;
+        separate reads could straddle that commit and see none of the three (decision 158)."""
+        return self.execute(select(
+            exists().where(checkout_session.c.invoice_id == invoice_id).label("checkout"),
+            exists().where(purchase.c.invoice_id == invoice_id).label("paid"),
+            exists().where(purchase.c.subscription_id == subscription_id,
+                           purchase.c.invoice_id.is_(None)).label("waiting"))).one()
+
     def paying_subscription(self, subscription_id: str) -> str | None:
         """The payment id of the (first) purchase recorded for a subscription."""
         return self.execute(select(purchase.c.transaction_id).where(purchase.c.subscription_id == subscription_id)
                             .order_by(purchase.c.id)).scalar()
 
-    def exists_for_subscription(self, subscription_id: str, without_invoice: bool = False) -> bool:
-        query = select(purchase.c.id).where(purchase.c.subscription_id == subscription_id)
-        if without_invoice:
-            query = query.where(purchase.c.invoice_id.is_(None))
-        return self.execute(query).first() is not None
+    def exists_for_subscription(self, subscription_id: str) -> bool:
+        return self.execute(select(purchase.c.id).where(purchase.c.subscription_id == subscription_id)
+                            ).first() is not None
 
     def finished(self, payment_id: str, order_id: str | None = None):
         """One read: the payment's purchase (`bought_subscription_id`, `bought_user_id`; None when it has none)
