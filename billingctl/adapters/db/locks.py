@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, bindparam, or_, select, update
 
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.sql import insert_ignore
@@ -24,7 +24,7 @@ def _unlocked(column: str):
 
 class ProcessorLocks(Repository):
     def read(self, user_id: str) -> dict | None:
-        row = self.execute(select(user_credits).where(_live(user_id))).mappings().first()
+        row = self.execute(_read_statement(), {"user_id": str(user_id)}).mappings().first()
         return dict(row) if row else None
 
     def ensure(self, user_id: str, now) -> None:
@@ -71,6 +71,12 @@ class ProcessorLocks(Repository):
             .where(transaction.c.status.in_(("captured", "partially_captured")), transaction.c.created_at >= since)
             .order_by(transaction.c.created_at))
         return [dict(r) for r in rows.mappings()]
+
+@lru_cache(maxsize=1)
+def _read_statement():
+    """A user's live lock row, built once: every recording reads it (issue 39 item 4)."""
+    return select(user_credits).where(_live(bindparam("user_id")))
+
 
 @lru_cache(maxsize=8)
 def _lock_statement(dialect: str, column: str, columns: tuple[str, ...]):

@@ -74,18 +74,8 @@ class Purchases(Repository):
         """One read: the subscription's status, the user's frozen_at, whether the payment is bought,
         whether the user holds another live (active or non-renewing) subscription of the same plan, and
         whether the user's row exists."""
-        status = select(subscription.c.status).where(subscription.c.id == subscription_id).scalar_subquery()
-        frozen = select(users.c.frozen_at).where(users.c.id == user_id).scalar_subquery()
-        bought = select(purchase.c.id).where(purchase.c.transaction_id == payment_id).exists()
-        same_plan = select(subscription.c.id).where(
-            subscription.c.customer_id == user_id, subscription.c.item_price_id == (item_price_id or ""),
-            subscription.c.status.in_(("active", "non_renewing")), subscription.c.id != subscription_id).exists()
-        paid_other = select(purchase.c.id).where(purchase.c.subscription_id == subscription_id,
-                                                 purchase.c.transaction_id != payment_id).exists()
-        known = select(users.c.id).where(users.c.id == user_id).exists()
-        return self.execute(select(status.label("status"), frozen.label("frozen_at"), bought.label("bought"),
-                                   same_plan.label("same_plan"), paid_other.label("paid_other"),
-                                   known.label("user_exists"))).one()
+        return self.execute(_gates_statement(), {"payment_id": str(payment_id), "subscription_id": str(subscription_id),
+                                                 "user_id": str(user_id), "item_price_id": item_price_id or ""}).one()
 
     def other_payment_of(self, subscription_id: str, payment_id: str) -> str | None:
         """Another payment already recorded for the subscription (its checkout paid once already)."""
@@ -272,6 +262,23 @@ def _standing(row) -> str:
 
 def _confirmation_over(now):
     return or_(purchase.c.confirm_after.is_(None), purchase.c.confirm_after <= now)
+
+
+@lru_cache(maxsize=1)
+def _gates_statement():
+    """The new payment's gates read, built once (issue 39 item 4: no statement construction per payment)."""
+    payment_id, subscription_id, user_id = bindparam("payment_id"), bindparam("subscription_id"), bindparam("user_id")
+    status = select(subscription.c.status).where(subscription.c.id == subscription_id).scalar_subquery()
+    frozen = select(users.c.frozen_at).where(users.c.id == user_id).scalar_subquery()
+    bought = select(purchase.c.id).where(purchase.c.transaction_id == payment_id).exists()
+    same_plan = select(subscription.c.id).where(
+        subscription.c.customer_id == user_id, subscription.c.item_price_id == bindparam("item_price_id"),
+        subscription.c.status.in_(("active", "non_renewing")), subscription.c.id != subscription_id).exists()
+    paid_other = select(purchase.c.id).where(purchase.c.subscription_id == subscription_id,
+                                             purchase.c.transaction_id != payment_id).exists()
+    known = select(users.c.id).where(users.c.id == user_id).exists()
+    return select(status.label("status"), frozen.label("frozen_at"), bought.label("bought"),
+                  same_plan.label("same_plan"), paid_other.label("paid_other"), known.label("user_exists"))
 
 
 @lru_cache(maxsize=1)
