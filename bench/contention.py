@@ -37,8 +37,9 @@ def _inbox_count(url: str) -> int:
 
 def _pending_follow_ups(url: str) -> int:
     with psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://")) as conn:
-        return conn.execute("SELECT count(*) FROM subscription WHERE activation_pending_since IS NOT NULL")\
-            .fetchone()[0]
+        # This benchmark's own payments only: in `make bench` the database holds the earlier benchmarks' rows.
+        return conn.execute("SELECT count(*) FROM subscription WHERE activation_pending_since IS NOT NULL "
+                            "AND id LIKE 'sub_ct_%'").fetchone()[0]
 
 
 def run(database_url: str, redis_url: str) -> dict:

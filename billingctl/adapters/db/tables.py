@@ -151,6 +151,8 @@ purchase = Table(
     # Reconcile's window (decision 133): purchases made, and follow-ups still open, since a time.
     Index("ix_purchase_created_at", "created_at"),
     Index("ix_purchase_provider_recorded_at", "provider_recorded_at"),
+    Index("ix_purchase_closed_at", "closed_at", postgresql_where=text("closed_at IS NOT NULL"),
+          sqlite_where=text("closed_at IS NOT NULL")),
     Index("ix_purchase_open_followup", "created_at",
           postgresql_where=text("provider_recorded_at IS NULL AND closed_at IS NULL"),
           sqlite_where=text("provider_recorded_at IS NULL AND closed_at IS NULL")),
