@@ -57,10 +57,8 @@ def _live_grants(invoices=None):
     the provider in parts is granted once, by its invoice), of a purchase neither closed nor reversed in
     full (a refunded duplicate is no payment of its invoice any more). Only the purchases on `invoices` (a
     query of their ids) when given."""
-    if invoices is None:
-        reversed_ = _reversed()
-    else:
-        reversed_ = _reversed(select(purchase.c.transaction_id).where(purchase.c.invoice_id.in_(invoices)))
+    reversed_ = _reversed(None if invoices is None else
+                          select(purchase.c.transaction_id).where(purchase.c.invoice_id.in_(invoices)))
     query = (select(purchase.c.transaction_id, purchase.c.invoice_id, purchase.c.user_id, purchase.c.credits,
                    purchase.c.created_at, purchase.c.subscription_id)
             .join(credit_ledger, (credit_ledger.c.payment_id == purchase.c.transaction_id)
