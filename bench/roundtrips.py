@@ -29,7 +29,7 @@ def measure(database_url: str, redis_url: str | None) -> dict:
     from webhooks_app import create_public_app
 
     c = container(database_url, workdir(), redis_url=redis_url)
-    counter = RoundTrips(c.engine, redis_url)
+    counter = RoundTrips(c, redis_url)
     client = create_public_app(container=c).test_client()
     warmup, first, second = seed_payments(c, 3, prefix="rt")
     assert _post(client, c, warmup).status_code == 200  # warm: statement caches, the catalog, the pool

@@ -47,7 +47,13 @@ class Container:
         for reads, and for work that is a single statement)."""
         from billingctl.adapters.db.uow import UnitOfWork
 
-        return UnitOfWork(self.engine, autocommit=autocommit)
+        return UnitOfWork(self.autocommit_engine if autocommit else self.engine, autocommit=autocommit)
+
+    @cached_property
+    def autocommit_engine(self) -> Engine:
+        from billingctl.adapters.db.engine import autocommit_engine
+
+        return autocommit_engine(self.engine)
 
     @cached_property
     def metrics(self) -> Metrics:
@@ -198,6 +204,8 @@ class Container:
         return OrchestratorClient(http, charge_timeout=self.settings.orchestrator_charge_timeout_seconds)
 
     def close(self) -> None:
+        if "autocommit_engine" in self.__dict__:
+            self.autocommit_engine.dispose()
         if "engine" in self.__dict__:
             self.engine.dispose()
         if "redis" in self.__dict__ and self.redis is not None:

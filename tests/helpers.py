@@ -186,22 +186,24 @@ class RoundTrips:
     connection of this process sends (a pipeline or a script is one); and, for the record, the commands
     Redis executed (its INFO commandstats: a script's inner commands count there, the counting left out)."""
 
-    def __init__(self, engine, redis_url: str | None = None):
+    def __init__(self, container, redis_url: str | None = None):
         import tempfile
 
         from sqlalchemy import event
 
+        engine = container.engine
         self.engine, self.redis_url = engine, redis_url
         self.file = tempfile.NamedTemporaryFile("w+", prefix="pqtrace-", suffix=".log")
         self.redis_sent = 0
         if redis_url:
             self._count_redis_requests()
         if engine.dialect.name == "postgresql":
-            event.listen(engine, "connect", self._trace)
-            engine.pool.dispose()  # every connection from now on is traced
-        else:  # SQLite runs in process: each statement handed to the library counts
-            event.listen(engine, "before_cursor_execute", self._statement)
-            self.file.write("")
+            for pooled in (engine, container.autocommit_engine):  # transactions, and statements alone
+                event.listen(pooled, "connect", self._trace)
+                pooled.pool.dispose()  # every connection from now on is traced
+        else:  # SQLite runs in process: each statement the library runs counts (its own trace)
+            event.listen(engine, "connect", self._sqlite_trace)
+            engine.pool.dispose()
 
     def _count_redis_requests(self) -> None:
         from redis.connection import AbstractConnection
@@ -219,8 +221,11 @@ class RoundTrips:
         if hasattr(self, "_restore"):
             self._restore()
 
-    def _statement(self, conn, cursor, statement, *args) -> None:
-        self.file.write("F\t0\tQuery\t" + " ".join(statement.split()) + "\n")
+    def _sqlite_trace(self, dbapi_connection, record) -> None:
+        def statement(sql: str) -> None:
+            self.file.write("F\t0\tQuery\t" + " ".join(sql.split()) + "\n")
+
+        dbapi_connection.set_trace_callback(statement)
 
     def _trace(self, dbapi_connection, record) -> None:
         from psycopg import pq

@@ -7,6 +7,8 @@ JSON refuses (NaN, Infinity) and NUL characters, which PostgreSQL cannot store."
 
 from __future__ import annotations
 
+import json
+
 from pydantic import Field
 
 from billingctl.adapters.payloads import (
@@ -23,16 +25,22 @@ from billingctl.adapters.payloads import (
 )
 
 
+def _refuse(constant):
+    raise ValueError(f"{constant} is not a JSON number")
+
+
+_DECODER = json.JSONDecoder(parse_constant=_refuse)  # built once: json.loads(…, parse_constant=…) builds one a call
+
+
 def strict_json(raw: bytes | str):
     """JSON as RFC 8259 defines it: NaN and Infinity refused (Python's parser takes them; PostgreSQL's
     json type does not), and no NUL character in any string or key (PostgreSQL cannot store one)."""
-    import json
-
-    def refuse(constant):
-        raise ValueError(f"{constant} is not a JSON number")
-
-    body = json.loads(raw, parse_constant=refuse)
-    _no_nul(body)
+    text = raw.decode(json.detect_encoding(raw), "surrogatepass") if isinstance(raw, bytes | bytearray) else raw
+    body = _DECODER.decode(text)
+    # The parser refuses a raw control character in a string, so a NUL can only come from its escape:
+    # without one in the text, no string holds a NUL and the walk is not needed.
+    if "\\u0000" in text:
+        _no_nul(body)
     return body
 
 

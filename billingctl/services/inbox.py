@@ -15,10 +15,11 @@ REDRIVE_BATCH = 50
 def finished_duplicate(container, source: str, event_id: str, via: str) -> str | None:
     """The duplicate fast path, one read before any lock or transaction: the event's status when it is
     finished and this path has delivered it before (nothing is left to do or count), else None."""
-    with container.uow(autocommit=True) as reader:
-        row = reader.inbox.seen(source, event_id)
-    if row is not None and row.status != "pending" and via in (row.seen_by or []):
-        return row.status
+    from billingctl.adapters.db.inbox import seen
+
+    row = seen(container.autocommit_engine, source, event_id)
+    if row is not None and row["status"] != "pending" and via in (row["seen_by"] or []):
+        return row["status"]
     return None
 
 

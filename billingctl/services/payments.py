@@ -175,8 +175,9 @@ def _finished_duplicate(container, payment: Payment) -> tuple[dict | None, dict 
     follow-ups may be left; the checkout session the payment's order names, which recording needs next)."""
     if payment.status != "SETTLED":
         return None, None, _UNREAD  # the full path refuses it with the right message
-    with container.uow(autocommit=True) as reader:
-        row = reader.purchases.finished(payment.id, payment.order_id or None)
+    from billingctl.adapters.db.purchases import finished
+
+    row = finished(container.autocommit_engine, payment.id, payment.order_id or None)
     checkout = {k.removeprefix("checkout_"): v for k, v in row.items() if k.startswith("checkout_")}
     checkout = checkout if checkout["id"] is not None else None
     if row["bought_subscription_id"] is None:

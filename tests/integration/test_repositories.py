@@ -194,3 +194,49 @@ def test_a_database_error_never_carries_its_statements_parameters(container):
         with container.uow() as uow:
             uow.execute(insert(users).values(**row))
     assert "someone.private@example.com" not in str(failed.value)
+
+
+def test_the_duplicate_read_on_the_drivers_cursor_reads_the_row_as_the_unit_of_work_does(container):
+    """Issue 39 item 4: the duplicate's one read runs on the driver's cursor, compiled once. Its columns are
+    typed as through SQLAlchemy (seen_by a list on SQLite too, where JSON is text: a string would make `via
+    in seen_by` a substring test), and a driver error is SQLAlchemy's, its parameters hidden."""
+    from sqlalchemy import Column, MetaData, String, Table, bindparam, select
+    from sqlalchemy.exc import DBAPIError
+
+    from billingctl.adapters.db.inbox import seen
+    from billingctl.adapters.db.sql import DriverRead
+
+    with container.uow() as uow:
+        uow.inbox.accept("orchestrator", "evt_1", "PAYMENT.STATUS", {"a": 1}, None, NOW, "webhook")
+        uow.inbox.accept("orchestrator", "evt_1", "PAYMENT.STATUS", {"a": 1}, None, NOW, "poller")
+        uow.commit()
+    engine = container.autocommit_engine
+    assert seen(engine, "orchestrator", "evt_1") == {"status": "pending", "seen_by": ["webhook", "poller"]}
+    assert seen(engine, "orchestrator", "evt_2") is None
+    assert seen(engine, "identity", "evt_1") is None
+    missing = Table("no_such_table", MetaData(), Column("secret", String))
+    with pytest.raises(DBAPIError) as failed:
+        DriverRead(select(missing.c.secret).where(missing.c.secret == bindparam("s"))).first(engine, {"s": "pii@x.io"})
+    assert "pii@x.io" not in str(failed.value)
+    assert seen(engine, "orchestrator", "evt_1")["status"] == "pending"  # the pool lent a sound connection again
+
+
+def test_the_recordings_duplicate_read_on_the_drivers_cursor_is_the_statements_own_answer(uow, container):
+    """The duplicate recording's one read (issue 39 item 4), on the driver's cursor: every column as the same
+    statement answers through SQLAlchemy (times aware on SQLite, ints, NULLs), for a payment with a
+    purchase and a checkout, and for one with neither."""
+    from billingctl.adapters.db.purchases import _finished_statement, finished
+
+    uow.users.ensure("u1", NOW)
+    uow.checkouts.add(user_id="u1", subscription_id="sub_1", invoice_id=None, order_id="sub_1",
+                      item_price_id="credits-pro-USD-monthly", lane="sfw", amount=2000, currency_code="USD",
+                      client_token="tok", expires_at=NOW + timedelta(minutes=30), status="paid", created_at=NOW)
+    _purchase(uow, "pay_1")
+    uow.commit()
+    for payment_id, order_id in (("pay_1", "sub_1"), ("pay_none", None), ("pay_none", "sub_1")):
+        params = {"payment_id": payment_id, "order_id": order_id or ""}
+        expected = dict(uow.execute(_finished_statement(), params).mappings().one())
+        assert finished(container.autocommit_engine, payment_id, order_id) == expected
+    row = finished(container.autocommit_engine, "pay_1", "sub_1")
+    assert row["bought_subscription_id"] == "sub_1" and row["checkout_created_at"] == NOW
+    assert row["checkout_amount"] == 2000

@@ -18,7 +18,7 @@ from webhooks_app import create_public_app
 @pytest.fixture
 def stack(make_settings, db_url, redis_url):
     c = Container(make_settings(database_url=db_url, redis_url=redis_url))
-    counter = RoundTrips(c.engine, redis_url)
+    counter = RoundTrips(c, redis_url)
     yield c, counter
     counter.close()
     c.close()
@@ -99,8 +99,9 @@ def test_a_new_payment_by_webhook_stays_within_its_round_trips(stack):
     # Before issue 39 item 4 the answer took 20 PostgreSQL round trips (a read each for the duplicate and the
     # checkout, a statement per table written, the subscription's insert then its update).
     # On SQLite a statement is a call into the library, not a round trip: there the new payment's writes
-    # stay one statement per table (16 statements in all).
-    assert answer["pg"] <= (12 if c.engine.dialect.name == "postgresql" else 16) and answer["redis"] <= 4, answer
+    # stay one statement per table (17 statements in all, as SQLite's own trace counts them: the COMMIT
+    # included, which SQLAlchemy's statement events never saw).
+    assert answer["pg"] <= (12 if c.engine.dialect.name == "postgresql" else 17) and answer["redis"] <= 4, answer
     # 48 PostgreSQL round trips and 43 Redis commands for the whole path before the duplicate fast paths; the
     # follow-ups: the invoice's and the subscription's step read before their conditional writes (decision
     # 117), one Redis request per provider call for the interactive floor (decision 152), the subscription's

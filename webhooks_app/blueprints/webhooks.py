@@ -30,10 +30,10 @@ def _json(raw: bytes) -> dict:
     return body
 
 
-def _orchestrator_body(c, secret_name: str) -> dict:
-    """Both orchestrator receivers: the signature (primary or secondary header) over the raw body, then
-    the body, then `signedAt` within 5 minutes (part of authentication, checked before anything in the
-    body is used), then the fields every event needs."""
+def _orchestrator_body(c, secret_name: str) -> tuple[dict, schemas.PaymentEvent]:
+    """The payment receiver: the signature (primary or secondary header) over the raw body, then the
+    body, then `signedAt` within 5 minutes (part of authentication, checked before anything in the body
+    is used), then the fields every event needs; the body as it came, and its typed copy."""
     raw = request.get_data(cache=False)
     verify_orchestrator(raw, request.headers.get("X-Signature-Primary"), request.headers.get("X-Signature-Secondary"),
                         secrets_of(c.settings.secret(secret_name)))
@@ -42,26 +42,24 @@ def _orchestrator_body(c, secret_name: str) -> dict:
     payment, event_type = body.get("payment"), body.get("eventType")
     if not isinstance(payment, dict) or not payment.get("id") or not isinstance(event_type, str):
         raise InvalidInput("eventType and payment.id are required")
-    return schemas.check(schemas.PaymentEvent, body)
+    return body, schemas.PaymentEvent.read(body)
 
 
 @bp.post("/orchestrator/payments")
 def orchestrator_payments():
     from billingctl.services.payments import followups_after_response
+    from billingctl.services.webhook_events import dispatch, payment_event_id
 
     c = container()
-    body = _orchestrator_body(c, "orchestrator_webhook_secret")
+    body, typed = _orchestrator_body(c, "orchestrator_webhook_secret")
+    event_type = body["eventType"]
+    # The inbox key from the copy typed once; the handler reads the payment as it came.
+    event_id = payment_event_id(event_type, typed.payment)
     with followups_after_response(c) as deferred:
-        response = jsonify(handle_payment_event(c, body["eventType"], body["payment"]))
+        response = jsonify(dispatch(c, "orchestrator", event_type, {"payment": body["payment"]}, event_id=event_id))
     if deferred.subscriptions:
         response.call_on_close(deferred.run)  # once the answer is sent (issue 39 item 3)
     return response, 200
-
-
-def handle_payment_event(c, event_type: str, payment: dict) -> dict:
-    from billingctl.services.webhook_events import dispatch
-
-    return dispatch(c, "orchestrator", event_type, {"payment": payment})
 
 
 @bp.post("/subscription-provider")

@@ -7,7 +7,7 @@ import hashlib
 from sqlalchemy import bindparam, case, func, literal, select, update
 
 from billingctl.adapters.db.repository import Repository
-from billingctl.adapters.db.sql import insert_or_count
+from billingctl.adapters.db.sql import DriverRead, insert_or_count
 from billingctl.adapters.db.tables import event_inbox, event_poller_state
 
 LISTED = (event_inbox.c.id, event_inbox.c.source, event_inbox.c.event_id, event_inbox.c.event_type,
@@ -27,15 +27,18 @@ def key(event_id: str) -> str:
     return f"sha256:{hashlib.sha256(event_id.encode()).hexdigest()}"
 
 
-# The duplicate fast path's one read, built once (issue 39 item 4: no statement construction per request).
-SEEN = select(event_inbox.c.status, event_inbox.c.seen_by).where(
-    event_inbox.c.source == bindparam("source"), event_inbox.c.event_id == bindparam("event_id"))
+# The duplicate fast path's one read, built and compiled once (issue 39 item 4: no statement construction
+# per request), run on the driver's cursor.
+SEEN = DriverRead(select(event_inbox.c.status, event_inbox.c.seen_by).where(
+    event_inbox.c.source == bindparam("source"), event_inbox.c.event_id == bindparam("event_id")))
+
+
+def seen(engine, source: str, event_id: str) -> dict | None:
+    """{status, seen_by} of a stored event, or None: one read standing alone (`engine` in autocommit)."""
+    return SEEN.first(engine, {"source": source, "event_id": key(event_id)})
 
 
 class Inbox(Repository):
-    def seen(self, source: str, event_id: str):
-        """(status, seen_by) of a stored event, or None."""
-        return self.execute(SEEN, {"source": source, "event_id": key(event_id)}).first()
 
     def accept(self, source: str, event_id: str, event_type: str, payload: dict, occurred_at, now, via: str):
         """Store the event, or count one more delivery of it, in one statement; the row's (id, status,

@@ -10,7 +10,7 @@ from sqlalchemy import and_, bindparam, case, exists, func, literal, or_, select
 
 from billingctl.adapters.db.checkouts import order_matches
 from billingctl.adapters.db.repository import Repository
-from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.sql import DriverRead, insert_ignore
 from billingctl.adapters.db.tables import (
     alert_outbox,
     checkout_session,
@@ -25,6 +25,14 @@ from billingctl.adapters.db.tables import (
 SUCCESSFUL_TRANSACTION = ("captured", "settled")
 # Ledger reasons that take a payment's credits back: a refund, a lost dispute.
 REVERSALS = ("refund", "dispute_lost")
+
+
+def finished(engine, payment_id: str, order_id: str | None = None) -> dict:
+    """The duplicate fast path's one read, standing alone (`engine` in autocommit), on the driver's cursor:
+    the payment's purchase (`bought_subscription_id`, `bought_user_id`; None when it has none) and whether
+    it has nothing left to do (`finished`: recorded on its provider invoice, its subscription active with no
+    activation pending), and the checkout session its order names (`checkout_*`)."""
+    return _finished_read().first(engine, {"payment_id": str(payment_id), "order_id": order_id or ""})
 
 
 class Purchases(Repository):
@@ -62,13 +70,6 @@ class Purchases(Repository):
     def exists_for_subscription(self, subscription_id: str) -> bool:
         return self.execute(select(purchase.c.id).where(purchase.c.subscription_id == subscription_id)
                             ).first() is not None
-
-    def finished(self, payment_id: str, order_id: str | None = None):
-        """One read: the payment's purchase (`bought_subscription_id`, `bought_user_id`; None when it has none)
-        and whether it has nothing left to do (`finished`: recorded on its provider invoice, its subscription
-        active with no activation pending), and the checkout session its order names (`checkout_*`)."""
-        return self.execute(_finished_statement(), {"payment_id": str(payment_id),
-                                                    "order_id": order_id or ""}).mappings().one()
 
     def gates(self, payment_id: str, subscription_id: str, user_id: str, item_price_id: str | None = None):
         """One read: the subscription's status, the user's frozen_at, whether the payment is bought,
@@ -297,6 +298,11 @@ def _finished_statement():
                   func.coalesce(bought.c.finished, 0).label("finished"),
                   *(c.label(f"checkout_{c.name}") for c in checkout.c)) \
         .select_from(one.outerjoin(bought, true()).outerjoin(checkout, true()))
+
+
+@lru_cache(maxsize=1)
+def _finished_read() -> DriverRead:
+    return DriverRead(_finished_statement())
 
 
 # ---- a new payment's writes, set-based (issue 39 item 4) ---------------------------------------------------

@@ -34,7 +34,8 @@ from billingctl.adapters.db.users import Users
 class UnitOfWork:
     """`with uow: ...; uow.commit()` — leaving the block without commit() discards everything.
     `autocommit=True` runs each statement alone (no BEGIN, no COMMIT; on SQLite no write lock for a
-    read): a single read, or a single write, is one round trip."""
+    read): a single read, or a single write, is one round trip. Its engine is then one whose connections
+    are in autocommit (`engine.autocommit_engine`)."""
 
     def __init__(self, engine: Engine, autocommit: bool = False):
         self._engine = engine
@@ -44,8 +45,6 @@ class UnitOfWork:
 
     def _connect(self) -> None:
         self.conn = self._engine.connect()
-        if self.autocommit:
-            self.conn = self.conn.execution_options(isolation_level="AUTOCOMMIT")
         self._tx = self.conn.begin()
 
     def __enter__(self) -> UnitOfWork:
