@@ -46,52 +46,46 @@ def _base_app(name: str, settings: Settings | None, container: Container | None)
 
 
 def create_public_app(settings: Settings | None = None, container: Container | None = None) -> Flask:
+    from billingctl.adapters.ratelimit import INTERACTIVE, MONEY
     from webhooks_app.blueprints import public
 
     app = _base_app("billing-public", settings, container)
-    app.before_request(_public_budget)
-    app.teardown_request(_reset_budget)
+    # Provider calls of a web request never wait for the limiter; webhooks record money, the user API is
+    # interactive (its share is capped so it can never starve recording).
+    app.wsgi_app = RequestBudget(app.wsgi_app, lambda path: MONEY if path.startswith("/webhooks/") else INTERACTIVE)
     public.register(app)
     return app
 
 
-def _public_budget() -> None:
-    """Provider calls of a web request never wait for the limiter; webhooks record money, the user API
-    is interactive (its share is capped so it can never starve recording)."""
-    from flask import g, request
+class RequestBudget:
+    """The budget class of a web request's provider calls, set around the whole request (its answer built)
+    and reset after it. A WSGI wrapper, not a pair of Flask hooks: it costs a duplicate webhook two context
+    variables and nothing else (issue 39 item 4)."""
 
-    from billingctl.adapters.ratelimit import INTERACTIVE, MONEY, set_request_budget
+    def __init__(self, wsgi_app, kind_of):
+        from billingctl.adapters.ratelimit import reset_request_budget, set_request_budget
 
-    g.budget_tokens = set_request_budget(MONEY if request.path.startswith("/webhooks/") else INTERACTIVE)
+        self.wsgi_app, self.kind_of = wsgi_app, kind_of
+        self._set, self._reset = set_request_budget, reset_request_budget
 
-
-def _internal_budget() -> None:
-    from flask import g, request
-
-    from billingctl.adapters.ratelimit import BATCH, MONEY, set_request_budget
-
-    g.budget_tokens = set_request_budget(MONEY if request.path == "/internal/billing/activate" else BATCH)
-
-
-def _reset_budget(exc=None) -> None:
-    from flask import g
-
-    from billingctl.adapters.ratelimit import reset_request_budget
-
-    tokens = g.pop("budget_tokens", None)
-    if tokens is not None:
-        reset_request_budget(tokens)
+    def __call__(self, environ, start_response):
+        tokens = self._set(self.kind_of(environ.get("PATH_INFO") or "/"))
+        try:
+            return self.wsgi_app(environ, start_response)
+        finally:
+            self._reset(tokens)
 
 
 def create_internal_app(settings: Settings | None = None, container: Container | None = None) -> Flask:
+    from billingctl.adapters.ratelimit import BATCH, MONEY
     from webhooks_app.auth import require_internal_token
     from webhooks_app.blueprints import internal
 
     app = _base_app("billing-internal", settings, container)
     # One gate for every /internal/* path, matched or not, before any view runs.
     app.before_request(require_internal_token)
-    app.before_request(_internal_budget)
-    app.teardown_request(_reset_budget)
+    app.wsgi_app = RequestBudget(app.wsgi_app,
+                                 lambda path: MONEY if path == "/internal/billing/activate" else BATCH)
     internal.register(app)
     return app
 

@@ -65,6 +65,9 @@ def _climbs(path: str) -> bool:
 def guard_auth_content():
     """Runs before routing for every /auth-content path, any method: without a session a bare 404
     (nothing else is revealed); with one, a traversal is a 400 and only GET and HEAD are served."""
+    sent = request.environ.get("RAW_URI") or request.environ.get("REQUEST_URI")
+    if sent and "%" not in sent and "auth-content" not in sent:
+        return None  # the target names the prefix in no spelling: every webhook, at the cost of two lookups
     raw = _target_path()
     if not (request.path.startswith(AUTH_PREFIX) or raw.startswith(AUTH_PREFIX)
             or unquote(raw).startswith(AUTH_PREFIX)):
