@@ -216,8 +216,9 @@ def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool, bool, bool]
     """(the subscription is cancelled, the user is frozen, the user already holds another live subscription
     of the plan), each only while this payment has no purchase yet, and whether the user's row exists: one read."""
     row = uow.purchases.gates(facts.payment_id, facts.subscription_id, facts.user_id, facts.item_price_id)
-    return (row.status == "cancelled" and not row.bought, row.frozen_at is not None and not row.bought,
-            bool(row.same_plan or row.paid_other) and not row.bought, bool(row.user_exists))
+    bought = row["bought"]
+    return (row["status"] == "cancelled" and not bought, row["frozen_at"] is not None and not bought,
+            bool(row["same_plan"] or row["paid_other"]) and not bought, bool(row["user_exists"]))
 
 
 def _left_to_orphan_recovery(facts: PaymentFacts, message: str) -> dict:

@@ -204,7 +204,7 @@ def test_the_duplicate_read_on_the_drivers_cursor_reads_the_row_as_the_unit_of_w
     from sqlalchemy.exc import DBAPIError
 
     from billingctl.adapters.db.inbox import seen
-    from billingctl.adapters.db.sql import DriverRead
+    from billingctl.adapters.db.sql import DriverStatement
 
     with container.uow() as uow:
         uow.inbox.accept("orchestrator", "evt_1", "PAYMENT.STATUS", {"a": 1}, None, NOW, "webhook")
@@ -216,7 +216,8 @@ def test_the_duplicate_read_on_the_drivers_cursor_reads_the_row_as_the_unit_of_w
     assert seen(engine, "identity", "evt_1") is None
     missing = Table("no_such_table", MetaData(), Column("secret", String))
     with pytest.raises(DBAPIError) as failed:
-        DriverRead(select(missing.c.secret).where(missing.c.secret == bindparam("s"))).first(engine, {"s": "pii@x.io"})
+        read = DriverStatement(select(missing.c.secret).where(missing.c.secret == bindparam("s")))
+        read.first(engine, {"s": "pii@x.io"})
     assert "pii@x.io" not in str(failed.value)
     assert seen(engine, "orchestrator", "evt_1")["status"] == "pending"  # the pool lent a sound connection again
 
@@ -240,3 +241,39 @@ def test_the_recordings_duplicate_read_on_the_drivers_cursor_is_the_statements_o
     row = finished(container.autocommit_engine, "pay_1", "sub_1")
     assert row["bought_subscription_id"] == "sub_1" and row["checkout_created_at"] == NOW
     assert row["checkout_amount"] == 2000
+
+
+def test_a_hot_statement_in_the_unit_of_work_is_part_of_its_transaction_and_fails_as_sqlalchemy_does(container):
+    """Decision 161: the new payment's hot statements run on the driver's cursor inside the unit of work.
+    Uncommitted, they are gone with the transaction; a constraint is SQLAlchemy's IntegrityError, with its
+    parameters hidden; a pooled connection found dead on the transaction's first statement is replaced."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import IntegrityError
+
+    from billingctl.adapters.db.locks import _lock_statement
+    from billingctl.adapters.db.sql import on_driver
+
+    lock = on_driver(_lock_statement(container.engine.dialect.name, "sfw_processor", ("sfw_processor",)))
+    with container.uow() as uow:
+        uow.users.ensure("u1", NOW)
+        uow.commit()
+    with container.uow() as uow:
+        assert uow.first(lock, {"user_id": "u1", "created_at": NOW, "sfw_processor": "SFW_STRIPE"}) is not None
+        assert uow.locks.read("u1")["sfw_processor"] == "SFW_STRIPE"  # the transaction's own write
+    with container.uow() as uow:  # never committed
+        assert uow.locks.read("u1") is None
+    with pytest.raises(IntegrityError) as refused, container.uow() as uow:
+        uow.first(lock, {"user_id": "nobody", "created_at": NOW, "sfw_processor": "SFW_PRIVATE"})
+    assert "SFW_PRIVATE" not in str(refused.value)  # the parameters hidden (the key named by PostgreSQL's detail)
+    if container.engine.dialect.name != "postgresql":
+        return
+    container.engine.pool.dispose()
+    with container.uow() as uow:  # the pool's one connection
+        pid = uow.execute(text("SELECT pg_backend_pid()")).scalar()
+    with container.autocommit_engine.connect() as admin:
+        admin.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    with container.uow() as uow:
+        assert uow.first(lock, {"user_id": "u1", "created_at": NOW, "sfw_processor": "SFW_STRIPE"}) is not None
+        uow.commit()
+    with container.uow() as uow:
+        assert uow.locks.read("u1")["sfw_processor"] == "SFW_STRIPE"

@@ -7,7 +7,7 @@ import hashlib
 from sqlalchemy import bindparam, case, func, literal, select, update
 
 from billingctl.adapters.db.repository import Repository
-from billingctl.adapters.db.sql import DriverRead, insert_or_count
+from billingctl.adapters.db.sql import DriverStatement, insert_or_count
 from billingctl.adapters.db.tables import event_inbox, event_poller_state
 
 LISTED = (event_inbox.c.id, event_inbox.c.source, event_inbox.c.event_id, event_inbox.c.event_type,
@@ -29,7 +29,7 @@ def key(event_id: str) -> str:
 
 # The duplicate fast path's one read, built and compiled once (issue 39 item 4: no statement construction
 # per request), run on the driver's cursor.
-SEEN = DriverRead(select(event_inbox.c.status, event_inbox.c.seen_by).where(
+SEEN = DriverStatement(select(event_inbox.c.status, event_inbox.c.seen_by).where(
     event_inbox.c.source == bindparam("source"), event_inbox.c.event_id == bindparam("event_id")))
 
 

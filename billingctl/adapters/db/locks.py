@@ -8,7 +8,7 @@ from functools import lru_cache
 from sqlalchemy import and_, bindparam, or_, select, update
 
 from billingctl.adapters.db.repository import Repository
-from billingctl.adapters.db.sql import insert_ignore
+from billingctl.adapters.db.sql import insert_ignore, on_driver
 from billingctl.adapters.db.tables import user_credits
 
 MID = "nsfw_processor_mid"
@@ -24,8 +24,7 @@ def _unlocked(column: str):
 
 class ProcessorLocks(Repository):
     def read(self, user_id: str) -> dict | None:
-        row = self.execute(_read_statement(), {"user_id": str(user_id)}).mappings().first()
-        return dict(row) if row else None
+        return self.uow.first(on_driver(_read_statement()), {"user_id": str(user_id)})
 
     def ensure(self, user_id: str, now) -> None:
         insert_ignore(self.uow, user_credits, {"user_id": user_id, "created_at": now}, ["user_id"],
@@ -35,7 +34,7 @@ class ProcessorLocks(Repository):
         """One conditional statement: create the user's row locked, or lock the row only while `column` is
         still unlocked (first write wins). True when this call locked it."""
         statement = _lock_statement(self.uow.dialect, column, tuple(sorted(values)))
-        return self.execute(statement, {"user_id": user_id, "created_at": now, **values}).first() is not None
+        return self.uow.first(on_driver(statement), {"user_id": user_id, "created_at": now, **values}) is not None
 
     def relock(self, user_id: str, column: str, values: dict) -> bool:
         """Lock an existing row while `column` is unlocked; True when it did."""
@@ -86,7 +85,9 @@ def _lock_statement(dialect: str, column: str, columns: tuple[str, ...]):
         from sqlalchemy.dialects.postgresql import insert
     else:
         from sqlalchemy.dialects.sqlite import insert
-    statement = insert(user_credits)
+    # Its columns named, each a parameter of its column's type: compiled once, the same for every call.
+    statement = insert(user_credits).values({name: bindparam(name, type_=user_credits.c[name].type)
+                                             for name in ("user_id", "created_at", *columns)})
     return statement.on_conflict_do_update(
         index_elements=["user_id"], index_where=text("deleted_at IS NULL"),
         set_={name: statement.excluded[name] for name in columns}, where=_unlocked(column),

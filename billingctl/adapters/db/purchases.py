@@ -10,7 +10,7 @@ from sqlalchemy import and_, bindparam, case, exists, func, literal, or_, select
 
 from billingctl.adapters.db.checkouts import order_matches
 from billingctl.adapters.db.repository import Repository
-from billingctl.adapters.db.sql import DriverRead, insert_ignore
+from billingctl.adapters.db.sql import DriverStatement, insert_ignore, on_driver
 from billingctl.adapters.db.tables import (
     alert_outbox,
     checkout_session,
@@ -75,8 +75,9 @@ class Purchases(Repository):
         """One read: the subscription's status, the user's frozen_at, whether the payment is bought,
         whether the user holds another live (active or non-renewing) subscription of the same plan, and
         whether the user's row exists."""
-        return self.execute(_gates_statement(), {"payment_id": str(payment_id), "subscription_id": str(subscription_id),
-                                                 "user_id": str(user_id), "item_price_id": item_price_id or ""}).one()
+        return self.uow.first(on_driver(_gates_statement()), {
+            "payment_id": str(payment_id), "subscription_id": str(subscription_id), "user_id": str(user_id),
+            "item_price_id": item_price_id or ""})
 
     def other_payment_of(self, subscription_id: str, payment_id: str) -> str | None:
         """Another payment already recorded for the subscription (its checkout paid once already)."""
@@ -301,8 +302,8 @@ def _finished_statement():
 
 
 @lru_cache(maxsize=1)
-def _finished_read() -> DriverRead:
-    return DriverRead(_finished_statement())
+def _finished_read() -> DriverStatement:
+    return DriverStatement(_finished_statement())
 
 
 # ---- a new payment's writes, set-based (issue 39 item 4) ---------------------------------------------------
@@ -392,8 +393,8 @@ class NewPayments(Repository):
             statement = _new_payment_statement(tuple((prefix, tuple(row)) for prefix, row in rows.items()))
             params = {f"{prefix}_{name}": value for prefix, row in rows.items() for name, value in row.items()}
             params.update(u_id=purchase_row["user_id"], u_created_at=purchase_row["created_at"])
-            written = self.execute(statement, params).one()
-            return NewPayment(written.purchase == 1, written.transaction == 1, written.credited == 1)
+            written = self.uow.first(on_driver(statement), params)
+            return NewPayment(written["purchase"] == 1, written["transaction"] == 1, written["credited"] == 1)
         if not user_known:
             self.uow.users.ensure(purchase_row["user_id"], purchase_row["created_at"])
         if not insert_ignore(self.uow, purchase, purchase_row, ["transaction_id"]):

@@ -153,8 +153,18 @@ class UnitOfWork:
 
     # The repositories' one door to the connection.
     def execute(self, statement, params=None):
+        return self._once_more_if_dead(self._execute, statement, params)
+
+    def first(self, statement, params: dict) -> dict | None:
+        """A hot statement (`sql.DriverStatement`) on the driver's cursor, in this transaction: its first row
+        as a dict, or None."""
+        return self._once_more_if_dead(self._first, statement, params)
+
+    def _once_more_if_dead(self, run, statement, params):
+        """A connection found dead on the transaction's first statement is replaced, and the statement run
+        again: nothing of the transaction had happened yet."""
         try:
-            result = self._execute(statement, params)
+            result = run(statement, params)
         except DBAPIError as exc:
             if not (self._fresh and exc.connection_invalidated):
                 raise
@@ -164,9 +174,20 @@ class UnitOfWork:
             except DBAPIError:
                 pass
             self._connect()
-            result = self._execute(statement, params)
+            result = run(statement, params)
         self._fresh = self.autocommit  # autocommit: every statement stands alone
         return result
+
+    def _first(self, statement, params: dict):
+        dialect = self._engine.dialect
+        dbapi_connection = self.conn.connection.dbapi_connection
+        try:
+            return statement.run(dbapi_connection, dialect, params)
+        except dialect.loaded_dbapi.Error as exc:
+            dropped = dialect.is_disconnect(exc, dbapi_connection, None)
+            if dropped:
+                self.conn.invalidate(exc)
+            raise statement.wrapped(exc, dialect, dropped) from exc
 
     def _execute(self, statement, params):
         return self.conn.execute(statement, params) if params is not None else self.conn.execute(statement)
