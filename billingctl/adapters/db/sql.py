@@ -114,7 +114,7 @@ class DriverStatement:
         cursor = dbapi_connection.cursor()
         try:
             cursor.execute(sql, tuple(values[name] for name in order) if order is not None else values)
-            row = cursor.fetchone() if cursor.description is not None else None
+            row = cursor.fetchone()  # a SELECT, or a write that RETURNs: there is always a result
         finally:
             cursor.close()
         if row is None:
