@@ -10,7 +10,7 @@ from sqlalchemy import and_, bindparam, case, exists, func, literal, or_, select
 
 from billingctl.adapters.db.checkouts import order_matches
 from billingctl.adapters.db.repository import Repository
-from billingctl.adapters.db.sql import DriverStatement, insert_ignore, on_driver
+from billingctl.adapters.db.sql import insert_ignore, on_driver
 from billingctl.adapters.db.tables import (
     alert_outbox,
     checkout_session,
@@ -32,7 +32,7 @@ def finished(engine, payment_id: str, order_id: str | None = None) -> dict:
     the payment's purchase (`bought_subscription_id`, `bought_user_id`; None when it has none) and whether
     it has nothing left to do (`finished`: recorded on its provider invoice, its subscription active with no
     activation pending), and the checkout session its order names (`checkout_*`)."""
-    return _finished_read().first(engine, {"payment_id": str(payment_id), "order_id": order_id or ""})
+    return on_driver(_finished_statement()).first(engine, {"payment_id": str(payment_id), "order_id": order_id or ""})
 
 
 class Purchases(Repository):
@@ -299,11 +299,6 @@ def _finished_statement():
                   func.coalesce(bought.c.finished, 0).label("finished"),
                   *(c.label(f"checkout_{c.name}") for c in checkout.c)) \
         .select_from(one.outerjoin(bought, true()).outerjoin(checkout, true()))
-
-
-@lru_cache(maxsize=1)
-def _finished_read() -> DriverStatement:
-    return DriverStatement(_finished_statement())
 
 
 # ---- a new payment's writes, set-based (issue 39 item 4) ---------------------------------------------------

@@ -122,8 +122,18 @@ class DriverStatement:
         return {name: (value if process is None else process(value))
                 for (name, process), value in zip(results, row, strict=True)}
 
-    def wrapped(self, exc, dialect, dropped: bool):
-        """The driver's error as SQLAlchemy raises it (its subclass by the driver's class), parameters hidden."""
+    def run_translated(self, dbapi_connection, dialect, params: dict, invalidate) -> dict | None:
+        """`run`, the driver's error raised as SQLAlchemy raises it (its subclass by the driver's class,
+        parameters hidden); a connection the error shows dropped is first given to `invalidate`."""
+        try:
+            return self.run(dbapi_connection, dialect, params)
+        except dialect.loaded_dbapi.Error as exc:
+            dropped = dialect.is_disconnect(exc, dbapi_connection, None)
+            if dropped:
+                invalidate(exc)
+            raise self._wrapped(exc, dialect, dropped) from exc
+
+    def _wrapped(self, exc, dialect, dropped: bool):
         from sqlalchemy.exc import DBAPIError
 
         sql = self._compiled[dialect][0] if dialect in self._compiled else None
@@ -132,22 +142,21 @@ class DriverStatement:
 
     def first(self, engine, params: dict) -> dict | None:
         """Standing alone on a pooled connection of `engine` (in autocommit)."""
+        from sqlalchemy.exc import DBAPIError
+
         dialect = engine.dialect
         for attempt in (1, 2):
-            pooled = None
             try:
-                pooled = engine.raw_connection()  # a refused connect is the driver's error too
-                return self.run(pooled.dbapi_connection, dialect, params)
-            except dialect.loaded_dbapi.Error as exc:
-                dropped = pooled is not None and dialect.is_disconnect(exc, pooled.dbapi_connection, None)
-                if dropped:
-                    pooled.invalidate(exc)
-                if dropped and attempt == 1:
-                    continue
-                raise self.wrapped(exc, dialect, dropped) from exc
+                pooled = engine.raw_connection()
+            except dialect.loaded_dbapi.Error as exc:  # a refused connect
+                raise self._wrapped(exc, dialect, False) from exc
+            try:
+                return self.run_translated(pooled.dbapi_connection, dialect, params, pooled.invalidate)
+            except DBAPIError as exc:
+                if not (exc.connection_invalidated and attempt == 1):
+                    raise
             finally:
-                if pooled is not None:
-                    pooled.close()
+                pooled.close()
         return None
 
 

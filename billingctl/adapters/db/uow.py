@@ -179,15 +179,8 @@ class UnitOfWork:
         return result
 
     def _first(self, statement, params: dict):
-        dialect = self._engine.dialect
-        dbapi_connection = self.conn.connection.dbapi_connection
-        try:
-            return statement.run(dbapi_connection, dialect, params)
-        except dialect.loaded_dbapi.Error as exc:
-            dropped = dialect.is_disconnect(exc, dbapi_connection, None)
-            if dropped:
-                self.conn.invalidate(exc)
-            raise statement.wrapped(exc, dialect, dropped) from exc
+        return statement.run_translated(self.conn.connection.dbapi_connection, self._engine.dialect, params,
+                                        self.conn.invalidate)
 
     def _execute(self, statement, params):
         return self.conn.execute(statement, params) if params is not None else self.conn.execute(statement)
