@@ -67,16 +67,20 @@ def payload_of(container, inbox_id: int) -> dict:
         return uow.inbox.payload(inbox_id)
 
 
+def duplicate_answer(event_id: str) -> dict:
+    return {"event_id": event_id, "outcome": "duplicate"}
+
+
 def process_once(container, source: str, event_id: str, event_type: str, payload: dict, handler,
-                 via: str = "webhook") -> dict:
+                 via: str = "webhook", duplicate_read: bool = True) -> dict:
     """Accept an event into the inbox and run `handler()` unless it was processed before.
     A handler's BillingError is kept on the inbox row (visible in `events list`) and reported."""
     import logging
 
     from billingctl.domain.errors import BillingError
 
-    if receive(container, source, event_id, event_type, payload, via=via) != "pending":
-        return {"event_id": event_id, "outcome": "duplicate"}
+    if receive(container, source, event_id, event_type, payload, via=via, duplicate_read=duplicate_read) != "pending":
+        return duplicate_answer(event_id)
     error, result = None, {}
     try:
         result = handler() or {}
@@ -115,10 +119,11 @@ def _finish_and_alert(container, source: str, event_id: str, event_type: str, er
 
 
 def receive(container, source: str, event_id: str, event_type: str, payload: dict, occurred_at=None,
-            via: str = "webhook") -> str:
-    """Every event source's way in: the duplicate fast path (one read), else the inbox row (one
-    statement, standing alone). Returns the status; only 'pending' has work to do."""
-    seen = finished_duplicate(container, source, event_id, via)
+            via: str = "webhook", duplicate_read: bool = True) -> str:
+    """Every event source's way in: the duplicate fast path (one read; not again when the caller has just
+    made it), else the inbox row (one statement, standing alone). Returns the status; only 'pending' has
+    work to do."""
+    seen = finished_duplicate(container, source, event_id, via) if duplicate_read else None
     if seen is not None:
         return seen
     with container.uow(autocommit=True) as uow:

@@ -13,6 +13,16 @@ def payment_event_id(event_type: str, payment: Payment) -> str:
     return f"{event_type}:{payment.id}:{payment.status}{suffix}"
 
 
+def plain_payment_event_id(event_type: str, payment: dict) -> str | None:
+    """`payment_event_id` read from the payment as it came, before it is typed, where typing keeps what
+    the key names as it is: a string id and status. A refund's key holds an amount that typing may
+    convert ("100" is 100), so it is read from the typed copy only: None."""
+    payment_id, status = payment.get("id"), payment.get("status")
+    if event_type == "PAYMENT.REFUND" or type(payment_id) is not str or type(status) is not str:
+        return None
+    return f"{event_type}:{payment_id}:{status}"
+
+
 def payment_of_event(event_id: str) -> str | None:
     """The payment id a payment notification's inbox key names (`payment_event_id`)."""
     parts = event_id.split(":")
@@ -90,8 +100,9 @@ def event_id_for(source: str, event_type: str, payload: dict, given: str | None 
 
 
 def dispatch(container, source: str, event_type: str, payload: dict, event_id: str | None = None,
-             via: str = "webhook") -> dict:
-    """Accept into the inbox and process once through the source's handler."""
+             via: str = "webhook", duplicate_read: bool = True) -> dict:
+    """Accept into the inbox and process once through the source's handler. `duplicate_read=False`: the
+    caller has just made the inbox's duplicate read for this key (`inbox.finished_duplicate`)."""
     if source == "provider":
         from billingctl.services.provider_events import handle_event
 
@@ -99,7 +110,7 @@ def dispatch(container, source: str, event_type: str, payload: dict, event_id: s
     handler = HANDLERS[source]
     event_id = event_id_for(source, event_type, payload, event_id)
     return process_once(container, source, event_id, event_type, payload,
-                        lambda: handler(container, event_type, payload), via=via)
+                        lambda: handler(container, event_type, payload), via=via, duplicate_read=duplicate_read)
 
 
 # ---- every stored event again through its normal path ------------------------------------------

@@ -97,6 +97,28 @@ def test_a_redelivered_event_is_a_no_op(client, container):
     assert second.get_json()["outcome"] == "duplicate"
 
 
+def test_a_finished_duplicate_is_answered_from_the_inbox_before_its_body_is_typed(client, container):
+    """Issue 39 item 4 (decision 162): a finished notification delivered again is answered from the
+    inbox's one read, before its body is typed (its key was stored from a body that typed, and nothing
+    else of it is used); a new one is typed first and refused when a field is wrongly typed."""
+    secret = container.settings.secret("orchestrator_webhook_secret")
+    raw = body_at(str(int(time.time())), status="DECLINED")
+    first = client.post(PATH, data=raw, headers={"X-Signature-Primary": sign(secret, raw)})
+    assert first.get_json()["outcome"] == "status_updated"
+    body = json.loads(raw)
+    body["payment"]["amount"] = "lots"  # a field only the handler reads, wrongly typed
+    for status, expected in (("DECLINED", 200), ("SETTLED", 400)):
+        body["payment"]["status"] = status
+        raw = json.dumps(body).encode()
+        answer = client.post(PATH, data=raw, headers={"X-Signature-Primary": sign(secret, raw)})
+        assert answer.status_code == expected
+        if expected == 200:
+            assert answer.get_json() == {"event_id": "PAYMENT.STATUS:pay_w1:DECLINED", "outcome": "duplicate"}
+    with container.uow() as uow:
+        rows = uow.execute(select(event_inbox.c.event_id, event_inbox.c.deliveries)).all()
+    assert [tuple(r) for r in rows] == [("PAYMENT.STATUS:pay_w1:DECLINED", 1)]  # nothing written by either
+
+
 def test_a_new_payments_webhook_answers_from_our_database_alone(container):
     """Issue 39 item 3: a new payment's webhook made its two provider calls (activation, the record on the
     invoice) inside the request, so its latency followed the provider's and a catch-up's budget. It now

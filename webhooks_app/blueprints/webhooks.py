@@ -30,10 +30,10 @@ def _json(raw: bytes) -> dict:
     return body
 
 
-def _orchestrator_body(c, secret_name: str) -> tuple[dict, schemas.PaymentEvent]:
+def _orchestrator_body(c, secret_name: str) -> dict:
     """The payment receiver: the signature (primary or secondary header) over the raw body, then the
     body, then `signedAt` within 5 minutes (part of authentication, checked before anything in the body
-    is used), then the fields every event needs; the body as it came, and its typed copy."""
+    is used), then the fields every event needs; the body as it came (typed by the caller)."""
     raw = request.get_data(cache=False)
     verify_orchestrator(raw, request.headers.get("X-Signature-Primary"), request.headers.get("X-Signature-Secondary"),
                         secrets_of(c.settings.secret(secret_name)))
@@ -42,21 +42,28 @@ def _orchestrator_body(c, secret_name: str) -> tuple[dict, schemas.PaymentEvent]
     payment, event_type = body.get("payment"), body.get("eventType")
     if not isinstance(payment, dict) or not payment.get("id") or not isinstance(event_type, str):
         raise InvalidInput("eventType and payment.id are required")
-    return body, schemas.PaymentEvent.read(body)
+    return body
 
 
 @bp.post("/orchestrator/payments")
 def orchestrator_payments():
+    from billingctl.services.inbox import duplicate_answer, finished_duplicate
     from billingctl.services.payments import followups_after_response
-    from billingctl.services.webhook_events import dispatch, payment_event_id
+    from billingctl.services.webhook_events import dispatch, payment_event_id, plain_payment_event_id
 
     c = container()
-    body, typed = _orchestrator_body(c, "orchestrator_webhook_secret")
-    event_type = body["eventType"]
+    body = _orchestrator_body(c, "orchestrator_webhook_secret")
+    event_type, payment = body["eventType"], body["payment"]
+    # A finished duplicate is answered from the inbox's one read before its body is typed: its key was
+    # stored from a body that typed, and nothing else of this one is used (issue 39 item 4, decision 162).
+    plain_id = plain_payment_event_id(event_type, payment)
+    if plain_id is not None and finished_duplicate(c, "orchestrator", plain_id, "webhook") is not None:
+        return jsonify(duplicate_answer(plain_id)), 200
     # The inbox key from the copy typed once; the handler reads the payment as it came.
-    event_id = payment_event_id(event_type, typed.payment)
+    event_id = payment_event_id(event_type, schemas.PaymentEvent.read(body).payment)
     with followups_after_response(c) as deferred:
-        response = jsonify(dispatch(c, "orchestrator", event_type, {"payment": body["payment"]}, event_id=event_id))
+        response = jsonify(dispatch(c, "orchestrator", event_type, {"payment": payment}, event_id=event_id,
+                                    duplicate_read=event_id != plain_id))
     if deferred.subscriptions:
         response.call_on_close(deferred.run)  # once the answer is sent (issue 39 item 3)
     return response, 200
