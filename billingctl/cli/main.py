@@ -227,7 +227,7 @@ def uniform_metavars(command) -> None:
             param.metavar = (param.name or "").upper()
         if param.param_type_name == "argument":  # `USER_ID`, not `{user_id}` and `user_id <str>`
             shown = param.metavar if param.required else f"[{param.metavar}]"
-            param._usage_display_name = lambda shown=shown: shown
+            param.get_usage_pieces = lambda ctx, shown=shown: [shown]
             param.display_type_rich = lambda ctx: None
         if choices and hasattr(param, "help"):
             values = ", ".join(choices)
