@@ -45,7 +45,8 @@ def summary(r: dict) -> list[tuple[str, str, str]]:
                      f" vs {w['minimal_receiver']['p99_ms']} ms: {w['p99_vs_minimal']}×)", "≥ 0.8×, p99 ≤ 3×"))
     if "new_payment_rounds" in w:
         rows.append(("a new payment's webhook: p99 vs p50 in each round after warm-up",
-                     ", ".join(f"{x['p99_vs_p50']}×" for x in w["new_payment_rounds"]), "≤ 3× in every round"))
+                     ", ".join(f"{x['p99_vs_p50']}× ({x.get('provider_calls')} provider calls)"
+                               for x in w["new_payment_rounds"]), "≤ 3× in every round"))
     rt = r["round_trips"]
     rows.append(("round trips: duplicate recording / duplicate webhook / new payment by webhook",
                  f"{rt['duplicate_recording']['pg']} / {rt['duplicate_webhook']['pg']} / "

@@ -77,6 +77,18 @@ def _new_payments_script(path: Path, bodies: list[tuple[str, str]]) -> None:
                     "end\n")
 
 
+def _provider_calls(sandbox_db: Path) -> int:
+    """Requests the provider (the workers' in-process sandbox) has answered so far: the follow-ups a round's
+    new payments made once their answers were sent, as far as the real limit let them."""
+    import sqlite3
+
+    db = sqlite3.connect(str(sandbox_db))
+    try:
+        return db.execute("SELECT count(*) FROM requests WHERE system = 'provider'").fetchone()[0]
+    finally:
+        db.close()
+
+
 def _signed(secret: str, payments: list[dict]) -> list[tuple[str, str]]:
     out = []
     for payment in payments:
@@ -86,7 +98,7 @@ def _signed(secret: str, payments: list[dict]) -> list[tuple[str, str]]:
 
 
 def run(database_url: str, redis_url: str | None = None, rounds: int = ROUNDS) -> dict:
-    """Interleaved rounds (ours, the minimal receiver, ours, …) so drift on a shared machine hits both."""
+    """Interleaved rounds, each app first in every other one, so drift on a shared machine hits both."""
     if not shutil.which("wrk"):
         return {"skipped": "wrk is not installed (Debian package wrk)"}
     wd = workdir()
@@ -125,8 +137,10 @@ def run(database_url: str, redis_url: str | None = None, rounds: int = ROUNDS) -
                     _new_payments_script(warm, _signed(secret, batch[:NEW_PAYMENTS_EACH_ROUND // 4]))
                     _new_payments_script(new_script, _signed(secret, batch[NEW_PAYMENTS_EACH_ROUND // 4:]))
                     _wrk(port, str(warm), WARM_UP)
+                    calls_before = _provider_calls(wd / "sandbox.db")
                     answered = _wrk(port, str(new_script))
-                    new_rounds.append({**answered, "p99_vs_p50": round(answered["p99_ms"] / answered["p50_ms"], 2)})
+                    new_rounds.append({**answered, "p99_vs_p50": round(answered["p99_ms"] / answered["p50_ms"], 2),
+                                       "provider_calls": _provider_calls(wd / "sandbox.db") - calls_before})
             finally:
                 proc.terminate()
                 proc.wait(30)
