@@ -20,6 +20,7 @@ from pathlib import Path
 
 from bench.common import container, median, seed_payments, workdir
 from billingctl.sandbox.model import sign_body
+from billingctl.sandbox.store import SandboxStore
 from tests.servers import free_port, serving
 
 DURATION = int(os.environ.get("BENCH_WRK_SECONDS", "10"))
@@ -77,18 +78,6 @@ def _new_payments_script(path: Path, bodies: list[tuple[str, str]]) -> None:
                     "end\n")
 
 
-def _provider_calls(sandbox_db: Path) -> int:
-    """Requests the provider (the workers' in-process sandbox) has answered so far: the follow-ups a round's
-    new payments made once their answers were sent, as far as the real limit let them."""
-    import sqlite3
-
-    db = sqlite3.connect(str(sandbox_db))
-    try:
-        return db.execute("SELECT count(*) FROM requests WHERE system = 'provider'").fetchone()[0]
-    finally:
-        db.close()
-
-
 def _signed(secret: str, payments: list[dict]) -> list[tuple[str, str]]:
     out = []
     for payment in payments:
@@ -121,6 +110,7 @@ def run(database_url: str, redis_url: str | None = None, rounds: int = ROUNDS) -
            "BILLING_LOG_LEVEL": "WARNING", "PYTHONPATH": os.getcwd(),
            **({"BILLING_REDIS_URL": redis_url} if redis_url else {})}
     apps = (("webhook", "webhooks_app.wsgi:public()"), ("minimal_receiver", "bench.minimal:app"))
+    sandbox = SandboxStore(wd / "sandbox.db")
     samples: dict[str, list[dict]] = {name: [] for name, _ in apps}
     new_rounds = []
     for number in range(rounds):
@@ -137,10 +127,12 @@ def run(database_url: str, redis_url: str | None = None, rounds: int = ROUNDS) -
                     _new_payments_script(warm, _signed(secret, batch[:NEW_PAYMENTS_EACH_ROUND // 4]))
                     _new_payments_script(new_script, _signed(secret, batch[NEW_PAYMENTS_EACH_ROUND // 4:]))
                     _wrk(port, str(warm), WARM_UP)
-                    calls_before = _provider_calls(wd / "sandbox.db")
+                    # The follow-ups' provider calls in the round, as far as the real limit let them (the workers'
+                    # in-process sandbox counts every request it answers).
+                    calls_before = sandbox.count_requests("provider")
                     answered = _wrk(port, str(new_script))
                     new_rounds.append({**answered, "p99_vs_p50": round(answered["p99_ms"] / answered["p50_ms"], 2),
-                                       "provider_calls": _provider_calls(wd / "sandbox.db") - calls_before})
+                                       "provider_calls": sandbox.count_requests("provider") - calls_before})
             finally:
                 proc.terminate()
                 proc.wait(30)

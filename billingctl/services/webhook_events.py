@@ -8,9 +8,14 @@ from billingctl.services import inbox
 from billingctl.services.inbox import process_once
 
 
+def _payment_key(event_type: str, payment_id: str, status: str, suffix: str = "") -> str:
+    """The one spelling of a payment notification's inbox key (read back by `payment_of_event`)."""
+    return f"{event_type}:{payment_id}:{status}{suffix}"
+
+
 def payment_event_id(event_type: str, payment: Payment) -> str:
     suffix = f":{payment.refunded}" if event_type == "PAYMENT.REFUND" else ""
-    return f"{event_type}:{payment.id}:{payment.status}{suffix}"
+    return _payment_key(event_type, payment.id, payment.status, suffix)
 
 
 def plain_payment_event_id(event_type: str, payment: dict) -> str | None:
@@ -20,7 +25,7 @@ def plain_payment_event_id(event_type: str, payment: dict) -> str | None:
     payment_id, status = payment.get("id"), payment.get("status")
     if event_type == "PAYMENT.REFUND" or type(payment_id) is not str or type(status) is not str:
         return None
-    return f"{event_type}:{payment_id}:{status}"
+    return _payment_key(event_type, payment_id, status)
 
 
 def payment_of_event(event_id: str) -> str | None:
