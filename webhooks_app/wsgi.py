@@ -40,7 +40,8 @@ def _build(factory):
 def public():
     import webhooks_app
 
-    return _build(webhooks_app.create_public_app)
+    # A webhook's provider follow-ups on one thread of each worker: the worker serves the next request meanwhile.
+    return _build(lambda: webhooks_app.create_public_app(followups_thread=True))
 
 
 def internal():

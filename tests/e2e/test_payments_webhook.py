@@ -146,3 +146,77 @@ def test_a_new_payments_webhook_answers_from_our_database_alone(container):
     assert container.sandbox.subscription(co["subscription_id"])["status"] == "active"
     with container.uow() as uow:
         assert uow.purchases.by_payment_id(payment["id"])["provider_recorded_at"] is not None
+
+
+def _new_payment_webhook(container, user_id):
+    from billingctl.sandbox.model import sign_body
+    from billingctl.services.checkout import create_checkout
+
+    co = create_checkout(container, user_id, "credits-pro-USD-monthly")
+    payment = container.sandbox.pay(co["order_id"], drop_webhook=True)
+    body = json.dumps({"eventType": "PAYMENT.STATUS", "signedAt": str(int(time.time())), "payment": payment})
+    headers = {"X-Signature-Primary": sign_body(container.settings.secret("orchestrator_webhook_secret"),
+                                                body.encode())}
+    return co, payment, {"data": body, "content_type": "application/json", "headers": headers}
+
+
+def _recorded_at_provider(container, payment_id):
+    with container.uow() as uow:
+        return uow.purchases.by_payment_id(payment_id)["provider_recorded_at"] is not None
+
+
+def test_under_gunicorn_a_new_payments_followups_run_on_the_workers_own_thread(container):
+    """Issue 39 item 4: the gunicorn entry point's sync worker made a new payment's follow-ups itself once
+    its answer was sent, so it served nothing else until the provider answered and the requests queued
+    behind it waited (a new payment's p99 rose to 3.6-5× its p50 in the round the budget's window freed).
+    They now run on one thread of the worker: the worker is free as soon as the answer is sent, and the
+    follow-ups still finish without the activations job."""
+    import threading
+
+    app = create_public_app(container=container, followups_thread=True)
+    followups = app.extensions["billing_followups"]
+    busy, release = threading.Event(), threading.Event()
+    followups(lambda: (busy.set(), release.wait(10)))  # the thread is making another request's follow-ups
+    assert busy.wait(10)
+    co, payment, request = _new_payment_webhook(container, "user_thread")
+    before = container.sandbox.store.count_requests("provider")
+    answer = app.test_client().post(PATH, **request)  # read and closed, as the server has sent it
+    assert answer.status_code == 200 and answer.get_json()["followups"] == "after_response"
+    # Closing the answer returned at once: the worker thread made no provider call and waited for none.
+    assert container.sandbox.store.count_requests("provider") == before
+    assert not _recorded_at_provider(container, payment["id"])
+    release.set()
+    followups.join()
+    assert container.sandbox.store.count_requests("provider") == before + 2
+    assert container.sandbox.subscription(co["subscription_id"])["status"] == "active"
+    assert _recorded_at_provider(container, payment["id"])
+
+
+def test_a_full_followup_queue_leaves_the_work_to_the_activations_job(container, caplog):
+    """Past the follow-up thread's queue, a new payment's follow-ups stay where they already are, in the
+    database: the answer is the same, nothing is called, and the activations job finishes them."""
+    import threading
+
+    from billingctl.services.payments import retry_pending
+    from webhooks_app.followups import FollowupThread
+
+    app = create_public_app(container=container, followups_thread=True)
+    followups = app.extensions["billing_followups"] = FollowupThread(capacity=1)
+    busy, release = threading.Event(), threading.Event()
+    followups(lambda: (busy.set(), release.wait(10)))
+    assert busy.wait(10)
+    assert followups(lambda: None)  # the one place in the queue
+    co, payment, request = _new_payment_webhook(container, "user_full")
+    before = container.sandbox.store.count_requests("provider")
+    with caplog.at_level("INFO", logger="webhooks_app.followups"):
+        answer = app.test_client().post(PATH, **request)
+    assert answer.status_code == 200 and answer.get_json()["outcome"] == "recorded"
+    assert "follow-up left to the activations job" in caplog.text
+    release.set()
+    followups.join()
+    assert container.sandbox.store.count_requests("provider") == before  # dropped, not run
+    assert container.sandbox.subscription(co["subscription_id"])["status"] != "active"
+    assert not _recorded_at_provider(container, payment["id"])
+    assert retry_pending(container)["completed"] == 1
+    assert container.sandbox.subscription(co["subscription_id"])["status"] == "active"
+    assert _recorded_at_provider(container, payment["id"])

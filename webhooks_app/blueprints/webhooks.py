@@ -64,8 +64,9 @@ def orchestrator_payments():
     with followups_after_response(c) as deferred:
         response = jsonify(dispatch(c, "orchestrator", event_type, {"payment": payment}, event_id=event_id,
                                     duplicate_read=event_id != plain_id))
-    if deferred.subscriptions:
-        response.call_on_close(deferred.run)  # once the answer is sent (issue 39 item 3)
+    if deferred.subscriptions:  # once the answer is sent (issue 39 item 3), inline or on the follow-up thread
+        run = current_app.extensions["billing_followups"]
+        response.call_on_close(lambda: run(deferred.run))
     return response, 200
 
 
