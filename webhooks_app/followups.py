@@ -7,11 +7,15 @@ On a thread of its own (the gunicorn entry point, `webhooks_app.wsgi:public()`):
 them itself served nothing else meanwhile, so the requests queued behind it waited out the provider and
 a new payment's p99 rose whenever the budget's window freed. One thread a worker process makes them in
 turn from a bounded queue; when the queue is full the work is left where it already is, in the database,
-for the activations job (the same idempotency keys), and a worker that exits leaves it there too.
+for the activations job (the same idempotency keys). A worker that exits (a graceful restart, the
+interpreter shutting down) lets the follow-up in flight finish, within CLOSE_GRACE_SECONDS, and leaves
+the queued ones to the job: none is cut between the provider's answer and our record of it when the
+grace suffices, and none makes the exit wait for the budget.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import queue
@@ -21,6 +25,7 @@ from collections.abc import Callable
 log = logging.getLogger("webhooks_app.followups")
 
 QUEUE_CAPACITY = 256  # requests' follow-ups waiting for the thread; past it, the activations job has them
+CLOSE_GRACE_SECONDS = 10.0  # within gunicorn's graceful timeout (30 s in the unit)
 
 
 def run_inline(work: Callable[[], None]) -> bool:
@@ -37,9 +42,13 @@ class FollowupThread:
         self._guard = threading.Lock()
         self._pid: int | None = None
         self._queue: queue.Queue = queue.Queue(capacity)
+        self._closing = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def __call__(self, work: Callable[[], None]) -> bool:
         """Queue `work`; False when the queue is full (the work stays in the database for the job)."""
+        if self._closing.is_set():
+            return False
         self._ensure_started()
         try:
             self._queue.put_nowait(work)
@@ -53,22 +62,46 @@ class FollowupThread:
         """Until every queued follow-up has run (tests, and a caller that must see them done)."""
         self._queue.join()
 
+    def close(self, timeout: float = CLOSE_GRACE_SECONDS) -> int:
+        """Take no more work, let the follow-up in flight finish (within `timeout`) and leave the queued
+        ones to the activations job; how many were left. Registered to run when the process exits."""
+        self._closing.set()
+        left = 0
+        while True:
+            try:
+                self._queue.get_nowait()
+            except queue.Empty:
+                break
+            left += 1
+            self._queue.task_done()
+        if self._thread is not None and self._pid == os.getpid():
+            self._queue.put(None)  # wakes a thread waiting for work: it stops
+            self._thread.join(timeout)
+        if left:
+            log.info("follow-ups left to the activations job: the web worker is exiting", extra={"left": left})
+        return left
+
     def _ensure_started(self) -> None:
         if self._pid == os.getpid():
             return
         with self._guard:
             if self._pid != os.getpid():
                 self._queue = queue.Queue(self.capacity)  # a forked child's copy holds no live thread
-                threading.Thread(target=self._loop, args=(self._queue,), name="billing-followups",
-                                 daemon=True).start()
+                self._thread = threading.Thread(target=self._loop, name="billing-followups", daemon=True)
+                self._thread.start()
                 self._pid = os.getpid()
+                atexit.register(self.close)
 
-    @staticmethod
-    def _loop(work_queue: queue.Queue) -> None:
+    def _loop(self) -> None:
+        work_queue = self._queue
         while True:
             work = work_queue.get()
+            if work is None:  # closing
+                work_queue.task_done()
+                return
             try:
-                work()
+                if not self._closing.is_set():
+                    work()
             except Exception:  # noqa: BLE001 - the work logs its own failures; the thread must outlive any
                 log.exception("follow-up failed; the activations job retries it")
             finally:

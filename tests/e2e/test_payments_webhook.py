@@ -220,3 +220,28 @@ def test_a_full_followup_queue_leaves_the_work_to_the_activations_job(container,
     assert retry_pending(container)["completed"] == 1
     assert container.sandbox.subscription(co["subscription_id"])["status"] == "active"
     assert _recorded_at_provider(container, payment["id"])
+
+
+def test_a_worker_that_exits_finishes_the_followup_in_flight_and_leaves_the_queued_to_the_job(tmp_path):
+    """A sync worker finished the follow-ups it was making before a graceful exit; on a thread that dies
+    with the process one could be cut between the provider's answer and our record of it. At exit the
+    follow-up thread lets the one in flight finish (within its grace) and runs none of those queued: the
+    database still holds them for the activations job."""
+    import subprocess
+    import sys
+
+    script = (
+        "import pathlib, sys, threading, time\n"
+        "from webhooks_app.followups import FollowupThread\n"
+        "out = pathlib.Path(sys.argv[1]); started = threading.Event()\n"
+        "def in_flight():\n"
+        "    started.set(); time.sleep(0.5); (out / 'in_flight').write_text('done')\n"
+        "followups = FollowupThread()\n"
+        "followups(in_flight)\n"
+        "followups(lambda: (out / 'queued').write_text('ran'))\n"
+        "started.wait(5)\n"  # the process exits while the first is in flight and the second queued
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "in_flight").read_text() == "done"
+    assert not (tmp_path / "queued").exists()
