@@ -245,3 +245,26 @@ def test_a_worker_that_exits_finishes_the_followup_in_flight_and_leaves_the_queu
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "in_flight").read_text() == "done"
     assert not (tmp_path / "queued").exists()
+
+
+def test_a_forked_worker_gets_a_followup_thread_of_its_own(tmp_path):
+    """gunicorn forks its workers; with `--preload` a worker would inherit an app whose follow-up thread
+    lives only in the parent, and the work it queued would never run. The child starts its own thread."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import os, pathlib, sys\n"
+        "from webhooks_app.followups import FollowupThread\n"
+        "out = pathlib.Path(sys.argv[1]); followups = FollowupThread()\n"
+        "followups(lambda: (out / 'parent').write_text(str(os.getpid()))); followups.join()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    followups(lambda: (out / 'child').write_text(str(os.getpid()))); followups.join(); os._exit(0)\n"
+        "os.waitpid(pid, 0)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    parent, child = (tmp_path / "parent").read_text(), (tmp_path / "child").read_text()
+    assert parent != child and int(child) != os.getpid()
