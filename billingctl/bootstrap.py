@@ -30,6 +30,9 @@ class Container:
         self.clock = clock or (OffsetClock(lambda: self.sandbox.store.offset() + skew) if settings.clock == "sandbox"
                                else SystemClock())
         self._metrics = metrics
+        # A sync web worker's connection for the duplicate read, kept between requests (adapters/db/sql.py
+        # HeldConnection): set by the web app built for gunicorn, None everywhere else.
+        self.held_read = None
 
     @cached_property
     def engine(self) -> Engine:
@@ -204,6 +207,8 @@ class Container:
         return OrchestratorClient(http, charge_timeout=self.settings.orchestrator_charge_timeout_seconds)
 
     def close(self) -> None:
+        if self.held_read is not None:
+            self.held_read.close()
         if "autocommit_engine" in self.__dict__:
             self.autocommit_engine.dispose()
         if "engine" in self.__dict__:

@@ -46,15 +46,22 @@ def _base_app(name: str, settings: Settings | None, container: Container | None)
 
 
 def create_public_app(settings: Settings | None = None, container: Container | None = None,
-                      followups_thread: bool = False) -> Flask:
-    """`followups_thread`: a webhook's provider follow-ups run on one thread of the process once its
-    answer is sent (the gunicorn entry point), not in the thread that served it (webhooks_app.followups)."""
+                      sync_worker: bool = False) -> Flask:
+    """`sync_worker`: the app is served by a sync worker, one request thread a process (the gunicorn entry
+    point). A webhook's provider follow-ups then run on one thread of the process once its answer is sent,
+    not in the thread that served it (webhooks_app.followups), and the duplicate read keeps its
+    connection between requests (billingctl.adapters.db.sql.HeldConnection)."""
     from billingctl.adapters.ratelimit import INTERACTIVE, MONEY
     from webhooks_app.blueprints import public
     from webhooks_app.followups import FollowupThread, run_inline
 
     app = _base_app("billing-public", settings, container)
-    app.extensions["billing_followups"] = FollowupThread() if followups_thread else run_inline
+    app.extensions["billing_followups"] = FollowupThread() if sync_worker else run_inline
+    if sync_worker:
+        from billingctl.adapters.db.sql import HeldConnection
+
+        c = app.extensions["billing"]
+        c.held_read = HeldConnection(c.autocommit_engine)
     # Provider calls of a web request never wait for the limiter; webhooks record money, the user API is
     # interactive (its share is capped so it can never starve recording).
     app.wsgi_app = RequestBudget(app.wsgi_app, lambda path: MONEY if path.startswith("/webhooks/") else INTERACTIVE)

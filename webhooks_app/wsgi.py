@@ -40,8 +40,9 @@ def _build(factory):
 def public():
     import webhooks_app
 
-    # A webhook's provider follow-ups on one thread of each worker: the worker serves the next request meanwhile.
-    return _build(lambda: webhooks_app.create_public_app(followups_thread=True))
+    # Sync workers: a webhook's provider follow-ups on one thread of each worker (it serves the next request
+    # meanwhile), and the duplicate read's connection held by the worker between requests.
+    return _build(lambda: webhooks_app.create_public_app(sync_worker=True))
 
 
 def internal():

@@ -17,7 +17,7 @@ def finished_duplicate(container, source: str, event_id: str, via: str) -> str |
     finished and this path has delivered it before (nothing is left to do or count), else None."""
     from billingctl.adapters.db.inbox import seen
 
-    row = seen(container.autocommit_engine, source, event_id)
+    row = seen(container.autocommit_engine, source, event_id, container.held_read)
     if row is not None and row["status"] != "pending" and via in (row["seen_by"] or []):
         return row["status"]
     return None

@@ -33,9 +33,10 @@ SEEN = DriverStatement(select(event_inbox.c.status, event_inbox.c.seen_by).where
     event_inbox.c.source == bindparam("source"), event_inbox.c.event_id == bindparam("event_id")))
 
 
-def seen(engine, source: str, event_id: str) -> dict | None:
-    """{status, seen_by} of a stored event, or None: one read standing alone (`engine` in autocommit)."""
-    return SEEN.first(engine, {"source": source, "event_id": key(event_id)})
+def seen(engine, source: str, event_id: str, held=None) -> dict | None:
+    """{status, seen_by} of a stored event, or None: one read standing alone (`engine` in autocommit, on
+    `held`'s connection when it has one for this thread)."""
+    return SEEN.first(engine, {"source": source, "event_id": key(event_id)}, held)
 
 
 class Inbox(Repository):
