@@ -255,12 +255,13 @@ def test_a_forked_worker_gets_a_followup_thread_of_its_own(tmp_path):
     import sys
 
     script = (
-        "import os, pathlib, sys\n"
+        "import os, pathlib, signal, sys\n"
         "from webhooks_app.followups import FollowupThread\n"
         "out = pathlib.Path(sys.argv[1]); followups = FollowupThread()\n"
         "followups(lambda: (out / 'parent').write_text(str(os.getpid()))); followups.join()\n"
         "pid = os.fork()\n"
         "if pid == 0:\n"
+        "    signal.alarm(10)\n"  # a child left waiting for a thread it never got dies instead of lingering
         "    followups(lambda: (out / 'child').write_text(str(os.getpid()))); followups.join(); os._exit(0)\n"
         "os.waitpid(pid, 0)\n"
     )
