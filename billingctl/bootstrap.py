@@ -206,6 +206,13 @@ class Container:
                           "X-Idempotency-Key")
         return OrchestratorClient(http, charge_timeout=self.settings.orchestrator_charge_timeout_seconds)
 
+    def hold_read_connection(self) -> None:
+        """For a sync web worker (one request thread a process): the duplicate read keeps its connection
+        between requests (decision 165)."""
+        from billingctl.adapters.db.sql import HeldConnection
+
+        self.held_read = HeldConnection(self.autocommit_engine)
+
     def close(self) -> None:
         if self.held_read is not None:
             self.held_read.close()

@@ -58,10 +58,7 @@ def create_public_app(settings: Settings | None = None, container: Container | N
     app = _base_app("billing-public", settings, container)
     app.extensions["billing_followups"] = FollowupThread() if sync_worker else run_inline
     if sync_worker:
-        from billingctl.adapters.db.sql import HeldConnection
-
-        c = app.extensions["billing"]
-        c.held_read = HeldConnection(c.autocommit_engine)
+        app.extensions["billing"].hold_read_connection()
     # Provider calls of a web request never wait for the limiter; webhooks record money, the user API is
     # interactive (its share is capped so it can never starve recording).
     app.wsgi_app = RequestBudget(app.wsgi_app, lambda path: MONEY if path.startswith("/webhooks/") else INTERACTIVE)
