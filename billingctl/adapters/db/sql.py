@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import threading
 from functools import lru_cache
 
 from sqlalchemy import Table
@@ -178,8 +180,6 @@ class HeldConnection:
     the engine is disposed); a forked child never uses its parent's."""
 
     def __init__(self, engine):
-        import threading
-
         self.engine = engine
         self._guard = threading.Lock()
         self._owner: tuple[int, int] | None = None
@@ -187,9 +187,6 @@ class HeldConnection:
 
     def connection(self):
         """The held pooled connection, checked out on first use; None on a thread that does not own it."""
-        import os
-        import threading
-
         me = (os.getpid(), threading.get_ident())
         if self._owner != me:
             with self._guard:
@@ -207,8 +204,6 @@ class HeldConnection:
             self._pooled = None
 
     def close(self) -> None:
-        import os
-
         pooled, self._pooled = self._pooled, None
         if pooled is not None and self._owner is not None and self._owner[0] == os.getpid():
             pooled.close()
