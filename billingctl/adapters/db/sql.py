@@ -7,6 +7,7 @@ import threading
 from functools import lru_cache
 
 from sqlalchemy import Table
+from sqlalchemy.exc import DBAPIError
 
 
 def _insert(dialect: str):
@@ -136,7 +137,6 @@ class DriverStatement:
             raise self._wrapped(exc, dialect, dropped) from exc
 
     def _wrapped(self, exc, dialect, dropped: bool):
-        from sqlalchemy.exc import DBAPIError
 
         sql = self._compiled[dialect][0] if dialect in self._compiled else None
         return DBAPIError.instance(sql, None, exc, dialect.loaded_dbapi.Error, hide_parameters=True,
@@ -145,8 +145,6 @@ class DriverStatement:
     def first(self, engine, params: dict, held: HeldConnection | None = None) -> dict | None:
         """Standing alone on a pooled connection of `engine` (in autocommit): `held`'s when it has one
         for this thread, else one checked out for the statement and returned after it."""
-        from sqlalchemy.exc import DBAPIError
-
         dialect = engine.dialect
         for attempt in (1, 2):
             try:
