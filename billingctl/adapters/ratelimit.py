@@ -33,36 +33,32 @@ log = logging.getLogger("billingctl.ratelimit")
 MONEY, INTERACTIVE, BATCH = "money", "interactive", "batch"
 SHARES = {INTERACTIVE: 0.3, BATCH: 0.5}  # of the whole budget; money has no cap of its own
 INTERACTIVE_FLOOR = 0.2  # of the whole budget: kept for interactive calls (12 a minute of the provider's 60)
-_CLASS: ContextVar[str] = ContextVar("budget_class", default=BATCH)
-_NO_WAIT: ContextVar[bool] = ContextVar("budget_no_wait", default=False)
+# The budget class of the calls made here, and whether they may wait for it: one context variable, so a web
+# request sets and resets both in one step (issue 39 item 4).
+_BUDGET: ContextVar[tuple[str, bool]] = ContextVar("budget", default=(BATCH, False))
 
 
 @contextmanager
 def budget(kind: str, no_wait: bool | None = None) -> Iterator[None]:
     """Provider calls made inside are charged to `kind`; with no_wait, a spent budget raises at once."""
-    tokens = [_CLASS.set(kind)]
-    if no_wait is not None:
-        tokens.append(_NO_WAIT.set(no_wait))
+    token = _BUDGET.set((kind, _BUDGET.get()[1] if no_wait is None else no_wait))
     try:
         yield
     finally:
-        for token in reversed(tokens):
-            token.var.reset(token)
+        _BUDGET.reset(token)
 
 
 def waiting_allowed() -> bool:
-    return not _NO_WAIT.get()
+    return not _BUDGET.get()[1]
 
 
-def set_request_budget(kind: str) -> tuple:
+def set_request_budget(kind: str):
     """For a web request, until `reset_request_budget` with what this returns (at teardown: a worker
-    thread serves the next request, or a test goes on, in the same context)."""
-    return _CLASS.set(kind), _NO_WAIT.set(True)
+    thread serves the next request, or a test goes on, in the same context): its calls never wait."""
+    return _BUDGET.set((kind, True))
 
 
-def reset_request_budget(tokens: tuple) -> None:
-    for token in reversed(tokens):
-        token.var.reset(token)
+reset_request_budget = _BUDGET.reset
 
 
 def key_for(api_key: str | None, dependency: str) -> str:
@@ -131,8 +127,8 @@ class RateLimiter:
         return max(0.01, stats.reset_time - time.time())
 
     def acquire(self, max_wait: float | None = None) -> None:
-        kind = _CLASS.get()
-        allowed = 0.0 if _NO_WAIT.get() else (self.max_wait if max_wait is None else max_wait)
+        kind, no_wait = _BUDGET.get()
+        allowed = 0.0 if no_wait else (self.max_wait if max_wait is None else max_wait)
         deadline = time.monotonic() + allowed
         while True:
             ok, item, key = self._hit(kind)

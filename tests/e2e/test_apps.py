@@ -1,5 +1,7 @@
 """The two app factories: the internal token gate, the public surface, the error registry."""
 
+import re
+
 import pytest
 
 from webhooks_app import create_internal_app, create_public_app
@@ -213,3 +215,27 @@ def test_metrics_with_redis_down_say_so_and_invent_no_breaker_state(make_setting
     finally:
         container.close()
         redis.stop()
+
+
+def test_the_apps_decide_once_per_function_whether_it_runs_synchronously(container):
+    """BillingFlask keeps Flask's `ensure_sync` answer per function (issue 39 item 4: `inspect` ran twice
+    on every request): a plain view is served as it is, and an `async def` one gets exactly what Flask
+    gives it (here, without Flask's async extra, the same refusal)."""
+    from flask import Flask
+
+    app = create_public_app(container=container)
+
+    def plain():
+        return "ok"
+
+    async def coroutine():
+        return "ok"
+
+    assert app.ensure_sync(plain) is plain and app.ensure_sync(plain) is plain
+    try:
+        expected = Flask("reference").ensure_sync(coroutine)
+    except RuntimeError as refused:
+        with pytest.raises(RuntimeError, match=re.escape(str(refused))):
+            app.ensure_sync(coroutine)
+    else:
+        assert type(app.ensure_sync(coroutine)) is type(expected)
