@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import re
@@ -13,12 +14,14 @@ from webhooks_app.auth import constant_time_equal
 SKEW_SECONDS = 300
 
 
-def secrets_of(value: str | None) -> list[str]:
-    """A secret setting may hold several comma-separated values during a rotation."""
-    return [s.strip() for s in (value or "").split(",") if s.strip()]
+@functools.lru_cache(maxsize=32)
+def secrets_of(value: str | None) -> tuple[str, ...]:
+    """A secret setting may hold several comma-separated values during a rotation. Read once per value
+    (a webhook reads its secret on every request; a changed setting is another value)."""
+    return tuple(s.strip() for s in (value or "").split(",") if s.strip())
 
 
-def verify_orchestrator(raw: bytes, primary: str | None, secondary: str | None, secrets: list[str]) -> None:
+def verify_orchestrator(raw: bytes, primary: str | None, secondary: str | None, secrets: tuple[str, ...]) -> None:
     """X-Signature-Primary (or -Secondary during a rotation) = base64 HMAC-SHA256 of the raw body."""
     if not secrets:
         raise AuthenticationFailed("webhook secret is not configured")
@@ -53,7 +56,7 @@ def check_timestamp(value, now: float, skew: int = SKEW_SECONDS) -> None:
         raise AuthenticationFailed("timestamp outside the allowed window")
 
 
-def verify_timestamped(raw: bytes, header: str | None, secrets: list[str], now: float) -> None:
+def verify_timestamped(raw: bytes, header: str | None, secrets: tuple[str, ...], now: float) -> None:
     """`Verification-Signature: t=<unix>,v1=<hex>`: HMAC-SHA256 over "<t>.<raw body>"; the timestamp
     within +/- 5 minutes; several sets separated by spaces during a rotation, any may match."""
     if not secrets:
@@ -77,7 +80,7 @@ def verify_timestamped(raw: bytes, header: str | None, secrets: list[str], now: 
         raise AuthenticationFailed("invalid signature")
 
 
-def matches_any(provided: str | None, secrets: list[str]) -> bool:
+def matches_any(provided: str | None, secrets: tuple[str, ...]) -> bool:
     """A shared secret sent as is (the workflow callback), compared in constant time with every value
     of a rotation (no early exit)."""
     matched = False

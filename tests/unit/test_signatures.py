@@ -32,8 +32,8 @@ def stamped(secret, t, body=BODY):
 
 
 def test_secrets_of_reads_a_rotation():
-    assert sig.secrets_of(" a , b,,") == ["a", "b"]
-    assert sig.secrets_of(None) == [] and sig.secrets_of("") == []
+    assert sig.secrets_of(" a , b,,") == ("a", "b")
+    assert sig.secrets_of(None) == () and sig.secrets_of("") == ()
 
 
 def test_the_orchestrator_scheme():
