@@ -76,8 +76,8 @@ mutation: venv servers
 	$(BIN)/python scripts/mutation_report.py
 
 bench: venv servers
-	@command -v wrk >/dev/null && command -v hyperfine >/dev/null || \
-		($(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk hyperfine >/dev/null)
+	@command -v wrk >/dev/null || \
+		($(SUDO) apt-get update -qq && $(SUDO) DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wrk >/dev/null)
 	$(BIN)/pip install -q pyinstrument
 	$(BIN)/python -m bench
 

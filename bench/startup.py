@@ -1,15 +1,16 @@
 """CLI start-up: `billingctl --help` against `python -c "import typer"`, and the command the poll timer
 runs when it is not a loop, an idle one-shot `billingctl jobs run poll` on PostgreSQL with Redis (the
 provider served on loopback, as production's is remote), against `python -c "import sqlalchemy, httpx,
-psycopg"`; medians of repeated runs (hyperfine when installed) and the peak memory of each. Also the
-run that finds the lease held (exit 75): it stops before the job's heavy imports."""
+psycopg"`; each pair of commands run in turn, the median of the pairs' own ratios with its spread, and
+the peak memory of each. Also the run that finds the lease held (exit 75): it stops before the job's heavy
+imports."""
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -22,19 +23,44 @@ MAXRSS = ("import resource, subprocess, sys; subprocess.run(sys.argv[1:], stdout
           "stderr=subprocess.DEVNULL); print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)")
 
 
-def _median_seconds(cmd: list[str], env: dict, ok_codes: tuple[int, ...] = (0,)) -> float:
-    if shutil.which("hyperfine"):
-        out = workdir() / "h.json"
-        ignore = ["--ignore-failure"] if ok_codes != (0,) else []
-        subprocess.run(["hyperfine", "--warmup", "2", "--runs", str(RUNS), "--export-json", str(out), "-N",
-                        *ignore, shlex.join(cmd)], env=env, capture_output=True, check=True, timeout=600)
-        return json.loads(out.read_text())["results"][0]["median"]
-    samples = []
-    for _ in range(RUNS):
+def _paired(ours: list[str], baseline: list[str], env: dict, ours_codes: tuple[int, ...] = (0,)) -> dict:
+    """Ours and the baseline run in turn, RUNS pairs after two warm-up pairs (ours first in even pairs, the
+    baseline in odd ones), so a machine that speeds up or slows down through the run favours neither. The
+    ratio is the median of the pairs' own ratios, with their spread (quartiles, extremes); also the CPU
+    (user + system) each took, which the machine's other load moves less than the wall time."""
+    import resource
+
+    def once(cmd, codes):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
-        subprocess.run(cmd, env=env, capture_output=True)
-        samples.append(time.perf_counter() - started)
-    return median(samples)
+        done = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=120)
+        wall = time.perf_counter() - started
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if done.returncode not in codes:
+            raise RuntimeError(f"{shlex.join(cmd)} exited {done.returncode}")
+        return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+    walls: dict[str, list[float]] = {"ours": [], "baseline": []}
+    cpus: dict[str, list[float]] = {"ours": [], "baseline": []}
+    for number in range(RUNS + 2):
+        order = (("ours", ours, ours_codes), ("baseline", baseline, (0,)))
+        for name, cmd, codes in (order if number % 2 == 0 else order[::-1]):
+            wall, cpu = once(cmd, codes)
+            if number >= 2:  # the first two pairs warm the page cache and the servers
+                walls[name].append(wall)
+                cpus[name].append(cpu)
+    ratios = sorted(o / b for o, b in zip(walls["ours"], walls["baseline"], strict=True))
+    cpu_ratios = sorted(o / b for o, b in zip(cpus["ours"], cpus["baseline"], strict=True))
+
+    def ms(values):
+        return round(median(values) * 1000, 1)
+
+    first, _, third = statistics.quantiles(ratios, n=4)
+    return {"ours_ms": ms(walls["ours"]), "baseline_ms": ms(walls["baseline"]), "ratio": round(median(ratios), 2),
+            "ratio_quartiles": [round(first, 2), round(third, 2)],
+            "ratio_range": [round(ratios[0], 2), round(ratios[-1], 2)], "pairs": len(ratios),
+            "cpu_ours_ms": ms(cpus["ours"]), "cpu_baseline_ms": ms(cpus["baseline"]),
+            "cpu_ratio": round(median(cpu_ratios), 2)}
 
 
 def _peak_kib(cmd: list[str], env: dict) -> int:
@@ -67,9 +93,7 @@ def run(database_url: str | None = None, redis_url: str | None = None) -> dict:
     result = {}
     try:
         for name, (ours, baseline) in pairs.items():
-            ours_s, base_s = _median_seconds(ours, env), _median_seconds(baseline, env)
-            result[name] = {"ours_ms": round(ours_s * 1000, 1), "baseline_ms": round(base_s * 1000, 1),
-                            "ratio": round(ours_s / base_s, 2), "ours_peak_mib": round(_peak_kib(ours, env) / 1024, 1),
+            result[name] = {**_paired(ours, baseline, env), "ours_peak_mib": round(_peak_kib(ours, env) / 1024, 1),
                             "baseline_peak_mib": round(_peak_kib(baseline, env) / 1024, 1), "target_ratio": 1.5}
         result["lease_held_poll"] = _lease_held(poll, heavy, env)
     finally:
@@ -92,9 +116,7 @@ def _lease_held(poll: list[str], baseline: list[str], env: dict) -> dict:
             holder="elsewhere:1:bench", expires_at=datetime(2099, 1, 1, tzinfo=UTC)))
     try:
         assert subprocess.run(poll, env=env, capture_output=True).returncode == 75
-        ours_s, base_s = _median_seconds(poll, env, ok_codes=(75,)), _median_seconds(baseline, env)
-        return {"ours_ms": round(ours_s * 1000, 1), "baseline_ms": round(base_s * 1000, 1),
-                "ratio": round(ours_s / base_s, 2)}
+        return _paired(poll, baseline, env, ours_codes=(75,))
     finally:
         with engine.begin() as conn:
             conn.execute(update(job_lease).where(job_lease.c.name == "poll").values(holder=None, expires_at=None))
