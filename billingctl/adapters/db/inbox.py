@@ -33,7 +33,7 @@ def key(event_id: str) -> str:
 class _ListHolds(ColumnElement):
     """True when a JSON array of strings holds a value, decided by the database: the duplicate read answers
     a boolean instead of the array, so no JSON is decoded per request (issue 39 item 4: the driver's JSON
-    loader was 28,000 of a duplicate webhook's instructions)."""
+    loader was 22,000 of a duplicate webhook's instructions)."""
 
     type = Boolean()
     inherit_cache = True

@@ -137,7 +137,6 @@ class DriverStatement:
             raise self._wrapped(exc, dialect, dropped) from exc
 
     def _wrapped(self, exc, dialect, dropped: bool):
-
         sql = self._compiled[dialect][0] if dialect in self._compiled else None
         return DBAPIError.instance(sql, None, exc, dialect.loaded_dbapi.Error, hide_parameters=True,
                                    connection_invalidated=dropped, dialect=dialect)
