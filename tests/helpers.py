@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 
 from werkzeug.serving import make_server
 from werkzeug.wrappers import Request, Response
@@ -98,14 +99,30 @@ class ProductionStack:
         self.server.__exit__(*exc)
 
 
+_ZYGOTE: list = []
+_ZYGOTE_LOCK = threading.Lock()
+
+
 def billingctl(args, env, **kw):
-    """Run the CLI as a user does: a fresh process, only the given BILLING_ variables."""
+    """Run the CLI as a user does: a process of its own, only the given BILLING_ variables. The process is
+    forked from the worker's CLI zygote, which has imported the libraries (tests/cli_zygote.py); a fresh
+    interpreter with BILLING_TEST_CLI=fresh, with subprocess options, or when `env` sets a variable that
+    the interpreter or a preloaded library reads at start-up."""
     import os
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, "-m", "billingctl", *args], capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"], **env}, timeout=120, **kw)
+    from tests.cli_zygote import SETS_AT_IMPORT, Zygote
+
+    env = {"PATH": os.environ["PATH"], **env}
+    if kw or os.environ.get("BILLING_TEST_CLI") == "fresh" \
+            or any(name.startswith("PYTHON") or name in SETS_AT_IMPORT for name in env):
+        return subprocess.run([sys.executable, "-m", "billingctl", *args], capture_output=True, text=True,
+                              env=env, timeout=120, **kw)
+    with _ZYGOTE_LOCK:
+        if not _ZYGOTE:
+            _ZYGOTE.append(Zygote(str(Path(__file__).resolve().parents[1])))
+    return _ZYGOTE[0].run(list(args), env, timeout=120)
 
 
 def billingctl_in_terminal(args, env, columns: int, lines: int = 50) -> str:

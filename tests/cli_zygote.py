@@ -1,0 +1,187 @@
+"""`billingctl` as a user runs it, without paying the libraries' imports on every run (decision 167).
+
+A fresh `python -m billingctl` spends about 0.8 s of CPU importing the design card's libraries before our
+code runs, and the suite runs the CLI over a thousand times. A zygote per test worker imports those libraries
+once (the third-party ones only: none of ours, nothing that reads a variable the run sets); each run is a
+process forked from it with the run's own arguments, environment, working directory, standard streams and
+exit status. It runs `billingctl` as `python -m` does (`runpy`), then what the interpreter does on its way
+out (non-daemon threads joined, exit handlers run, streams flushed), so metrics archived at exit, exit codes
+and what an operator reads on stdout and stderr are the CLI's own.
+
+What still needs a cold interpreter uses one: the start-up and import tests, the runbooks' commands through
+bash, the terminal tests and the month in separate processes start `python -m billingctl` themselves, and
+`BILLING_TEST_CLI=fresh` sends every run of `tests.helpers.billingctl` to a fresh interpreter too.
+
+The protocol, over a Unix SEQPACKET socket (one message each): the client sends the run as JSON with its
+stdin, stdout and stderr descriptors; the zygote forks and answers the child's pid, then its exit code
+(negative: the signal that ended it, as `subprocess` reports it) once the child's pidfd is readable."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import selectors
+import socket
+import sys
+
+# The libraries whose imports are most of a run's start-up. None reads a variable at import that a run sets
+# (`SETS_AT_IMPORT` lists those the preloaded modules read; a run that sets one gets a fresh interpreter).
+PRELOAD = ("sqlalchemy", "sqlalchemy.orm", "sqlalchemy.dialects.postgresql.psycopg", "sqlalchemy.dialects.sqlite",
+           "psycopg", "pydantic", "pydantic_settings", "httpx", "httpcore", "redis", "typer", "limits",
+           "tenacity")
+SETS_AT_IMPORT = ("TYPER_USE_RICH", "PSYCOPG_WAIT_FUNC", "PSYCOPG_IMPL", "WRAPT_DISABLE_EXTENSIONS")
+
+
+def _exit_code(code) -> int:
+    """What the interpreter makes of `SystemExit(code)`."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _run(request: dict) -> int:
+    """In the forked child: the run, as `python -m billingctl ARGS` in a fresh interpreter would do it."""
+    import atexit
+    import runpy
+    import threading
+
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.path[0] = request["cwd"]  # `python -m` puts the working directory first
+    sys.argv = ["-m", *request["argv"]]  # runpy replaces the first with the module's path, as `-m` does
+    try:
+        runpy.run_module("billingctl", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except BaseException:  # noqa: BLE001 - what the interpreter does with an uncaught exception
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    threading._shutdown()  # noqa: SLF001 - the interpreter's own exit sequence
+    atexit._run_exitfuncs()  # noqa: SLF001
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    return code
+
+
+def _fork(selector: selectors.BaseSelector, conn: socket.socket, request: dict, fds: list[int]) -> int:
+    """Fork the run; in the child, close what belongs to the zygote (its socket, the other runs'
+    connections and pidfds) and take the run's streams as descriptors 0, 1 and 2."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    code = 1
+    try:
+        for key in list(selector.get_map().values()):
+            os.close(key.fd)
+            if isinstance(key.data, tuple):
+                key.data[1].close()
+        selector.close()
+        conn.close()
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        code = _run(request)
+    finally:
+        os._exit(code & 0xFF)
+
+
+def serve(path: str, alive: int) -> None:
+    """Import PRELOAD, then fork a run for each request until the test worker's end of `alive` closes."""
+    import gc
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    gc.collect()
+    gc.freeze()  # what the imports made is never collected in a run, nor copied by its collections
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "request")
+    selector.register(alive, selectors.EVENT_READ, "alive")
+    while True:
+        for key, _ in selector.select():
+            if key.data == "alive":
+                return
+            if key.data == "request":
+                conn, _ = listener.accept()
+                message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+                pid = _fork(selector, conn, json.loads(message), fds)
+                for fd in fds:
+                    os.close(fd)
+                conn.send(str(pid).encode())
+                selector.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, conn))
+            else:
+                pid, conn = key.data
+                selector.unregister(key.fileobj)
+                os.close(key.fd)
+                _, status = os.waitpid(pid, 0)
+                try:
+                    conn.send(str(os.waitstatus_to_exitcode(status)).encode())
+                except OSError:  # the client gave up (its timeout) and closed
+                    pass
+                conn.close()
+
+
+class Zygote:
+    """The test worker's side: start the zygote, and run `billingctl ARGS` through it."""
+
+    def __init__(self, root: str):
+        import subprocess
+        import tempfile
+        import time
+
+        self.dir = tempfile.mkdtemp(prefix="billingctl-zygote-")
+        self.path = os.path.join(self.dir, "socket")
+        alive, self._alive = os.pipe()
+        log = open(os.path.join(self.dir, "log"), "wb")  # noqa: SIM115 - the zygote writes it for its life
+        self.process = subprocess.Popen([sys.executable, "-m", "tests.cli_zygote", self.path, str(alive)],
+                                        pass_fds=(alive,), env={"PATH": os.environ["PATH"]}, cwd=root,
+                                        stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        os.close(alive)
+        log.close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(self.path):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                with open(os.path.join(self.dir, "log")) as written:
+                    raise RuntimeError(f"the CLI zygote did not start: {written.read()[-2000:]}")
+            time.sleep(0.02)
+
+    def run(self, argv: list[str], env: dict, timeout: float):
+        import io
+        import subprocess
+        import tempfile
+
+        command = [sys.executable, "-m", "billingctl", *argv]
+        request = {"argv": list(argv), "env": env, "cwd": os.getcwd()}
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+                open(os.devnull, "rb") as stdin, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+            conn.connect(self.path)
+            conn.settimeout(timeout)
+            socket.send_fds(conn, [json.dumps(request).encode()], [stdin.fileno(), out.fileno(), err.fileno()])
+            pid = int(conn.recv(64))
+            try:
+                code = int(conn.recv(64))
+            except TimeoutError:
+                os.kill(pid, 9)
+                raise subprocess.TimeoutExpired(command, timeout) from None
+            streams = []
+            for written in (out, err):
+                written.seek(0)
+                streams.append(io.TextIOWrapper(written, newline=None).read())  # text=True's decoding
+        return subprocess.CompletedProcess(command, code, *streams)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1], int(sys.argv[2]))
