@@ -47,10 +47,10 @@ demo: venv
 	$(BIN)/billingctl demo
 
 # The simulation at ten times the size `make test` runs: ten seeds instead of one, each through 40 days in
-# process and 33 days in separate processes (gunicorn, a process per job, infrastructure faults).
+# process and 33 days in separate processes (gunicorn, a process per job started cold, infrastructure faults).
 simulate: venv servers
 	SIM_DAYS=$${SIM_DAYS:-40} SIM_PROCESS_DAYS=$${SIM_PROCESS_DAYS:-33} SIM_SKEWS=$${SIM_SKEWS:-7,-90} \
-		SIM_SEEDS=$${SIM_SEEDS:-1,2,3,4,5,6,7,8,9,10} $(BIN)/pytest -p no:cacheprovider -n 2 \
+		SIM_SEEDS=$${SIM_SEEDS:-1,2,3,4,5,6,7,8,9,10} BILLING_TEST_CLI=$${BILLING_TEST_CLI:-fresh} $(BIN)/pytest -p no:cacheprovider -n 2 \
 		--basetemp=.pytest-tmp tests/simulation
 
 # The signed-webhook fuzzer at its longer target: 3,400 mutated bodies per receiver (20,400), on PostgreSQL.

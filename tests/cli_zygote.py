@@ -33,6 +33,13 @@ PRELOAD = ("sqlalchemy", "sqlalchemy.orm", "sqlalchemy.dialects.postgresql.psyco
 SETS_AT_IMPORT = ("TYPER_USE_RICH", "PSYCOPG_WAIT_FUNC", "PSYCOPG_IMPL", "WRAPT_DISABLE_EXTENSIONS")
 
 
+def needs_fresh_interpreter(env: dict) -> bool:
+    """Whether a run with `env` must start cold: BILLING_TEST_CLI=fresh in the suite's environment, or a
+    variable that the interpreter or a preloaded library reads at start-up."""
+    return os.environ.get("BILLING_TEST_CLI") == "fresh" \
+        or any(name.startswith("PYTHON") or name in SETS_AT_IMPORT for name in env)
+
+
 def _exit_code(code) -> int:
     """What the interpreter makes of `SystemExit(code)`."""
     if code is None:
@@ -134,6 +141,56 @@ def serve(path: str, alive: int) -> None:
                 conn.close()
 
 
+class Run:
+    """A run started through the zygote: as much of `subprocess.Popen` as the tests use (pid, poll, wait,
+    send_signal, kill, communicate, returncode)."""
+
+    def __init__(self, conn: socket.socket, command: list[str], out, err):
+        self._conn, self.args, self._out, self._err = conn, command, out, err
+        self.pid = int(conn.recv(64))
+        self.returncode: int | None = None
+
+    def wait(self, timeout: float | None = None) -> int:
+        import subprocess
+
+        if self.returncode is None:
+            self._conn.settimeout(timeout)
+            try:
+                self.returncode = int(self._conn.recv(64))
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            self._conn.close()
+        return self.returncode
+
+    def poll(self) -> int | None:
+        import subprocess
+
+        try:
+            return self.wait(0.001)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def send_signal(self, signum: int) -> None:
+        if self.returncode is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait, then what the run wrote on stdout and stderr, decoded as `text=True` does."""
+        import io
+
+        self.wait(timeout)
+        streams = []
+        for written in (self._out, self._err):
+            written.seek(0)
+            streams.append(io.TextIOWrapper(written, newline=None).read())  # closes the file
+        return streams[0], streams[1]
+
+
 class Zygote:
     """The test worker's side: start the zygote, and run `billingctl ARGS` through it."""
 
@@ -158,29 +215,29 @@ class Zygote:
                     raise RuntimeError(f"the CLI zygote did not start: {written.read()[-2000:]}")
             time.sleep(0.02)
 
-    def run(self, argv: list[str], env: dict, timeout: float):
-        import io
-        import subprocess
+    def start(self, argv: list[str], env: dict, cwd: str | None = None) -> Run:
+        """`billingctl ARGS` started in a process forked from the zygote; its stdout and stderr kept."""
         import tempfile
 
-        command = [sys.executable, "-m", "billingctl", *argv]
-        request = {"argv": list(argv), "env": env, "cwd": os.getcwd()}
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
-                open(os.devnull, "rb") as stdin, socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as conn:
+        request = {"argv": list(argv), "env": env, "cwd": cwd or os.getcwd()}
+        out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()  # noqa: SIM115 - the Run reads them
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        with open(os.devnull, "rb") as stdin:
             conn.connect(self.path)
-            conn.settimeout(timeout)
             socket.send_fds(conn, [json.dumps(request).encode()], [stdin.fileno(), out.fileno(), err.fileno()])
-            pid = int(conn.recv(64))
-            try:
-                code = int(conn.recv(64))
-            except TimeoutError:
-                os.kill(pid, 9)
-                raise subprocess.TimeoutExpired(command, timeout) from None
-            streams = []
-            for written in (out, err):
-                written.seek(0)
-                streams.append(io.TextIOWrapper(written, newline=None).read())  # text=True's decoding
-        return subprocess.CompletedProcess(command, code, *streams)
+        return Run(conn, [sys.executable, "-m", "billingctl", *argv], out, err)
+
+    def run(self, argv: list[str], env: dict, timeout: float):
+        """As `subprocess.run(..., capture_output=True, text=True, timeout=timeout)`."""
+        import subprocess
+
+        started = self.start(argv, env)
+        try:
+            stdout, stderr = started.communicate(timeout)
+        except subprocess.TimeoutExpired:
+            started.kill()
+            raise
+        return subprocess.CompletedProcess(started.args, started.returncode, stdout, stderr)
 
 
 if __name__ == "__main__":

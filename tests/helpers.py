@@ -112,17 +112,37 @@ def billingctl(args, env, **kw):
     import subprocess
     import sys
 
-    from tests.cli_zygote import SETS_AT_IMPORT, Zygote
+    from tests.cli_zygote import needs_fresh_interpreter
 
     env = {"PATH": os.environ["PATH"], **env}
-    if kw or os.environ.get("BILLING_TEST_CLI") == "fresh" \
-            or any(name.startswith("PYTHON") or name in SETS_AT_IMPORT for name in env):
+    if kw or needs_fresh_interpreter(env):
         return subprocess.run([sys.executable, "-m", "billingctl", *args], capture_output=True, text=True,
                               env=env, timeout=120, **kw)
+    return cli_zygote().run(list(args), env, timeout=120)
+
+
+def billingctl_started(args, env, cwd):
+    """`billingctl ARGS` started, not waited for, its stdout and stderr kept: a `subprocess.Popen`, or the
+    zygote's `Run` that answers the same calls (pid, wait, communicate, send_signal, returncode)."""
+    import subprocess
+    import sys
+
+    from tests.cli_zygote import needs_fresh_interpreter
+
+    if needs_fresh_interpreter(env):
+        return subprocess.Popen([sys.executable, "-m", "billingctl", *args], env=env, cwd=cwd,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return cli_zygote().start(list(args), env, cwd=str(cwd))
+
+
+def cli_zygote():
+    """This worker's CLI zygote (tests/cli_zygote.py), started on first use."""
+    from tests.cli_zygote import Zygote
+
     with _ZYGOTE_LOCK:
         if not _ZYGOTE:
             _ZYGOTE.append(Zygote(str(Path(__file__).resolve().parents[1])))
-    return _ZYGOTE[0].run(list(args), env, timeout=120)
+    return _ZYGOTE[0]
 
 
 def billingctl_in_terminal(args, env, columns: int, lines: int = 50) -> str:

@@ -60,3 +60,26 @@ def test_the_exit_handlers_fold_the_runs_metrics(env, monkeypatch, tmp_path):
     names, counters = books(tmp_path / "m")
     assert names == ["archive.lock", "counter_archive.db", "gauge_max_archive.db", "histogram_archive.db"]
     assert counters and all(value % 2 == 0 for _, value in counters)
+
+
+def test_a_started_run_is_a_process_of_its_own_that_a_signal_ends(env, monkeypatch, tmp_path):
+    """`billingctl_started` (the month in separate processes starts its jobs with it): a loop killed with
+    SIGKILL reports -9 either way, and its pid was its own."""
+    import os
+    import signal
+    import time
+
+    from tests.helpers import billingctl_started
+
+    full = {"PATH": os.environ["PATH"], **env}
+    codes = []
+    for mode in ("zygote", "fresh"):
+        monkeypatch.setenv("BILLING_TEST_CLI", mode)
+        run = billingctl_started(["jobs", "run", "checkout-cleanup", "--loop", "--interval", "1"], full, tmp_path)
+        assert run.pid not in (os.getpid(), None)
+        time.sleep(1.5)
+        assert run.poll() is None, run.communicate(10)  # the loop runs
+        run.send_signal(signal.SIGKILL)
+        codes.append(run.wait(30))
+        run.communicate(10)
+    assert codes == [-signal.SIGKILL, -signal.SIGKILL]

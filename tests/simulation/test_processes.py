@@ -8,6 +8,10 @@ tick, a job process killed in the middle of its run; and every process's clock i
 sandbox's (SIM_CLOCK_SKEW). The end of each day runs the jobs in this process (the
 quiet hours), then the same books are checked as in `test_month.py`.
 
+Each job's process is forked from the suite's CLI zygote, which has imported the libraries (decision 167):
+its own process, connections, environment and exit status, without the cold start's imports.
+BILLING_TEST_CLI=fresh starts each cold, as `make simulate` does.
+
 SIM_PROCESS_DAYS and SIM_SEEDS make it larger (`make simulate`)."""
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from billingctl.adapters.db.engine import make_engine
 from billingctl.adapters.db.migrate import upgrade
 from billingctl.bootstrap import Container
 from tests.conftest import create_database
+from tests.helpers import billingctl_started
 from tests.servers import PostgresServer, RedisServer, _pg_bin, free_port, serving
 from tests.simulation.test_month import SEEDS, Model
 
@@ -51,9 +56,8 @@ class ProcessModel(Model):
     def advance(self, seconds: int) -> None:
         self.sandbox.store.advance_clock(seconds)  # every process reads this clock
 
-    def _spawn(self, name: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "billingctl", "jobs", "run", name], env=self.env, cwd=ROOT,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    def _spawn(self, name: str):
+        return billingctl_started(["jobs", "run", name], self.env, ROOT)
 
     def jobs(self, quiet: bool = False) -> None:
         if quiet:  # the end of the day's quiet hours: the same jobs, in this process (each must succeed)
