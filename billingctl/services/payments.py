@@ -285,8 +285,9 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
             "subscription_id": facts.subscription_id, "user_id": facts.user_id, "item_price_id": facts.item_price_id,
             "amount": facts.amount, "currency_code": facts.currency_code, "credits": facts.credits,
             "processor": facts.processor, "recorded_via": path, "settled_at": facts.settled_at, "created_at": now,
-            # A payment the provider itself holds is never posted back to it (that would pay the invoice twice).
-            "provider_recorded_at": now if facts.provider_side else None,
+            # A payment the provider itself holds is never posted back to it (that would pay the invoice twice);
+            # recorded there when its transaction is dated, maybe hours before we read its event.
+            "provider_recorded_at": (facts.settled_at or now) if facts.provider_side else None,
             # A renewal's record on its invoice is the workflow's; ours only if no confirmation came meanwhile.
             "confirm_after": _confirm_after(uow, facts, now),
         }, transaction_row(facts.payment_id, lifecycle.payment_status("SETTLED"), now, **transaction),
@@ -567,6 +568,9 @@ def report_to_provider(container, row) -> bool | str:
         answer = container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
         crash_point(container.settings, "provider_record.after_call")
         copy = answer.invoice
+        # The provider's time of the record (its transaction's date), not ours: after a crash between its
+        # answer and our commit, the retry gets the same answer replayed (the same idempotency key) hours later.
+        recorded_at = parse_time(answer.transaction.date if answer.transaction else None)
     except e.ExternalInvalidRequest as exc:
         copy = _invoice_copy(container, row["invoice_id"]) \
             if exc.details.get("api_error_code") == "invalid_state_for_request" else None

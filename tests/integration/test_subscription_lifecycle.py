@@ -168,6 +168,36 @@ def test_a_term_paid_at_the_provider_in_two_parts_is_credited_once_and_never_pos
     assert co["subscription_id"]
 
 
+def test_a_payment_entered_at_the_provider_and_read_hours_later_is_no_false_alarm_for_reconcile(world):
+    """The cheque's transaction is dated when finance entered it; we read its event hours later, after a
+    daily reconcile. The purchase was marked recorded at the provider with our time, six hours after the
+    provider's record; reconcile finds a recorded purchase's transaction by that time (the same mark after a
+    record retried past a crash was a false alarm, tests/reliability/test_crashes.py). The mark carries the
+    provider's time (the transaction's date), as the confirmations and our own records now do."""
+    from sqlalchemy import select
+
+    from billingctl.adapters.db.tables import purchase
+    from billingctl.services.events import poll
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    subscribed(world)
+    month_passes(world)
+    invoice = world.sandbox.renew_due()[0]
+    paid = world.sandbox.record_payment(invoice["id"], invoice["total"], "CHEQUE-0003", payment_method="check")
+    advance_with_sandbox(world.c, 3 * 3600)
+    reconcile(world.c)  # the daily run, before the poll reads the cheque
+    advance_with_sandbox(world.c, 3 * 3600)
+    poll(world.c)
+    assert world.credits() == 2000 + 2000
+    with world.c.uow() as uow:
+        marked = uow.execute(select(purchase.c.provider_recorded_at).where(
+            purchase.c.transaction_id == "CHEQUE-0003")).scalar_one()
+    assert abs(marked.timestamp() - paid["transaction"]["date"]) < 60
+    advance_with_sandbox(world.c, 3600)
+    assert "recorded_not_on_provider_invoice" not in {v["check"] for v in reconcile(world.c)["violations"]}
+
+
 # ---- defect 3: a freeze that voids the invoice a renewal charge is paying ---------------------------------
 
 def test_a_renewal_settling_on_an_invoice_voided_by_a_freeze_is_refunded_once_and_ends_its_follow_up(world):

@@ -83,6 +83,32 @@ def test_a_killed_recorder_loses_nothing(world, point):
     assert tuple(local) == ("active", None)
 
 
+def test_a_record_retried_after_a_crash_is_marked_with_the_providers_time(world):
+    """Killed between the provider's answer to its record and our commit, the recorder leaves the purchase
+    unmarked; the retry, hours later, gets the provider's replay of the same answer (the same idempotency
+    key, no second transaction). Marked with the retry's time, the purchase fell inside the window of a
+    reconcile that ran between the two while its transaction fell before it: "marked recorded, but no
+    provider transaction carries it" (a false alarm, found by the month in separate processes, seed 7).
+    The mark carries the transaction's date from the answer."""
+    from billingctl.services.reconcile import reconcile
+
+    co = create_checkout(world.c, world.user, "credits-pro-USD-monthly")
+    payment = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    assert crash(world.c.settings, "provider_record.after_call", "webhook", payment) == -signal.SIGKILL
+    [txn] = [t for t in world.sandbox.store.all("transaction") if t.get("reference_number") == payment["id"]]
+    advance(world, 3 * 3600)
+    reconcile(world.c)  # the daily run, between the record and its retry
+    advance(world, 3 * 3600)
+    retry_pending(world.c)  # the provider replays its answer
+    exactly_once(world, payment["id"], 2000)
+    with world.c.uow() as uow:
+        marked = uow.execute(select(purchase.c.provider_recorded_at).where(
+            purchase.c.transaction_id == payment["id"])).scalar_one()
+    assert abs(marked.timestamp() - txn["date"]) < 60
+    advance(world, 3600)
+    assert "recorded_not_on_provider_invoice" not in {v["check"] for v in reconcile(world.c)["violations"]}
+
+
 def advance(world, seconds):
     world.advance(seconds)
 
