@@ -902,7 +902,12 @@ def apply_refund_report(container, payment_id: str, refunded_total: int, path: s
     if payment.status != "SETTLED":
         return result
     log.info("refund reported before its settle: recording the payment first", extra={"payment_id": payment_id})
-    return record_payment(container, payment, path)
+    result = record_payment(container, payment, path)
+    if result["outcome"] == "duplicate" and payment.refunded:
+        # Recorded meanwhile by the settle's own report, from its payload of before the refund (another
+        # process, while this one asked the orchestrator): nobody else reverses this refund.
+        result["refund"] = reverse_refund(container, payment_id, payment.refunded, path)
+    return result
 
 
 def reverse_refund(container, payment_id: str, refunded_total: int, path: str) -> dict:

@@ -177,6 +177,41 @@ def test_a_refund_reported_before_its_settle_still_reverses_the_credits(world, s
     assert world.credits() == expected
 
 
+def test_a_settle_recorded_while_its_refund_report_asks_the_orchestrator_still_reverses_the_credits(world):
+    """Found by the month in separate processes (seed 1, day 8: reconcile's "refund_not_reversed"): the
+    refund report and the stale settle report handled at once, by two processes. The refund's handler found
+    no purchase and asked the orchestrator for the payment; meanwhile the settle's handler recorded it from
+    its stale payload (nothing refunded yet); the refund's handler then found the payment recorded (a
+    duplicate) and reversed nothing: credits kept for refunded money."""
+    from billingctl.services.payments import apply_refund_report
+    from billingctl.services.webhook_events import dispatch
+
+    co = world.checkout()
+    world.sandbox.hold_webhooks()
+    stale = world.sandbox.pay(co["order_id"])  # the settle as notified, before the refund
+    amount = stale["amount"]
+    world.sandbox.refund(stale["id"], amount // 2)
+    asked, real = [], world.c.orchestrator.get_payment
+
+    def meanwhile(payment_id):
+        answer = real(payment_id)
+        if not asked:  # the other process's settle report commits while this one waits on the orchestrator
+            asked.append(payment_id)
+            dispatch(world.c, "orchestrator", "PAYMENT.STATUS", {"payment": stale})
+        return answer
+
+    world.c.orchestrator.get_payment = meanwhile
+    try:
+        apply_refund_report(world.c, stale["id"], amount // 2, "webhook")
+    finally:
+        world.c.orchestrator.get_payment = real
+    assert asked == [stale["id"]]
+    assert world.purchases(stale["id"]) == 1
+    assert world.credits() == 2000 - 2000 * (amount // 2) // amount  # the refunded share reversed, once
+    apply_refund_report(world.c, stale["id"], amount // 2, "event_poller")  # reported again: nothing more
+    assert world.credits() == 2000 - 2000 * (amount // 2) // amount
+
+
 # ---- defects 5 and 8: the NSFW quota counts authorizations, enforced by the database ----------------
 
 def attempt_rows(world, user="user_a"):
