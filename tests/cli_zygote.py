@@ -107,6 +107,7 @@ def serve(path: str, alive: int) -> None:
     """Import PRELOAD, then fork a run for each request until the test worker's end of `alive` closes."""
     import gc
 
+    os.close(os.pidfd_open(os.getpid()))  # Linux 5.3 or later: without it, fail here, where the worker sees it
     for name in PRELOAD:
         importlib.import_module(name)
     gc.collect()
@@ -127,7 +128,10 @@ def serve(path: str, alive: int) -> None:
                 pid = _fork(selector, conn, json.loads(message), fds)
                 for fd in fds:
                     os.close(fd)
-                conn.send(str(pid).encode())
+                try:
+                    conn.send(str(pid).encode())
+                except OSError:  # the client is gone: the run goes on, nobody waits for its status
+                    pass
                 selector.register(os.pidfd_open(pid), selectors.EVENT_READ, (pid, conn))
             else:
                 pid, conn = key.data
@@ -145,10 +149,17 @@ class Run:
     """A run started through the zygote: as much of `subprocess.Popen` as the tests use (pid, poll, wait,
     send_signal, kill, communicate, returncode)."""
 
-    def __init__(self, conn: socket.socket, command: list[str], out, err):
-        self._conn, self.args, self._out, self._err = conn, command, out, err
-        self.pid = int(conn.recv(64))
+    def __init__(self, zygote: Zygote, conn: socket.socket, command: list[str], out, err):
+        self._zygote, self._conn, self.args, self._out, self._err = zygote, conn, command, out, err
+        conn.settimeout(60)
+        self.pid = int(self._answer())
         self.returncode: int | None = None
+
+    def _answer(self) -> bytes:
+        answer = self._conn.recv(64)
+        if not answer:
+            raise RuntimeError(f"the CLI zygote dropped the run: {self._zygote.log_tail()}")
+        return answer
 
     def wait(self, timeout: float | None = None) -> int:
         import subprocess
@@ -156,7 +167,7 @@ class Run:
         if self.returncode is None:
             self._conn.settimeout(timeout)
             try:
-                self.returncode = int(self._conn.recv(64))
+                self.returncode = int(self._answer())
             except TimeoutError:
                 raise subprocess.TimeoutExpired(self.args, timeout) from None
             self._conn.close()
@@ -211,9 +222,12 @@ class Zygote:
         deadline = time.monotonic() + 120
         while not os.path.exists(self.path):
             if self.process.poll() is not None or time.monotonic() > deadline:
-                with open(os.path.join(self.dir, "log")) as written:
-                    raise RuntimeError(f"the CLI zygote did not start: {written.read()[-2000:]}")
+                raise RuntimeError(f"the CLI zygote did not start: {self.log_tail()}")
             time.sleep(0.02)
+
+    def log_tail(self) -> str:
+        with open(os.path.join(self.dir, "log"), errors="replace") as written:
+            return written.read()[-2000:]
 
     def start(self, argv: list[str], env: dict, cwd: str | None = None) -> Run:
         """`billingctl ARGS` started in a process forked from the zygote; its stdout and stderr kept."""
@@ -225,7 +239,7 @@ class Zygote:
         with open(os.devnull, "rb") as stdin:
             conn.connect(self.path)
             socket.send_fds(conn, [json.dumps(request).encode()], [stdin.fileno(), out.fileno(), err.fileno()])
-        return Run(conn, [sys.executable, "-m", "billingctl", *argv], out, err)
+        return Run(self, conn, [sys.executable, "-m", "billingctl", *argv], out, err)
 
     def run(self, argv: list[str], env: dict, timeout: float):
         """As `subprocess.run(..., capture_output=True, text=True, timeout=timeout)`."""
