@@ -419,6 +419,8 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
                                     dependency="orchestrator")
     if action in ("mark-handled", "create-subscription") and isinstance(payment, Payment):
         _refuse_a_kept_second_charge(container, payment, action)
+    if action == "create-subscription":
+        _refuse_a_frozen_account(container, row["user_id"], payment_id)
     plan = {"payment_id": payment_id, "action": action, "state": row["status"]}
     if dry_run:
         return {**plan, "dry_run": True}
@@ -439,6 +441,20 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
         _finish(container, payment_id, "resolved", resolution="handled", resolved_by=actor)
     _audit(container, actor, f"orphans.resolve.{action}", payment_id, reason, plan)
     return {**plan, "state": "resolved"}
+
+
+def _refuse_a_frozen_account(container, user_id: str | None, payment_id: str) -> None:
+    """A frozen account is credited nothing (spec section 4): the recovery path records without recording's
+    gates, so a subscription for a frozen customer's payment waits for the unfreeze (found by the model-based
+    exploration: credits after the freeze)."""
+    if not user_id:
+        return
+    with container.uow(autocommit=True) as uow:
+        frozen = uow.users.frozen_at(user_id)
+    if frozen is not None:
+        raise e.Refused(f"user {user_id} is frozen: unfreeze them first (billingctl users unfreeze {user_id} "
+                        f"--reason R --yes), or refund the payment (billingctl orphans resolve {payment_id} "
+                        f"--refund --reason R --yes)")
 
 
 def _refuse_a_kept_second_charge(container, payment: Payment, action: str) -> None:

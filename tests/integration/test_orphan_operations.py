@@ -243,6 +243,30 @@ def test_a_frozen_users_orphan_waits_for_review_with_one_alert(world):
         "payment_id": payment["id"], "user_id": "user_z"}
 
 
+def test_an_operator_cannot_give_a_frozen_users_payment_a_subscription_until_they_are_unfrozen(world):
+    """Found by the model-based exploration (2026-11-27): a payment held because its customer is frozen,
+    resolved with --create-subscription while the account was still frozen, was recorded and credited (the
+    recovery path skips recording's gates): credits after the freeze, which reconcile names. Refused now,
+    as the alert says (refund it, or unfreeze and retry); unfrozen, the same command gives it its own."""
+    from billingctl.services.users import freeze, unfreeze
+
+    _, payment = orphan(world, "user_z")
+    freeze(world.c, "user_z", "fraud review", "ops")
+    assert orphans.run_orphans(world.c)["outcomes"] == {"needs_review": 1}
+    with pytest.raises(e.Refused) as refused:
+        orphans.resolve(world.c, payment["id"], "create-subscription", "customer asked", "ops")
+    assert refused.value.message == (
+        f"user user_z is frozen: unfreeze them first (billingctl users unfreeze user_z --reason R --yes), "
+        f"or refund the payment (billingctl orphans resolve {payment['id']} --refund --reason R --yes)")
+    assert world.credits("user_z") == 0 and world.purchases(payment["id"]) == 0
+    assert row(world, payment["id"])["status"] == "needs_review"
+    assert [a[1] for a in audits(world)] == ["user.freeze"]  # the refusal wrote nothing
+    unfreeze(world.c, "user_z", "review passed", "ops")
+    assert orphans.resolve(world.c, payment["id"], "create-subscription", "customer asked", "ops")["state"] == \
+        "resolved"
+    assert world.purchases(payment["id"]) == 1 and world.credits("user_z") == 2000
+
+
 def test_a_non_renewing_subscription_of_the_plan_makes_the_orphan_a_duplicate(world):
     held = world.checkout()
     world.sandbox.pay(held["order_id"])

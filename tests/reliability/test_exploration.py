@@ -84,7 +84,13 @@ class Exploration(RuleBasedStateMachine):
 
     @initialize(skew=st.sampled_from(SKEWS))
     def clocks(self, skew):
+        """The history starts with our clock `skew` seconds from the sandbox's. Before, the skew took effect
+        at the first step that moved time: a step back of up to 90 s in the middle of the history that no
+        step names. A breaker opened before that step stays open 90 s longer on our clock; one history of 60
+        (2026-11-27, skew -90, not reproduced by replaying its printed steps) failed its quiet hours on an
+        open breaker, which this step back explains."""
         self.m.skew = skew
+        self.m.advance(0)
 
     # ---- the customers and the outside world (the month's model) -------------------------------------
     @rule(action=st.sampled_from(["checkout", "pay", "abandon", "pay_late", "refund", "cancel_at_provider",
