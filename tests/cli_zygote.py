@@ -33,6 +33,11 @@ PRELOAD = ("sqlalchemy", "sqlalchemy.orm", "sqlalchemy.dialects.postgresql.psyco
 SETS_AT_IMPORT = ("TYPER_USE_RICH", "PSYCOPG_WAIT_FUNC", "PSYCOPG_IMPL", "WRAPT_DISABLE_EXTENSIONS")
 
 
+def command(argv) -> list[str]:
+    """`python -m billingctl ARGS`, as a user runs it (and as a fresh interpreter is started)."""
+    return [sys.executable, "-m", "billingctl", *argv]
+
+
 def needs_fresh_interpreter(env: dict) -> bool:
     """Whether a run with `env` must start cold: BILLING_TEST_CLI=fresh in the suite's environment, or a
     variable that the interpreter or a preloaded library reads at start-up."""
@@ -239,7 +244,7 @@ class Zygote:
         with open(os.devnull, "rb") as stdin:
             conn.connect(self.path)
             socket.send_fds(conn, [json.dumps(request).encode()], [stdin.fileno(), out.fileno(), err.fileno()])
-        return Run(self, conn, [sys.executable, "-m", "billingctl", *argv], out, err)
+        return Run(self, conn, command(argv), out, err)
 
     def run(self, argv: list[str], env: dict, timeout: float):
         """As `subprocess.run(..., capture_output=True, text=True, timeout=timeout)`."""

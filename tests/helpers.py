@@ -110,14 +110,12 @@ def billingctl(args, env, **kw):
     the interpreter or a preloaded library reads at start-up."""
     import os
     import subprocess
-    import sys
 
-    from tests.cli_zygote import needs_fresh_interpreter
+    from tests.cli_zygote import command, needs_fresh_interpreter
 
     env = {"PATH": os.environ["PATH"], **env}
     if kw or needs_fresh_interpreter(env):
-        return subprocess.run([sys.executable, "-m", "billingctl", *args], capture_output=True, text=True,
-                              env=env, timeout=120, **kw)
+        return subprocess.run(command(args), capture_output=True, text=True, env=env, timeout=120, **kw)
     return cli_zygote().run(list(args), env, timeout=120)
 
 
@@ -125,13 +123,12 @@ def billingctl_started(args, env, cwd):
     """`billingctl ARGS` started, not waited for, its stdout and stderr kept: a `subprocess.Popen`, or the
     zygote's `Run` that answers the same calls (pid, wait, communicate, send_signal, returncode)."""
     import subprocess
-    import sys
 
-    from tests.cli_zygote import needs_fresh_interpreter
+    from tests.cli_zygote import command, needs_fresh_interpreter
 
     if needs_fresh_interpreter(env):
-        return subprocess.Popen([sys.executable, "-m", "billingctl", *args], env=env, cwd=cwd,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        return subprocess.Popen(command(args), env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
     return cli_zygote().start(list(args), env, cwd=str(cwd))
 
 

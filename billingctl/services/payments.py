@@ -563,7 +563,6 @@ def report_to_provider(container, row) -> bool | str:
     """Record one purchase on its provider invoice (reference = the orchestrator payment id). True when
     the invoice is paid afterwards; VOIDED when the invoice was voided meanwhile (the payment is then
     refunded, decision 113); a refusal the provider does not explain stays pending."""
-    recorded_at = None
     try:
         answer = container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
         crash_point(container.settings, "provider_record.after_call")

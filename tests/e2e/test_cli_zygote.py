@@ -26,7 +26,7 @@ def both(args, env, monkeypatch):
     ["--helpx"],                                     # 2, a usage error on stderr
     ["--json", "version"],                           # 0, JSON on stdout
     ["--json", "users", "show", "user_nobody"],      # 3, one line on stderr
-    ["payments", "record", "pay_missing", "--dry-run"],
+    ["payments", "record"],                          # 2, an argument missing
     ["jobs", "run", "no-such-job"],
 ])
 def test_a_run_through_the_zygote_is_the_run_of_a_fresh_interpreter(args, env, monkeypatch):

@@ -88,7 +88,7 @@ class Exploration(RuleBasedStateMachine):
         at the first step that moved time: a step back of up to 90 s in the middle of the history that no
         step names. A breaker opened before that step stays open 90 s longer on our clock; one history of 60
         (2026-11-27, skew -90, not reproduced by replaying its printed steps) failed its quiet hours on an
-        open breaker, which this step back explains."""
+        open breaker, which this step back would explain."""
         self.m.skew = skew
         self.m.advance(0)
 
