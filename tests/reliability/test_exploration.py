@@ -7,8 +7,9 @@ world's books (what the orchestrator charged, what the provider holds as paid an
 The customers and the world are the month simulation's model (`tests/simulation/test_month.py`), each of
 its actions a rule with Hypothesis choosing the action, its order and every choice inside it; the rules it
 lacks are here: two browser tabs checking out one plan at once, a payment entered at the provider, partial
-settles, dispute outcomes, a freeze that voids invoices, an unfreeze, an operator resolving an orphan,
-`sync-all`, each job on its own, and our clock moving ahead of or behind the sandbox's.
+settles, dispute outcomes, a freeze that voids invoices, an unfreeze, an operator resolving or retrying an
+orphan, recording or refunding any payment and activating any subscription, `sync-all`, each job on its
+own, and our clock moving ahead of or behind the sandbox's.
 
 `make test` runs EXPLORE_EXAMPLES (8) histories; `make explore` runs 2,000."""
 
@@ -30,7 +31,9 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from sqlalchemy import select
 
+from billingctl.adapters.db.tables import subscription
 from billingctl.bootstrap import Container
 from billingctl.domain import errors as e
 from billingctl.domain.clock import ManualClock
@@ -170,6 +173,46 @@ class Exploration(RuleBasedStateMachine):
         if open_rows:
             try:
                 orphans.resolve(self.c, rng.choice(open_rows)["payment_id"], action, "exploration", "explorer")
+            except e.BillingError:
+                pass
+
+    @rule(seed=st.integers(0, 2**32), action=st.sampled_from(["record", "refund"]))
+    def operator_acts_on_a_payment(self, seed, action):
+        """`billingctl payments record ID` (without --yes) or `billingctl payments refund ID --reason R --yes`
+        on any payment the orchestrator holds, whatever its status and whoever holds it here."""
+        rng = self.step(seed, f"operator: payments {action}")
+        known = self.m.sandbox.payments()
+        if known:
+            payment = rng.choice(known)
+            self.m.note(f"  payments {action} {payment['id']} ({payment['status']})")
+            try:
+                if action == "record":
+                    payments.record_payment_by_id(self.c, payment["id"], confirmed=False)
+                else:
+                    payments.refund_by_operator(self.c, payment["id"], "exploration", "explorer")
+            except e.BillingError:
+                pass
+
+    @rule(seed=st.integers(0, 2**32))
+    def operator_retries_an_orphan(self, seed):
+        """`billingctl orphans retry ID`, whatever the orphan's state."""
+        rng = self.step(seed, "operator retries an orphan")
+        rows = orphans.list_orphans(self.c)
+        if rows:
+            try:
+                orphans.retry(self.c, rng.choice(rows)["payment_id"], "explorer")
+            except e.BillingError:
+                pass
+
+    @rule(seed=st.integers(0, 2**32))
+    def operator_activates(self, seed):
+        """`billingctl subscriptions activate ID` on any subscription we hold, pending or not."""
+        rng = self.step(seed, "operator activates a subscription")
+        with self.c.uow() as uow:
+            ids = sorted(uow.execute(select(subscription.c.id)).scalars())
+        if ids:
+            try:
+                payments.activate_subscription(self.c, rng.choice(ids))
             except e.BillingError:
                 pass
 

@@ -27,12 +27,13 @@ from billingctl.bootstrap import Container
 from billingctl.domain import errors as e
 from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS
 from billingctl.domain.clock import ManualClock
-from billingctl.domain.lifecycle import ORPHAN
+from billingctl.domain.lifecycle import ORPHAN, REVIEW_HUMAN
 from billingctl.domain.quota import CUSTOMER, MERCHANT, WINDOWS
 from billingctl.sandbox.model import IN_FLIGHT
 from billingctl.services import alerts, checkout, events, orphans, payments, reconcile, renewals
 from billingctl.services.fraud_quota import AUTHORIZED_STATUSES
 from billingctl.services.orphans import OPEN
+from billingctl.services.reconcile.rules import GRACE
 from billingctl.services.users import freeze
 from tests.conftest import advance_with_sandbox
 
@@ -278,7 +279,24 @@ class Model:
             verdict = ("reconcile names them too" if not report["ok"] else
                        "and reconcile reports clean (a false clean)")
             raise AssertionError(f"{'; '.join(violations[:5])} ({verdict})")
-        assert report["ok"], f"reconcile reports what the books do not show (a false alarm): {report['violations'][:5]}"
+        named = {(v["check"], v.get("payment_id")) for v in report["violations"]}
+        parked = self.parked_with_a_person()
+        assert parked <= named, f"reconcile does not name a purchase parked with a person: {sorted(parked - named)}"
+        unexpected = [v for v in report["violations"] if (v["check"], v.get("payment_id")) not in parked]
+        assert not unexpected, f"reconcile reports what the books do not show (a false alarm): {unexpected[:5]}"
+
+    def parked_with_a_person(self) -> set[tuple[str, str]]:
+        """What reconcile names by design while a person owns it (decision 129): a purchase of ours, standing
+        for over the hour, that no provider transaction carries, its payment in a person's review queue
+        (`needs_review`, `exhausted`): accounted for (the books below accept a person's queue), and named
+        every day until the person resolves it. Seen from the provider's books, not from our mark."""
+        carried = {t.get("reference_number") for t in self.sandbox.store.all("transaction")}
+        with self.c.uow() as uow:
+            rows = uow.execute(select(purchase.c.transaction_id).join(
+                orphan_recovery, orphan_recovery.c.payment_id == purchase.c.transaction_id).where(
+                purchase.c.closed_at.is_(None), purchase.c.created_at < self.c.clock.now() - GRACE,
+                orphan_recovery.c.status.in_(REVIEW_HUMAN))).scalars().all()
+        return {("recorded_not_on_provider_invoice", payment_id) for payment_id in rows if payment_id not in carried}
 
     def violations(self) -> list[str]:
         c, sandbox = self.c, self.sandbox
