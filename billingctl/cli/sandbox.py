@@ -148,10 +148,11 @@ def clear_faults():
 
 @command(app, "clock")
 def clock(advance: float = typer.Argument(0.0, help="Seconds to move the sandbox clock forward.")):
-    """Show or move the sandbox's clock."""
+    """Show or move the sandbox's clock (moved, the webhook retries that fall due are sent)."""
     cli, sandbox = _sandbox(changes=bool(advance))
     now = sandbox.store.advance_clock(advance) if advance else sandbox.store.now()
-    cli.output.result({"now": now})
+    redelivered = sandbox.redeliver_due() if advance else []
+    cli.output.result({"now": now, "webhooks_redelivered": len(redelivered)})
 
 
 @command(app, "backdating")

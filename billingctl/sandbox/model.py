@@ -45,6 +45,10 @@ PAYABLE_INVOICE_STATUSES = ("payment_due", "not_paid", "posted")
 PAST_START_TOLERANCE = 60
 # Orchestrator payment statuses that are not final: the charge is in flight.
 IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")
+# Primer retries a webhook that gets no 2xx answer ("Any response outside the 2xx range ... is treated as a
+# failure and will trigger retries", Configure webhooks: delivery model). Its schedule is not published: the
+# sandbox tries again after a minute, 5 and 30 minutes, 2 and 6 hours and a day, then gives up.
+WEBHOOK_RETRIES = (60, 300, 1800, 7200, 21600, 86400)
 # Lane workflows route a first payment: SFW to the regular processors, NSFW to the high-risk ones.
 WORKFLOW_DEFAULT = {"sfw": "SFW_STRIPE", "nsfw": "NSFW_SEGPAY"}
 TERM_SECONDS = 30 * 86400
@@ -684,13 +688,42 @@ class Sandbox:
     def _deliver_signed(self, event_type: str, payment: dict) -> int | None:
         return self._deliver_raw("/webhooks/orchestrator/payments", self.webhook_body(event_type, payment))
 
-    def _deliver_raw(self, path: str, body: bytes) -> int | None:
+    def _deliver_raw(self, path: str, body: bytes, attempt: int = 0) -> int | None:
+        """One delivery attempt; one that gets no 2xx answer is retried later (`redeliver_due`)."""
         if self.deliver is None:
             return None
         secret = self.disputes_secret if path.endswith("/disputes") else self.webhook_secret
         headers = {"Content-Type": "application/json", "X-Signature-Primary": sign_body(secret, body)}
         try:
-            return self.deliver(path, body, headers)
-        except Exception as exc:  # a dropped delivery: the pollers are the fallback
+            status = self.deliver(path, body, headers)
+        except Exception as exc:  # no answer at all (refused, timed out): a failed attempt too
             log.warning("sandbox webhook delivery failed: %s: %s", type(exc).__name__, exc)
-            return None
+            status = None
+        if status is None or not 200 <= status < 300:
+            self._retry_later(path, body, attempt)
+        return status
+
+    def _retry_later(self, path: str, body: bytes, attempt: int) -> None:
+        if attempt >= len(WEBHOOK_RETRIES):
+            log.warning("sandbox webhook given up after %d attempts: %s", attempt + 1, path)
+            return
+        retry_id = self.store.next_id("dlv")
+        due = self.now() + WEBHOOK_RETRIES[attempt]
+        self.store.put("webhook_retry", retry_id, {"id": retry_id, "path": path, "body": body.decode(),
+                                                   "attempt": attempt + 1, "due": due})
+
+    def redeliver_due(self) -> list[int | None]:
+        """Send again each failed delivery whose retry is due, oldest first, signed afresh (a payment
+        notification's `signedAt` is the attempt's time: the receiver accepts it within 5 minutes). Time
+        passes in the sandbox only when it is moved, so whoever moves it calls this (the tests' clock
+        helpers, `billingctl sandbox clock`); each retry is taken by one process."""
+        now = self.now()
+        codes = []
+        for retry in sorted(self.store.all("webhook_retry"), key=lambda r: (r["due"], r["id"])):
+            if retry["due"] > now or self.store.take("webhook_retry", retry["id"]) is None:
+                continue
+            body = json.loads(retry["body"])
+            if "signedAt" in body:
+                body["signedAt"] = str(int(now))
+            codes.append(self._deliver_raw(retry["path"], json.dumps(body).encode(), retry["attempt"]))
+        return codes

@@ -174,6 +174,12 @@ class SandboxStore:
         rows = rows[:limit]
         return [json.loads(r["data"]) for r in rows], ((rows[-1]["k"], rows[-1]["seq"]) if more else None)
 
+    def take(self, kind: str, obj_id: str) -> dict | None:
+        """Remove a document and return it; None when another process took it first."""
+        with self.tx() as db:
+            row = db.execute("DELETE FROM objects WHERE kind=? AND id=? RETURNING data", (kind, obj_id)).fetchone()
+        return json.loads(row["data"]) if row else None
+
     def all(self, kind: str) -> list[dict]:
         with self.tx() as db:
             rows = db.execute("SELECT data FROM objects WHERE kind=? ORDER BY seq", (kind,)).fetchall()

@@ -159,3 +159,40 @@ def test_vaulted_instruments_are_typed_and_one_the_renewal_rules_can_judge(conta
     now = datetime(2026, 11, 26, tzinfo=UTC)
     assert stored_instrument(found).token == "tok_old"
     assert [i.token for i in found if usable_card(i, now)] == ["tok_new"]
+
+
+def test_a_delivery_without_a_2xx_answer_is_retried_signed_afresh_until_the_schedule_ends(container):
+    """Primer retries a webhook that gets no 2xx answer (Configure webhooks, "Delivery model"); each attempt
+    is signed at its own time, as the receiver accepts `signedAt` only within five minutes. A 2xx answer
+    ends the retries; the schedule (not published) ends after six."""
+    from billingctl.sandbox.model import WEBHOOK_RETRIES, Sandbox
+    from billingctl.sandbox.store import SandboxStore
+
+    answers, seen = [500, None, 429], []
+
+    def receiver(path, body, headers):
+        seen.append((json.loads(body)["signedAt"], headers["X-Signature-Primary"] == sign_body("s", body)))
+        answer = answers.pop(0) if answers else 200
+        if answer is None:
+            raise httpx.ConnectError("refused")
+        return answer
+
+    sandbox = Sandbox(SandboxStore(container.settings.sandbox_db), webhook_secret="s", deliver=receiver)
+    payment = {"id": "pay_1", "status": "SETTLED"}
+    assert sandbox.send_webhook("PAYMENT.STATUS", payment) == 500
+    assert sandbox.redeliver_due() == []  # not due yet
+    codes = []
+    for wait in WEBHOOK_RETRIES[:3]:
+        sandbox.store.advance_clock(wait)
+        codes += sandbox.redeliver_due()
+    assert codes == [None, 429, 200] and sandbox.store.all("webhook_retry") == []
+    assert [signed for _, signed in seen] == [True] * 4
+    assert len({at for at, _ in seen}) == 4  # each attempt signed at its own time
+
+    answers[:] = [503] * 10
+    sandbox.send_webhook("PAYMENT.STATUS", payment)
+    for wait in WEBHOOK_RETRIES:
+        sandbox.store.advance_clock(wait)
+        sandbox.redeliver_due()
+    assert len(answers) == 10 - 1 - len(WEBHOOK_RETRIES)  # the first attempt and six retries, then none
+    assert sandbox.store.all("webhook_retry") == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -22,7 +23,15 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from billingctl.adapters.db.tables import alert_outbox, credit_ledger, fraud_event, orphan_recovery, purchase, users
+from billingctl.adapters.db.tables import (
+    alert_outbox,
+    credit_ledger,
+    event_inbox,
+    fraud_event,
+    orphan_recovery,
+    purchase,
+    users,
+)
 from billingctl.bootstrap import Container
 from billingctl.domain import errors as e
 from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS
@@ -251,7 +260,32 @@ class Model:
                 self.check()
             except AssertionError as failure:
                 steps = "\n".join(self.trace[start:])
-                raise AssertionError(f"seed {seed}, day {day + 1}{label}: {failure}\n{steps}") from None
+                raise AssertionError(f"seed {seed}, day {day + 1}{label}: {failure}\n{steps}"
+                                     f"{self.history_of(str(failure), self.trace[:start])}") from None
+
+    def history_of(self, failure: str, earlier: list[str]) -> str:
+        """For a failure naming payments: the earlier days' steps that name them or their orders, and our
+        rows of each (purchase, review row, ledger), so a failure in separate processes, which a re-run may
+        not repeat, can be read from its report alone."""
+        payment_ids = sorted(set(re.findall(r"pay_[0-9a-f]{12}", failure)))
+        if not payment_ids:
+            return ""
+        names = set(payment_ids)
+        for payment_id in payment_ids:
+            stored = self.sandbox.store.get("payment", payment_id) or {}
+            names.add(stored.get("orderId") or payment_id)
+        lines = [line for line in earlier if any(name in line for name in names)]
+        with self.c.uow() as uow:
+            for table, column in ((purchase, purchase.c.transaction_id),
+                                  (orphan_recovery, orphan_recovery.c.payment_id),
+                                  (credit_ledger, credit_ledger.c.payment_id)):
+                lines += [f"{table.name}: {dict(row)}" for row in uow.execute(
+                    select(table).where(column.in_(payment_ids))).mappings()]
+            for payment_id in payment_ids:
+                lines += [f"event_inbox: {dict(row)}" for row in uow.execute(
+                    select(*(c for c in event_inbox.c if c.name != "payload")).where(
+                        event_inbox.c.event_id.contains(payment_id))).mappings()]
+        return "\nearlier, and our rows:\n" + "\n".join(lines)
 
     def one_day(self, day: int) -> None:
         self.day()
@@ -313,6 +347,8 @@ class Model:
                 credit_ledger.c.amount > 0)).all()
             credited = set(uow.execute(select(credit_ledger.c.payment_id).where(
                 credit_ledger.c.reason == "payment")).scalars())
+            reversed_ = dict(uow.execute(select(credit_ledger.c.payment_id, -func.sum(credit_ledger.c.amount)).where(
+                credit_ledger.c.reason.in_(("refund", "dispute_lost"))).group_by(credit_ledger.c.payment_id)).all())
             chat = Counter(uow.execute(select(alert_outbox.c.dedupe_key).where(
                 alert_outbox.c.sink == "chat")).scalars())
             disputes = Counter(m.get("dispute_id") for m in uow.execute(select(fraud_event.c.metadata).where(
@@ -326,6 +362,12 @@ class Model:
         for user, balance in balances.items():  # credits equal the ledger
             if int(balance) != int(sums.get(user) or 0):
                 found.append(f"credits differ from the ledger for {user}")
+        for p in settled:  # what the orchestrator refunded is taken back: the refunded share of the credits
+            row, refunded = purchases.get(p["id"]), min(p["processor"].get("amountRefunded", 0), p["amount"])
+            owed = row.credits * refunded // p["amount"] if row is not None and p["amount"] else 0
+            if int(reversed_.get(p["id"]) or 0) < owed:
+                found.append(f"refunded {refunded} of {p['amount']}, {int(reversed_.get(p['id']) or 0)} of {owed} "
+                             f"credits taken back: {p['id']}")
         live = {}
         for p in settled:  # no period charged twice (a charge refunded in full no longer counts)
             if p["processor"].get("amountRefunded", 0) < p["amount"]:

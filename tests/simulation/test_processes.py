@@ -55,6 +55,7 @@ class ProcessModel(Model):
 
     def advance(self, seconds: int) -> None:
         self.sandbox.store.advance_clock(seconds)  # every process reads this clock
+        self.sandbox.redeliver_due()
 
     def _spawn(self, name: str):
         return billingctl_started(["jobs", "run", name], self.env, ROOT)
