@@ -160,3 +160,24 @@ def _cancel_subscription(container, subscription_id: str | None, dispute_id: str
 def disputed(uow, user_id: str) -> bool:
     """True while one of the user's disputes is undecided: no merchant-initiated charge meanwhile."""
     return bool(uow.disputes.open_for_user(user_id))
+
+
+def deciding_dispute(container, payment_id: str) -> dict | None:
+    """The dispute that decides what may be done with a payment's money (a lost one first, then an
+    undecided one); None when neither."""
+    with container.uow(autocommit=True) as uow:
+        return uow.disputes.deciding(payment_id)
+
+
+def refuse_if_disputed(container, payment_id: str, what: str) -> None:
+    """A payment charged back is not refunded (the customer would get the money twice) nor given a
+    subscription (for money that is gone); an undecided dispute is answered first (decision 172)."""
+    found = deciding_dispute(container, payment_id)
+    if found is None:
+        return
+    if found["state"] == "lost":
+        raise e.Refused(f"payment {payment_id} was charged back (dispute {found['dispute_id']} lost): the customer "
+                        f"has the money back, so {what} is refused; mark it handled (billingctl orphans resolve "
+                        f"{payment_id} --mark-handled --reason R --yes) if it waits for review")
+    raise e.Refused(f"payment {payment_id} is disputed (dispute {found['dispute_id']} open): {what} waits until "
+                    "the dispute is decided (a refund now could return the money twice)")

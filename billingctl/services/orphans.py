@@ -20,6 +20,7 @@ from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, review
 from billingctl.services.cursors import read_value, write_value
+from billingctl.services.fraud_signals import deciding_dispute, refuse_if_disputed
 from billingctl.services.payments import is_renewal_payment, record_payment, refund, reverse_refund
 
 log = logging.getLogger("billingctl.orphans")
@@ -182,6 +183,9 @@ def attempt(container, payment_id: str, force: bool = False) -> str:
 
 def _recover(container, row: dict, payment: Payment) -> str:
     user_id, plan = row["user_id"], row["item_price_id"]
+    disputed = deciding_dispute(container, row["payment_id"])
+    if disputed is not None:
+        return _disputed(container, row, disputed)
     with container.uow() as uow:
         frozen = uow.users.frozen_at(user_id)
     if frozen is not None:
@@ -221,6 +225,24 @@ def _recover(container, row: dict, payment: Payment) -> str:
                f"orphan-partial:{row['payment_id']}")
         return "needs_review"
     return _resubscribe(container, row, payment)
+
+
+def _disputed(container, row: dict, found: dict) -> str:
+    """A charged-back payment (the customer has the money back) is neither re-subscribed (a subscription
+    and a paid invoice for money that is gone, renewed next month) nor refunded (the money would go back
+    twice): its row ends, and a purchase recorded for it is closed (its credits went back with the loss).
+    Under an undecided dispute a person answers the dispute first (decision 172)."""
+    payment_id = row["payment_id"]
+    if found["state"] == "open":
+        _finish(container, payment_id, "needs_review", last_error=f"disputed (dispute {found['dispute_id']} open)")
+        return "needs_review"
+    with container.uow() as uow:
+        uow.purchases.close(payment_id, "charged_back", container.clock.now())
+        uow.commit()
+    _finish(container, payment_id, "resolved", resolution="charged_back")
+    log.warning("orphaned payment charged back: ended without a subscription or a refund",
+                extra={"payment_id": payment_id, "dispute_id": found["dispute_id"]})
+    return "charged_back"
 
 
 def _record_on_own_subscription(container, row: dict, payment: Payment) -> str:
@@ -417,6 +439,8 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
     if action != "mark-handled" and not isinstance(payment, Payment):
         raise e.ExternalUnavailable(f"payment {payment_id} could not be read at the orchestrator: {payment}",
                                     dependency="orchestrator")
+    if action in ("refund", "create-subscription"):
+        refuse_if_disputed(container, payment_id, f"--{action}")
     if action in ("mark-handled", "create-subscription") and isinstance(payment, Payment):
         _refuse_a_kept_second_charge(container, payment, action)
     if action == "create-subscription":

@@ -860,6 +860,10 @@ def refund_by_operator(container, payment_id: str, reason: str, actor: str, dry_
     payment = container.orchestrator.get_payment(payment_id)
     if payment.status not in CAPTURED_STATUSES:
         raise e.Refused(f"payment {payment_id} is {payment.status}: only a captured payment can be refunded")
+    if payment.charged > payment.refunded:
+        from billingctl.services.fraud_signals import refuse_if_disputed
+
+        refuse_if_disputed(container, payment_id, "a refund")
     with container.uow() as uow:
         held, recorded = uow.orphans.status(payment_id), uow.purchases.by_payment_id(payment_id) is not None
     left = payment.charged - payment.refunded

@@ -429,3 +429,69 @@ def test_a_second_charge_of_one_order_cannot_be_kept_by_an_operator(world, actio
     assert row(world, second["id"])["status"] in ("retrying", "needs_review") and audits(world) == []
     orphans.resolve(world.c, second["id"], "refund", "charged twice", "ops")
     assert world.sandbox.store.get("payment", second["id"])["processor"]["amountRefunded"] == second["amount"]
+
+
+def _dispute_of(world, payment_id):
+    with world.c.uow() as uow:
+        return uow.disputes.deciding(payment_id)["dispute_id"]
+
+
+def _charged_back(world, payment_id):
+    assert world.sandbox.dispute_status(payment_id, "LOST")["delivered"] == 200
+
+
+def test_a_charged_back_orphan_is_never_given_a_subscription_nor_refunded(world):
+    """A dispute lost on a payment waiting for recovery: the customer has the money back through the bank.
+    Recovery re-subscribed it (a live subscription and an invoice paid by money that is gone, renewed and
+    charged next month); an operator's refund would return the money twice. Recovery ends the row instead
+    (`resolved`, `charged_back`), and the operator's refund and subscription are refused."""
+    from billingctl.services.payments import refund_by_operator
+
+    _, payment = orphan(world, "user_d")
+    pid = payment["id"]
+    _charged_back(world, pid)
+    before = len(world.sandbox.store.all("subscription"))
+    with pytest.raises(e.Refused) as refused:
+        refund_by_operator(world.c, pid, "customer asked", "ops")
+    assert refused.value.message == (
+        f"payment {pid} was charged back (dispute {_dispute_of(world, pid)} lost): the customer has the money "
+        f"back, so a refund is refused; mark it handled (billingctl orphans resolve {pid} --mark-handled "
+        "--reason R --yes) if it waits for review")
+    assert orphans.run_orphans(world.c)["outcomes"] == {"charged_back": 1}
+    assert resolution(world, pid) == ("resolved", "charged_back", None)
+    assert len(world.sandbox.store.all("subscription")) == before  # nothing started at the provider
+    assert world.sandbox.store.get("payment", pid).get("refunds") in (None, [])  # nothing refunded
+    assert world.purchases(pid) == 0 and world.credits("user_d") == 0
+
+
+def test_a_frozen_users_payment_charged_back_while_held_stays_unsubscribed_after_the_unfreeze(world):
+    """The fraud flow: a payment held because its customer is frozen, then charged back; the alert says
+    "unfreeze and retry", and the retry re-subscribed the charged-back payment."""
+    from billingctl.services.users import freeze, unfreeze
+
+    _, payment = orphan(world, "user_z")
+    freeze(world.c, "user_z", "fraud review", "ops")
+    assert orphans.run_orphans(world.c)["outcomes"] == {"needs_review": 1}
+    _charged_back(world, payment["id"])
+    for action in ("refund", "create-subscription"):
+        with pytest.raises(e.Refused) as refused:
+            orphans.resolve(world.c, payment["id"], action, "customer asked", "ops")
+        assert f"so --{action} is refused" in refused.value.message
+    unfreeze(world.c, "user_z", "review passed", "ops")
+    before = len(world.sandbox.store.all("subscription"))
+    assert orphans.retry(world.c, payment["id"], "ops")["outcome"] == "charged_back"
+    assert len(world.sandbox.store.all("subscription")) == before
+    assert world.purchases(payment["id"]) == 0 and world.credits("user_z") == 0
+
+
+def test_an_orphan_under_an_open_dispute_waits_for_a_person(world):
+    """Undecided: neither a subscription (the customer may get the money back) nor a refund (the money
+    could go back twice); a person answers the dispute first."""
+    _, payment = orphan(world, "user_o")
+    assert world.sandbox.dispute_status(payment["id"], "OPEN")["delivered"] == 200
+    assert orphans.run_orphans(world.c)["outcomes"] == {"needs_review": 1}
+    state = row(world, payment["id"])
+    assert state["status"] == "needs_review" and state["last_error"].startswith("disputed")
+    with pytest.raises(e.Refused):
+        orphans.resolve(world.c, payment["id"], "refund", "customer asked", "ops")
+    assert world.sandbox.store.get("payment", payment["id"]).get("refunds") in (None, [])

@@ -26,6 +26,13 @@ class Disputes(Repository):
         """The orchestrator's latest words (type, status) without a change of state."""
         self.execute(update(dispute).where(dispute.c.dispute_id == dispute_id).values(updated_at=now, **values))
 
+    def deciding(self, payment_id: str) -> dict | None:
+        """The dispute that decides what may be done with a payment's money: a lost one (the customer has
+        it back), else an undecided one; None when neither."""
+        rows = self.execute(select(dispute).where(dispute.c.payment_id == payment_id,
+                                                  dispute.c.state.in_(("lost", "open")))).mappings().all()
+        return dict(min(rows, key=lambda r: (r["state"] != "lost", r["dispute_id"]))) if rows else None
+
     def open_for_user(self, user_id: str) -> list[dict]:
         """The user's disputes still undecided (no merchant-initiated charge while any is)."""
         return [dict(r) for r in self.execute(select(dispute).where(dispute.c.user_id == user_id,
