@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
+from billingctl.adapters.db.purchases import REVERSALS
 from billingctl.adapters.db.tables import (
     alert_outbox,
     credit_ledger,
@@ -348,7 +349,7 @@ class Model:
             credited = set(uow.execute(select(credit_ledger.c.payment_id).where(
                 credit_ledger.c.reason == "payment")).scalars())
             reversed_ = dict(uow.execute(select(credit_ledger.c.payment_id, -func.sum(credit_ledger.c.amount)).where(
-                credit_ledger.c.reason.in_(("refund", "dispute_lost"))).group_by(credit_ledger.c.payment_id)).all())
+                credit_ledger.c.reason.in_(REVERSALS)).group_by(credit_ledger.c.payment_id)).all())
             chat = Counter(uow.execute(select(alert_outbox.c.dedupe_key).where(
                 alert_outbox.c.sink == "chat")).scalars())
             disputes = Counter(m.get("dispute_id") for m in uow.execute(select(fraud_event.c.metadata).where(
