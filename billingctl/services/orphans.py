@@ -217,7 +217,7 @@ def _recover(container, row: dict, payment: Payment) -> str:
     if refunded >= payment.charged > 0:
         # Refunded at the orchestrator before recovery: nothing to re-subscribe, nothing to refund.
         _reverse_credits(container, row["payment_id"])
-        _finish(container, row["payment_id"], "resolved", resolution="refunded_elsewhere")
+        _end_unsubscribed(container, row["payment_id"], "resolved", "refunded_elsewhere")
         return "refunded_elsewhere"
     if refunded:
         _finish(container, row["payment_id"], "needs_review", last_error=f"partially refunded ({refunded})")
@@ -236,10 +236,7 @@ def _disputed(container, row: dict, found: dict) -> str:
     if found["state"] == "open":
         _finish(container, payment_id, "needs_review", last_error=f"disputed (dispute {found['dispute_id']} open)")
         return "needs_review"
-    with container.uow() as uow:
-        uow.purchases.close(payment_id, "charged_back", container.clock.now())
-        uow.commit()
-    _finish(container, payment_id, "resolved", resolution="charged_back")
+    _end_unsubscribed(container, payment_id, "resolved", "charged_back")
     log.warning("orphaned payment charged back: ended without a subscription or a refund",
                 extra={"payment_id": payment_id, "dispute_id": found["dispute_id"]})
     return "charged_back"
@@ -288,7 +285,7 @@ def _refund_duplicate(container, row: dict, holding: str) -> str:
 
     crash_point(container.settings, "orphan.after_refund")
     _reverse_credits(container, payment_id)
-    _finish(container, payment_id, "duplicate_refunded", resolution="refunded")
+    _end_unsubscribed(container, payment_id, "duplicate_refunded", "refunded")
     log.warning(DUPLICATE_TEXT, extra={"payment_id": payment_id, "active_subscription": holding})
     return "duplicate_refunded"
 
@@ -352,6 +349,35 @@ def _failed(container, row: dict, error: str) -> str:
     log.warning("orphan recovery attempt failed: %s", error, extra={"payment_id": row["payment_id"],
                                                                     "attempts": attempts})
     return "retrying"
+
+
+def _end_unsubscribed(container, payment_id: str, status: str, resolution: str, resolved_by: str | None = None):
+    """The row ends without a subscription for its payment (refunded, charged back, or handled by a person):
+    a purchase recorded for it here, never on the provider's books, is closed in the same transaction, its
+    credits having gone back with the refund or the lost dispute. Left open, no follow-up would ever record
+    it, and reconcile named it every day as not on the provider's invoice (decision 173)."""
+    with container.uow() as uow:
+        uow.purchases.close(payment_id, resolution, container.clock.now())  # a no-op without an open purchase
+        review.move(container, uow, payment_id, status, updated_at=container.clock.now(), next_attempt_at=None,
+                    resolution=resolution, **({"resolved_by": resolved_by} if resolved_by else {}))
+        uow.commit()
+
+
+def _refuse_credits_kept_off_the_providers_books(container, payment_id: str) -> None:
+    """Marked handled, a payment credited here and not recorded at the provider would keep its credits with
+    no invoice behind them (reconcile names it every day, and nothing else would ever act on it): a person
+    gives it its subscription or refunds it; once its credits are back (a refund, a lost dispute), it may
+    be marked handled (decision 173)."""
+    with container.uow(autocommit=True) as uow:
+        row = uow.purchases.by_payment_id(payment_id)
+        kept = 0 if row is None or row["closed_at"] or row["provider_recorded_at"] else \
+            int(row["credits"]) - uow.ledger.reversed_for(payment_id)
+    if kept > 0:
+        raise e.Refused(
+            f"payment {payment_id} is credited here ({kept} credits) and not recorded at the provider: marked "
+            f"handled, it would keep them with no invoice behind them; give it a subscription (billingctl orphans "
+            f"resolve {payment_id} --create-subscription --reason R --yes) or refund it (billingctl orphans "
+            f"resolve {payment_id} --refund --reason R --yes)")
 
 
 def _finish(container, payment_id: str, status: str, resolution: str | None = None, attempts: int | None = None,
@@ -443,6 +469,8 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
         refuse_if_disputed(container, payment_id, f"--{action}")
     if action in ("mark-handled", "create-subscription") and isinstance(payment, Payment):
         _refuse_a_kept_second_charge(container, payment, action)
+    if action == "mark-handled":
+        _refuse_credits_kept_off_the_providers_books(container, payment_id)
     if action == "create-subscription":
         _refuse_a_frozen_account(container, row["user_id"], payment_id)
     plan = {"payment_id": payment_id, "action": action, "state": row["status"]}
@@ -451,7 +479,7 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
     if action == "refund":
         refund(container, payment_id)
         _reverse_credits(container, payment_id)
-        _finish(container, payment_id, "resolved", resolution="refunded", resolved_by=actor)
+        _end_unsubscribed(container, payment_id, "resolved", "refunded", resolved_by=actor)
     elif action == "create-subscription":
         with container.uow() as uow:
             review.move(container, uow, payment_id, "retrying")
@@ -462,7 +490,7 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
         _resubscribe(container, claimed, payment)  # writes the resolution and the new subscription
         _finish(container, payment_id, "resolved", resolved_by=actor)
     else:
-        _finish(container, payment_id, "resolved", resolution="handled", resolved_by=actor)
+        _end_unsubscribed(container, payment_id, "resolved", "handled", resolved_by=actor)
     _audit(container, actor, f"orphans.resolve.{action}", payment_id, reason, plan)
     return {**plan, "state": "resolved"}
 

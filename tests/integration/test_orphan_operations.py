@@ -495,3 +495,77 @@ def test_an_orphan_under_an_open_dispute_waits_for_a_person(world):
     with pytest.raises(e.Refused):
         orphans.resolve(world.c, payment["id"], "refund", "customer asked", "ops")
     assert world.sandbox.store.get("payment", payment["id"]).get("refunds") in (None, [])
+
+
+def _credited_orphan(world, user):
+    """A checkout the provider cancelled before its payment settled: the payment is recorded and credited
+    here, never on the provider's books, and handed to orphan recovery; the customer frozen meanwhile, it
+    waits for a person (needs_review)."""
+    from billingctl.services.users import freeze
+
+    co = world.checkout(user)
+    world.sandbox.cancel(co["subscription_id"])
+    payment = world.sandbox.pay(co["order_id"])
+    assert world.purchases(payment["id"]) == 1 and world.credits(user) == 2000
+    freeze(world.c, user, "fraud review", "ops")
+    world.advance(16)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"needs_review": 1}
+    return payment["id"]
+
+
+def _books_after_the_hour(world):
+    from billingctl.services.reconcile import reconcile
+
+    world.advance(2 * 3600)
+    return [(v["check"], v.get("payment_id")) for v in reconcile(world.c, full=True)["violations"]]
+
+
+def _closed(world, payment_id):
+    with world.c.uow() as uow:
+        found = uow.purchases.by_payment_id(payment_id)
+    return found["closed_reason"], found["provider_recorded_at"]
+
+
+@pytest.mark.parametrize("how", ["refunded at the orchestrator", "orphans resolve --refund"])
+def test_a_credited_orphan_refunded_in_full_leaves_nothing_for_reconcile_to_name(world, how):
+    """Decision 173: the row ended refunded and the credits went back, but the purchase stayed open, never
+    to be recorded at the provider: reconcile named it `recorded_not_on_provider_invoice` every day."""
+    from billingctl.services.users import unfreeze
+
+    pid = _credited_orphan(world, "user_k")
+    if how == "refunded at the orchestrator":
+        unfreeze(world.c, "user_k", "review passed", "ops")
+        world.sandbox.refund(pid)
+        assert orphans.retry(world.c, pid, "ops")["outcome"] == "refunded_elsewhere"
+        expected = ("resolved", "refunded_elsewhere", None)
+    else:
+        orphans.resolve(world.c, pid, "refund", "fraud confirmed", "ops")
+        expected = ("resolved", "refunded", "ops")
+    assert resolution(world, pid) == expected
+    assert world.credits("user_k") == 0
+    assert _closed(world, pid) == (expected[1], None)
+    assert _books_after_the_hour(world) == []
+
+
+def test_a_credited_orphan_is_marked_handled_only_once_its_credits_are_back(world):
+    """Decision 173: marked handled with its credits kept, a payment would hold credits that no invoice at
+    the provider carries, named by reconcile every day and acted on by nothing. Refused, changing nothing;
+    once the money went back (here a refund at the orchestrator, reported by its notification), it may be
+    marked handled, and its purchase is closed."""
+    pid = _credited_orphan(world, "user_m")
+    with pytest.raises(e.Refused) as refused:
+        orphans.resolve(world.c, pid, "mark-handled", "paid by hand", "ops")
+    assert refused.value.message == (
+        f"payment {pid} is credited here (2000 credits) and not recorded at the provider: marked handled, it "
+        f"would keep them with no invoice behind them; give it a subscription (billingctl orphans resolve {pid} "
+        f"--create-subscription --reason R --yes) or refund it (billingctl orphans resolve {pid} --refund "
+        "--reason R --yes)")
+    assert row(world, pid)["status"] == "needs_review"
+    assert [a[1] for a in audits(world)] == ["user.freeze"]  # the refusal audited nothing
+    assert world.credits("user_m") == 2000 and _closed(world, pid) == (None, None)
+    world.sandbox.refund(pid)  # its notification takes the credits back
+    assert world.credits("user_m") == 0
+    orphans.resolve(world.c, pid, "mark-handled", "refunded by finance", "ops")
+    assert resolution(world, pid) == ("resolved", "handled", "ops")
+    assert _closed(world, pid) == ("handled", None)
+    assert _books_after_the_hour(world) == []
