@@ -29,7 +29,8 @@ NOTES = {
     "orphan": "The review row of a settled payment we must not credit automatically (`orphan_recovery`): an orphan "
               "is retried by recovery; a frozen account, a mismatch or an unattributed payment waits for a person "
               "(`orphans resolve`); a recovered payment whose invoice was voided is refunded and resolved "
-              "(decision 113). Every status write goes through `services.review.move`.",
+              "(decision 113); a row that ended with a refund the processor then refused goes back to a person "
+              "(decision 174). Every status write goes through `services.review.move`.",
     "subscription": "The provider's subscription as our `subscription` row holds it (Chargebee's statuses). Copies "
                     "are applied in resource_version order; a documented status outside the table is written (the "
                     "provider is authoritative) and alerted, an undocumented one refused. Every status write goes "

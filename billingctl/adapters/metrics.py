@@ -44,7 +44,7 @@ def ensure_multiprocess_dir() -> str | None:
 
 LOCK_OUTCOMES = ("locked", "already_locked", "lost_race", "unknown_processor", "assign_error", "cross_lane")
 REPAIR_OUTCOMES = ("locked", "no_history", "unavailable")
-HELD_REASONS = ("partially_settled", "amount_mismatch", "currency_mismatch")
+HELD_REASONS = ("partially_settled", "amount_mismatch", "currency_mismatch", "refund_failed")
 
 _ARCHIVING: list[int] = []
 

@@ -117,6 +117,15 @@ class PaymentMetadata(Open):
     merchant_initiated: bool | None = None
 
 
+class PaymentTransaction(Open):
+    """One of a payment's processor transactions (Primer's `transactions`: the SALE, each REFUND), with the
+    processor's status of it (a refund: PENDING, then SETTLED or FAILED)."""
+    transaction_type: Name | None = Field(None, validation_alias=AliasChoices("transactionType", "type"),
+                                          serialization_alias="transactionType")
+    processor_status: Status | None = Field(None, alias="processorStatus")
+    amount: Amount | None = None
+
+
 class Payment(Open):
     """Primer's payment, as its API answers and its PAYMENT.* notifications carry it (a list answer holds
     summaries: no customer or payment method; `is_summary`)."""
@@ -132,10 +141,12 @@ class Payment(Open):
     processor: Processor = Field(default_factory=Processor)
     payment_method: PaymentMethod = Field(default_factory=PaymentMethod, alias="paymentMethod")
     status_reason: StatusReason = Field(default_factory=StatusReason, alias="statusReason")
+    transactions: list[PaymentTransaction] = Field(default_factory=list, max_length=1000)
 
     _date = field_validator("date")(unix_or_iso)
     _nested = field_validator("metadata", "processor", "payment_method", "status_reason", mode="before")(
         _empty_when_null)
+    _listed = field_validator("transactions", mode="before")(lambda v: [] if v is None else v)
 
     @property
     def is_summary(self) -> bool:
@@ -156,6 +167,25 @@ class Payment(Open):
     @property
     def fully_refunded(self) -> bool:
         return self.refunded >= self.charged > 0
+
+    def _refunds(self, status: str) -> list[PaymentTransaction]:
+        return [t for t in self.transactions if t.transaction_type == "REFUND" and t.processor_status == status]
+
+    @property
+    def refund_pending(self) -> int:
+        """What refunds the processor has not yet settled or refused ask for (amountRefunded counts only
+        settled ones)."""
+        return sum(int(t.amount or 0) for t in self._refunds("PENDING"))
+
+    @property
+    def refunds_failed(self) -> int:
+        return len(self._refunds("FAILED"))
+
+    @property
+    def refund_failed(self) -> bool:
+        """The latest refund reached its final state refused (a PAYMENT.REFUND notification's news)."""
+        refunds = [t for t in self.transactions if t.transaction_type == "REFUND"]
+        return bool(refunds) and refunds[-1].processor_status == "FAILED"
 
     @property
     def settled_at(self) -> datetime | None:

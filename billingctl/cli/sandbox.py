@@ -148,11 +148,13 @@ def clear_faults():
 
 @command(app, "clock")
 def clock(advance: float = typer.Argument(0.0, help="Seconds to move the sandbox clock forward.")):
-    """Show or move the sandbox's clock (moved, the webhook retries that fall due are sent)."""
+    """Show or move the sandbox's clock (moved, pending refunds reach their final state and the webhook
+    retries that fall due are sent)."""
     cli, sandbox = _sandbox(changes=bool(advance))
     now = sandbox.store.advance_clock(advance) if advance else sandbox.store.now()
+    refunds = sandbox.finish_refunds() if advance else []
     redelivered = sandbox.redeliver_due() if advance else []
-    cli.output.result({"now": now, "webhooks_redelivered": len(redelivered)})
+    cli.output.result({"now": now, "refunds_finished": len(refunds), "webhooks_redelivered": len(redelivered)})
 
 
 @command(app, "backdating")
@@ -170,6 +172,15 @@ def async_charges(status: str = typer.Argument(..., help="PENDING, AUTHORIZED, S
     cli, sandbox = _sandbox()
     _call(sandbox.async_charges, None if status.lower() == "off" else status.upper())
     cli.output.result({"async_charges": None if status.lower() == "off" else status.upper()})
+
+
+@command(app, "async-refunds")
+def async_refunds(outcome: str = typer.Argument(..., help="SETTLED, FAILED, or off")):
+    """Refunds answer PENDING and reach this final state when the sandbox's clock next moves
+    (`sandbox clock`), reported by PAYMENT.REFUND; off: refunds settle at once."""
+    cli, sandbox = _sandbox()
+    _call(sandbox.async_refunds, None if outcome.lower() == "off" else outcome.upper())
+    cli.output.result({"async_refunds": None if outcome.lower() == "off" else outcome.upper()})
 
 
 @command(app, "finish")

@@ -198,10 +198,12 @@ def dispute_state(kind: str | None, status: str | None) -> str | None:
 # names none of our subscriptions) opens as `needs_review`. A person ends any open row (`resolved`: refunded,
 # re-subscribed or handled) or sends it back to recovery (`retrying`). A recovered payment whose invoice
 # turns out voided is refunded and `resolved` (decision 113). Only recovery writes these rows, in order:
-# a step outside the table is illegal (no stale news).
+# a step outside the table is illegal (no stale news). A row that ended with a refund the processor then
+# refused (its PAYMENT.REFUND reports the REFUND transaction FAILED) goes back to a person (decision 174).
 REVIEW_OPEN = ("retrying",)  # recovery's own work: attempted on its schedule
 REVIEW_HUMAN = ("exhausted", "needs_review")  # a person's work (or a forced retry)
-_REVIEW_ENDS = ("recovered", "duplicate_refunded", "resolved")
+REVIEW_REFUNDED = ("duplicate_refunded", "resolved")  # the ends a refund may have made
+_REVIEW_ENDS = ("recovered", *REVIEW_REFUNDED)
 ORPHAN = Lifecycle(
     name="orphan",
     states=(*REVIEW_OPEN, *REVIEW_HUMAN, *_REVIEW_ENDS),
@@ -211,8 +213,9 @@ ORPHAN = Lifecycle(
         "needs_review": ("retrying", "needs_review", "exhausted", *_REVIEW_ENDS),
         "exhausted": ("retrying", "needs_review", *_REVIEW_ENDS),
         "recovered": ("resolved",),
+        "duplicate_refunded": ("needs_review",),
+        "resolved": ("needs_review",),
     },
-    final=("duplicate_refunded", "resolved"),
     stale_news=False,
 )
 

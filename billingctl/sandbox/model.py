@@ -600,15 +600,65 @@ class Sandbox:
                     else payment["amount"])
         amount = captured if amount is None else int(amount)
         already = payment["processor"].get("amountRefunded", 0)
-        if already + amount > captured:
+        if already + amount + sum(t["amount"] for t in self._refunds_pending(payment)) > captured:
             raise SandboxError(400, "Refund exceeds the captured amount", "invalid_request")
-        payment["processor"]["amountRefunded"] = already + amount
-        refunds = payment.setdefault("refunds", [])
-        refunds.append({"id": f"re_{uuid.uuid4().hex[:10]}", "amount": amount, "date": self.now(), "reason": reason})
+        # A refund is a REFUND transaction of the payment (Primer's `transactions`); the processor takes
+        # it at once, or later (`async_refunds`): PENDING until its final state, SETTLED or FAILED, which
+        # the PAYMENT.REFUND notification reports ("Payment Refund" webhook, v2.4). Only a settled refund
+        # counts in amountRefunded: the money went back.
+        outcome = self.store.meta("async_refunds")
+        txn = {"id": f"re_{uuid.uuid4().hex[:10]}", "transactionType": "REFUND", "amount": amount,
+               "currencyCode": payment["currencyCode"], "date": self.now(), "processorName":
+               payment["processor"].get("name"), "processorStatus": "PENDING" if outcome else "SETTLED"}
+        payment.setdefault("transactions", []).append(txn)
+        payment.setdefault("refunds", []).append({"id": txn["id"], "amount": amount, "date": self.now(),
+                                                  "reason": reason})
+        if outcome is None:
+            return self._refund_settled(payment, txn)
         self.store.put("payment", payment_id, payment)
-        self.refund_on_provider(payment_id, amount)
+        self.store.put("refund_due", txn["id"], {"id": txn["id"], "payment_id": payment_id, "outcome": outcome,
+                                                 "due": self.now()})
+        return payment
+
+    @staticmethod
+    def _refunds_pending(payment: dict) -> list[dict]:
+        return [t for t in payment.get("transactions") or []
+                if t.get("transactionType") == "REFUND" and t.get("processorStatus") == "PENDING"]
+
+    def _refund_settled(self, payment: dict, txn: dict) -> dict:
+        txn["processorStatus"] = "SETTLED"
+        payment["processor"]["amountRefunded"] = payment["processor"].get("amountRefunded", 0) + txn["amount"]
+        payment["dateUpdated"] = self.now()
+        self.store.put("payment", payment["id"], payment)
+        self.refund_on_provider(payment["id"], txn["amount"])
         self.send_webhook("PAYMENT.REFUND", payment)
         return payment
+
+    def async_refunds(self, outcome: str | None) -> None:
+        """While set, each refund is answered PENDING and reaches `outcome` (SETTLED, or FAILED: the
+        processor refused it, the money stays with us) when the sandbox's clock next moves
+        (`finish_refunds`); None: refunds settle at once."""
+        if outcome is not None and outcome not in ("SETTLED", "FAILED"):
+            raise SandboxError(400, "outcome must be SETTLED or FAILED")
+        self.store.set_meta("async_refunds", outcome)
+
+    def finish_refunds(self) -> list[str]:
+        """Each pending refund due reaches its final state, reported by PAYMENT.REFUND: the payment's ids."""
+        done = []
+        for due in sorted(self.store.all("refund_due"), key=lambda r: (r["due"], r["id"])):
+            if due["due"] > self.now() or self.store.take("refund_due", due["id"]) is None:
+                continue
+            payment = self._payment(due["payment_id"])
+            txn = next(t for t in payment["transactions"] if t["id"] == due["id"])
+            if due["outcome"] == "SETTLED":
+                self._refund_settled(payment, txn)
+            else:
+                txn["processorStatus"] = "FAILED"
+                payment["dateUpdated"] = self.now()
+                self.store.put("payment", payment["id"], payment)
+                self.send_webhook("PAYMENT.REFUND", payment)
+            done.append(payment["id"])
+        return done
 
     def payments(self, status: str | None = None, from_date: float | None = None) -> list[dict]:
         """Payments made since `from_date`, oldest first; `status` is one status or several, comma-separated
@@ -717,6 +767,7 @@ class Sandbox:
         notification's `signedAt` is the attempt's time: the receiver accepts it within 5 minutes). Time
         passes in the sandbox only when it is moved, so whoever moves it calls this (the tests' clock
         helpers, `billingctl sandbox clock`); each retry is taken by one process."""
+        self.finish_refunds()
         now = self.now()
         codes = []
         for retry in sorted(self.store.all("webhook_retry"), key=lambda r: (r["due"], r["id"])):

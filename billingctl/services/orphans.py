@@ -353,13 +353,14 @@ def _failed(container, row: dict, error: str) -> str:
 
 def _end_unsubscribed(container, payment_id: str, status: str, resolution: str, resolved_by: str | None = None):
     """The row ends without a subscription for its payment (refunded, charged back, or handled by a person):
-    a purchase recorded for it here, never on the provider's books, is closed in the same transaction, its
-    credits having gone back with the refund or the lost dispute. Left open, no follow-up would ever record
-    it, and reconcile named it every day as not on the provider's invoice (decision 173)."""
+    a purchase recorded for it here, never on the provider's books, is closed in the same transaction once
+    its credits are back (`review.close_purchase_ended`; a refund still pending at the processor closes it
+    when its notification reverses them). Left open, no follow-up would ever record it, and reconcile named
+    it every day as not on the provider's invoice (decision 173)."""
     with container.uow() as uow:
-        uow.purchases.close(payment_id, resolution, container.clock.now())  # a no-op without an open purchase
         review.move(container, uow, payment_id, status, updated_at=container.clock.now(), next_attempt_at=None,
                     resolution=resolution, **({"resolved_by": resolved_by} if resolved_by else {}))
+        review.close_purchase_ended(uow, payment_id, container.clock.now())
         uow.commit()
 
 

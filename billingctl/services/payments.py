@@ -30,6 +30,7 @@ from billingctl.services.processor_lock import lock_after_settle
 from billingctl.services.sync import write_remote_subscription
 
 log = logging.getLogger("billingctl.payments")
+REFUND_FAILED_TEXT = "Refund of payment {payment_id} failed at the processor - manual action required"
 
 # The orchestrator's statuses of a payment that captured money (in full, or in part): recording follows.
 CAPTURED_STATUSES = ("SETTLED", "PARTIALLY_SETTLED")
@@ -609,7 +610,7 @@ def refund_for_voided_invoice(container, row) -> None:
     chat alert (decision 113). Each step is idempotent: a run cut short is finished by the next."""
     payment_id, now = row["transaction_id"], container.clock.now()
     payment = refund(container, payment_id, reason="invoice voided")
-    reverse_refund(container, payment_id, payment.refunded or int(row["amount"] or 0), "invoice_voided")
+    reverse_refund(container, payment_id, payment.refunded, "invoice_voided")  # a pending refund: when it settles
     with container.uow() as uow:
         uow.purchases.close(payment_id, VOIDED, now)  # the invoice's voided copy was saved by the caller
         review.open_row(uow, now, payment_id=payment_id, user_id=row["user_id"],
@@ -630,14 +631,42 @@ def refund(container, payment_id: str, reason: str = "duplicate charge") -> Paym
     refund is the payment id). The amount is always named: a payment already partly refunded (at the
     orchestrator's console) is refunded for the rest, and a request without an amount would ask for the
     full amount, which the orchestrator refuses. Of a payment captured in part (PARTIALLY_SETTLED), what was
-    captured: the rest was never taken."""
+    captured: the rest was never taken. A refund still pending at the processor is not asked for again; one
+    the processor refused is asked for again under a new key (the old one would replay the refused refund,
+    decision 174). Credits follow the answer's amountRefunded: a pending refund reverses them when its
+    notification reports it settled."""
     payment = container.orchestrator.get_payment(payment_id)
     refunded, amount = payment.refunded, payment.charged
     if payment.status == "PARTIALLY_SETTLED":
         amount = int(payment.processor.amount_captured or 0)
-    if refunded >= amount:
+    if refunded + payment.refund_pending >= amount:
         return payment
-    return container.orchestrator.refund_payment(payment_id, amount - refunded, reason=reason)
+    key = f"refund:{payment_id}" + (f":{payment.refunds_failed + 1}" if payment.refunds_failed else "")
+    return container.orchestrator.refund_payment(payment_id, amount - refunded - payment.refund_pending,
+                                                 reason=reason, idempotency_key=key)
+
+
+def refund_failed(container, payment: Payment) -> dict:
+    """The processor refused a refund (PAYMENT.REFUND, its latest REFUND transaction FAILED): the money is
+    still with us, and whoever asked for it has moved on. One chat alert per refused refund; a review row
+    that ended with this refund (a same-plan duplicate, `orphans resolve --refund`, a voided invoice's
+    payment) goes back to a person (`needs_review`), who refunds it again or decides otherwise. Its credits
+    were never reversed (only a settled refund reverses them) (decision 174)."""
+    with container.uow() as uow:
+        held = uow.orphans.get(payment.id)
+        reopen = (held is not None and held["status"] in lifecycle.REVIEW_REFUNDED
+                  and held["resolution"] == "refunded" and not payment.fully_refunded)
+        if reopen:
+            review.move(container, uow, payment.id, "needs_review", next_attempt_at=None, resolution=None,
+                        last_error=f"refund failed at the processor ({payment.refunds_failed} refused)")
+        alerts.raise_alert(uow, container.clock, REFUND_FAILED_TEXT.format(payment_id=payment.id),
+                           f"refund-failed:{payment.id}:{payment.refunds_failed}", payment_id=payment.id,
+                           user_id=payment.user_id, refunded=payment.refunded, amount=payment.charged,
+                           review="needs_review" if reopen else (held["status"] if held else None))
+        uow.commit()
+    container.metrics.payments_held.labels(reason="refund_failed").inc()  # PaymentsHeldForReview
+    log.error(REFUND_FAILED_TEXT.format(payment_id=payment.id), extra={"payment_id": payment.id})
+    return {"payment_id": payment.id, "outcome": "refund_failed", "reopened": reopen}
 
 
 def _invoice_copy(container, invoice_id: str) -> Invoice | None:
@@ -887,7 +916,11 @@ def refund_by_operator(container, payment_id: str, reason: str, actor: str, dry_
     log.warning("payment refunded by an operator", extra={"payment_id": payment_id, "actor": actor})
     # credits_reversed: by this command; credits_reversed_total: for the payment, whichever path reversed them
     # (the refund's own notification may have been first).
-    return {**plan, "outcome": "refunded" if left > 0 else "already_refunded", "refunded": answer.refunded,
+    # refund_pending: the processor has not settled it yet; its notification reverses the credits then (or,
+    # refused, raises the refund-failed alert).
+    outcome = "refund_pending" if answer.refunded < payment.charged and answer.refund_pending else \
+        "refunded" if left > 0 else "already_refunded"
+    return {**plan, "outcome": outcome, "refunded": answer.refunded,
             "credits_reversed": reversed_.get("credits_reversed", 0), "credits_reversed_total": total,
             "user_id": reversed_.get("user_id")}
 
@@ -934,6 +967,7 @@ def reverse_refund(container, payment_id: str, refunded_total: int, path: str) -
         if delta <= 0:
             return {"payment_id": payment_id, "outcome": "already_reversed", "credits_reversed": 0}
         apply_credits(uow, bought["user_id"], -delta, f"refund:{payment_id}:{share}", "refund", payment_id, now)
+        review.close_purchase_ended(uow, payment_id, now)  # its row ended refunded while the refund was pending
         alerts.enqueue(uow, container.clock, "analytics", {
             "event": "payment_refunded", "payment_id": payment_id, "user_id": bought["user_id"],
             "refunded_total": share, "credits_reversed": delta, "path": path}, f"analytics:refund:{payment_id}:{share}")

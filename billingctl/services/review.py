@@ -32,6 +32,17 @@ def move(container, uow, payment_id: str, status: str, **values) -> bool:
         # another writer moved it first: judge again against what it wrote
 
 
+def close_purchase_ended(uow, payment_id: str, now) -> bool:
+    """Close the purchase of a payment whose row ended without a subscription (refunded, charged back,
+    handled), credited here and never recorded at the provider, once all its credits are back: nothing
+    will ever record it there (decisions 173, 174). True when closed."""
+    row, bought = uow.orphans.get(payment_id), uow.purchases.by_payment_id(payment_id)
+    if row is None or bought is None or row["status"] not in lifecycle.REVIEW_REFUNDED \
+            or row["resolution"] == "resubscribed" or uow.ledger.reversed_for(payment_id) < int(bought["credits"]):
+        return False
+    return uow.purchases.close(payment_id, row["resolution"] or row["status"], now)
+
+
 def open_row(uow, now, *, payment_id: str, user_id: str | None, subscription_id: str | None,
              item_price_id: str | None, amount, currency_code: str | None, settled_at, status: str = "retrying",
              last_error: str | None = None) -> bool:

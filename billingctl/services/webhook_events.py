@@ -14,7 +14,11 @@ def _payment_key(event_type: str, payment_id: str, status: str, suffix: str = ""
 
 
 def payment_event_id(event_type: str, payment: Payment) -> str:
-    suffix = f":{payment.refunded}" if event_type == "PAYMENT.REFUND" else ""
+    """A refund notification is named by the refunded amount it reports, and a refused refund by how many
+    were refused: each is news once (decision 174)."""
+    suffix = ""
+    if event_type == "PAYMENT.REFUND":
+        suffix = f":{payment.refunded}" + (f":failed{payment.refunds_failed}" if payment.refund_failed else "")
     return _payment_key(event_type, payment.id, payment.status, suffix)
 
 
@@ -40,6 +44,7 @@ def _orchestrator(container, event_type: str, payload: dict) -> dict:
         CAPTURED_STATUSES,
         apply_refund_report,
         record_payment,
+        refund_failed,
         update_transaction_status,
     )
 
@@ -53,6 +58,9 @@ def _orchestrator(container, event_type: str, payload: dict) -> dict:
             return record_payment(container, payment, "webhook")
     if event_type == "PAYMENT.STATUS":
         return update_transaction_status(container, payment)
+    if event_type == "PAYMENT.REFUND" and payment.refund_failed:
+        # Nothing went back with it; what a settled refund did earlier was reported by its own notification.
+        return refund_failed(container, payment)
     if event_type == "PAYMENT.REFUND":
         with container.provider.http.attempts(1):
             return apply_refund_report(container, payment.id, payment.refunded, "webhook")

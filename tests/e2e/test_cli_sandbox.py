@@ -70,6 +70,10 @@ def test_async_charge_and_dispute_verbs(env):
     assert on == {"async_charges": "PENDING"}
     off = json.loads(billingctl(["--json", "sandbox", "async-charges", "off"], env).stdout)
     assert off == {"async_charges": None}
+    assert billingctl(["sandbox", "async-refunds", "LATER"], env).returncode == 3
+    on = json.loads(billingctl(["--json", "sandbox", "async-refunds", "failed"], env).stdout)
+    assert on == {"async_refunds": "FAILED"}
+    assert json.loads(billingctl(["--json", "sandbox", "async-refunds", "off"], env).stdout) == {"async_refunds": None}
     assert billingctl(["sandbox", "finish", "pay_nope"], env).returncode == 3
     assert billingctl(["sandbox", "dispute", "pay_nope"], env).returncode == 3
     for verb in (["capture", "pay_nope"], ["cancel-payment", "pay_nope"], ["dispute-status", "pay_nope", "OPEN"]):

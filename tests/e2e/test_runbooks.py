@@ -323,6 +323,8 @@ def test_runbook_PaymentsHeldForReview(ops):
     book.run("users show USER", USER="user_held")
     book.run("orphans resolve PAYMENT_ID --refund", PAYMENT_ID=charge, R='"captured in part; refunded"')
     book.not_taken_here("orphans resolve PAYMENT_ID --mark-handled", "refunded instead")
+    book.not_taken_here("alerts list", "held for a partial capture, not a refused refund")
+    book.not_taken_here("payments refund PAYMENT_ID", "held in the review queue: resolved there")
     book.followed()
 
     assert ids(ops.cli("orphans", "list", "--state", "needs_review").stdout, "pay_") == []
@@ -332,6 +334,39 @@ def test_runbook_PaymentsHeldForReview(ops):
     ops.sandbox.renew_due()
     ops.cli("renewals", "run")
     assert value(ops.scrape(), "billing_payments_held_total") == value(fired, "billing_payments_held_total")
+
+
+def test_runbook_PaymentsHeldForReview_for_a_refund_the_processor_refused(ops):
+    """Decision 174: an operator's refund is answered pending, then refused by the processor; the
+    notification counts it (`reason="refund_failed"`) and one chat alert names the payment. The runbook
+    finds it and asks again: a new refund, settled; the credits go back once."""
+    _, payment = ops.paid("user_refused")
+    pid = payment["id"]
+    ops.cli("sandbox", "async-refunds", "FAILED")
+    start = ops.scrape()
+    first = ops.cli("--json", "payments", "refund", pid, "--reason", "customer asked", "--yes")
+    assert (first["outcome"], first["credits_reversed"]) == ("refund_pending", 0)
+    ops.cli("sandbox", "clock", "60")  # the processor decides: refused, and PAYMENT.REFUND says so
+    fired = ops.scrape()
+    assert value(fired, "billing_payments_held_total", reason="refund_failed") - value(
+        start, "billing_payments_held_total", reason="refund_failed") == 1
+    ops.cli("sandbox", "async-refunds", "off")
+
+    book = ops.runbook("PaymentsHeldForReview")
+    listed = book.run("alerts list").stdout
+    assert f"Refund of payment {pid} failed at the processor" in listed
+    assert ids(book.run("orphans list --state needs_review").stdout, "pay_") == []  # no row holds it
+    book.run("users show USER", USER="user_refused")
+    book.not_taken_here("orphans show PAYMENT_ID", "no review row")
+    book.run("payments refund PAYMENT_ID", PAYMENT_ID=pid, R='"refused once; asked again"')
+    book.not_taken_here("orphans resolve PAYMENT_ID --refund", "no review row")
+    book.not_taken_here("orphans resolve PAYMENT_ID --mark-handled", "refunded instead")
+    book.followed()
+
+    again = ops.cli("--json", "payments", "refund", pid, "--reason", "checking", "--yes")
+    assert (again["outcome"], again["refunded"], again["credits_reversed_total"]) == (
+        "already_refunded", payment["amount"], 2000)
+    ops.cli("reconcile", "--full")  # exits 0: the books agree
 
 
 def test_runbook_RenewalChargeStuck(ops):

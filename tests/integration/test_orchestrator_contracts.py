@@ -63,6 +63,35 @@ def test_the_payment_status_webhook_as_documented_is_recorded(container):
             == "user_c2"
 
 
+def test_a_refund_notification_saying_the_processor_refused_it_alerts_and_takes_nothing_back(container):
+    """Decision 174: the refund's final state is the latest REFUND transaction's processorStatus; FAILED is
+    news (one alert, counted), and nothing is reversed. Delivered twice, it is one event."""
+    from billingctl.adapters.db.tables import alert_outbox
+    from billingctl.services.payments import REFUND_FAILED_TEXT
+
+    co = create_checkout(container, "user_c2", "credits-pro-USD-monthly")
+    client = create_public_app(container=container).test_client()
+    secret = container.settings.secret("orchestrator_webhook_secret")
+    refused = "webhook_payment_refund_failed.json"
+    for name in ("webhook_payment_status.json", refused, refused):
+        body = contract(name)
+        body["signedAt"] = str(int(time.time()))
+        body["payment"]["orderId"] = body["payment"]["metadata"]["subscription_id"] = co["order_id"]
+        raw = json.dumps(body).encode()
+        response = client.post("/webhooks/orchestrator/payments", data=raw,
+                               headers={"X-Signature-Primary": sign_body(secret, raw)})
+        assert response.status_code == 200, response.get_json()
+    with container.uow() as uow:
+        keys = uow.execute(select(alert_outbox.c.dedupe_key, alert_outbox.c.payload).where(
+            alert_outbox.c.dedupe_key.like("refund-failed:%"))).all()
+        credits = uow.execute(select(purchase.c.credits).where(purchase.c.transaction_id == "pay_contract_2")).scalar()
+        reversed_ = uow.ledger.reversed_for("pay_contract_2")
+    assert [(k, p["text"]) for k, p in keys] == [
+        ("refund-failed:pay_contract_2:1", REFUND_FAILED_TEXT.format(payment_id="pay_contract_2"))]
+    assert credits == 2000 and reversed_ == 0
+    assert container.metrics.registry.get_sample_value("billing_payments_held_total", {"reason": "refund_failed"}) == 1
+
+
 def test_the_dispute_webhook_as_documented_is_recorded(container):
     raw = json.dumps(contract("dispute_opened.json")).encode()
     client = create_public_app(container=container).test_client()
