@@ -178,6 +178,11 @@ class Payment(Open):
         return sum(int(t.amount or 0) for t in self._refunds("PENDING"))
 
     @property
+    def refunding_in_full(self) -> bool:
+        """Refunded in full, or the rest asked for and not yet settled or refused by the processor."""
+        return self.refunded + self.refund_pending >= self.charged > 0
+
+    @property
     def refunds_failed(self) -> int:
         return len(self._refunds("FAILED"))
 

@@ -153,6 +153,7 @@ EXAMPLES = {
     "sandbox clock": "billingctl sandbox clock 3600",
     "sandbox backdating": "billingctl sandbox backdating on",
     "sandbox async-charges": "billingctl sandbox async-charges PENDING",
+    "sandbox async-refunds": "billingctl sandbox async-refunds FAILED",
     "sandbox finish": "billingctl sandbox finish pay_123",
     "sandbox dispute": "billingctl sandbox dispute pay_123",
     "sandbox dispute-status": "billingctl sandbox dispute-status pay_123 LOST --dispute-id dp_1",

@@ -205,6 +205,20 @@ def test_a_second_charge_refunded_in_full_clears_the_order_check(world):
     assert "order_charged_twice" not in checks(world)
 
 
+def test_a_second_charge_is_not_named_while_its_refund_is_pending_and_named_again_once_refused(world):
+    """Decision 174: refunds can take days at the processor; a refund asked for is the fix under way, and a
+    refused one leaves the customer charged twice again."""
+    co, _ = paid(world)
+    second = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    world.c.clock.advance(60)
+    world.sandbox.hold_webhooks()
+    world.sandbox.async_refunds("FAILED")
+    world.sandbox.refund(second["id"])
+    assert "order_charged_twice" not in checks(world)
+    assert world.sandbox.finish_refunds() == [second["id"]]
+    assert "order_charged_twice" in checks(world)
+
+
 def plant_payment_on_two_invoices(world):
     """The orchestrator payment recorded on a second provider invoice (what defect 1 used to leave)."""
     co, payment = paid(world)

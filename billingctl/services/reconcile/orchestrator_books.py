@@ -91,8 +91,9 @@ def _check_order(container, payment, orders: dict, add) -> None:
 
 
 def _fully_refunded(container, payment_id: str) -> bool:
-    """A second charge already refunded in full is resolved: the check clears once the refund is done."""
-    return container.orchestrator.get_payment(payment_id).fully_refunded
+    """A second charge already refunded in full is resolved: the check clears once the refund is done, or
+    asked for and still pending at the processor (a refusal is alerted and named again, decision 174)."""
+    return container.orchestrator.get_payment(payment_id).refunding_in_full
 
 
 def _refunds_notified(container, since) -> list[tuple[str, int, object]]:
