@@ -118,6 +118,12 @@ def _orchestrator(container, user_id: str, books: dict, line) -> dict:
             short = bought is not None and reversed_.get(payment.id, 0) < expected
             line(payment.date, ORCHESTRATOR, f"refunded {payment.refunded} of {payment.charged}",
                  "refund_not_reversed" if short else None, payment=payment.id)
+        if payment.refund_pending:  # asked for, not yet settled or refused by the processor (decision 174)
+            line(payment.date, ORCHESTRATOR, f"refund of {payment.refund_pending} pending at the processor",
+                 payment=payment.id)
+        if payment.refunds_failed:
+            line(payment.date, ORCHESTRATOR, f"{payment.refunds_failed} refund(s) refused by the processor",
+                 payment=payment.id)
     return payments
 
 

@@ -56,3 +56,16 @@ def test_an_id_no_book_knows_is_not_found(one_try_world):
     world = one_try_world
     with pytest.raises(NotFound):
         trace(world.c, "pay_nobody_knows")
+
+
+def test_a_refund_pending_and_one_refused_at_the_processor_are_on_the_timeline(one_try_world):
+    """Decision 174: the customer asks where their refund is; the timeline says what the processor did."""
+    world = one_try_world
+    _, payment = paid(world)
+    world.sandbox.async_refunds("FAILED")
+    world.sandbox.refund(payment["id"], 500)
+    texts = [line["what"] for line in trace(world.c, "user_t")["timeline"] if line["source"] == "orchestrator"]
+    assert "refund of 500 pending at the processor" in texts
+    world.sandbox.finish_refunds()
+    texts = [line["what"] for line in trace(world.c, "user_t")["timeline"] if line["source"] == "orchestrator"]
+    assert "1 refund(s) refused by the processor" in texts and not any("pending" in t for t in texts)

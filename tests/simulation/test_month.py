@@ -142,7 +142,11 @@ class Model:
         if settled:
             p = self.rng.choice(settled)
             share = self.rng.choice([p["amount"], p["amount"] // 3])
-            left = p["amount"] - p["processor"].get("amountRefunded", 0)
+            pending = sum(t["amount"] for t in p.get("transactions") or []
+                          if t["transactionType"] == "REFUND" and t["processorStatus"] == "PENDING")
+            left = p["amount"] - p["processor"].get("amountRefunded", 0) - pending
+            if left <= 0:
+                return
             self.sandbox.refund(p["id"], min(share, left))
             self.note(f"refund {p['id']} {min(share, left)}")
 
@@ -297,6 +301,7 @@ class Model:
         """End of day: faults clear and the jobs run until nothing moves (what the next hours would do)."""
         self.sandbox.store.clear_faults()
         self.sandbox.async_charges(None)
+        self.sandbox.async_refunds(None)  # those already asked for reach their final state as time passes
         self.finish_charges(everything=True)
         self.sandbox.release_webhooks(order="forward")
         for _ in range(3):
@@ -317,8 +322,19 @@ class Model:
         named = {(v["check"], v.get("payment_id")) for v in report["violations"]}
         parked = self.parked_with_a_person()
         assert parked <= named, f"reconcile does not name a purchase parked with a person: {sorted(parked - named)}"
-        unexpected = [v for v in report["violations"] if (v["check"], v.get("payment_id")) not in parked]
+        refused = self.refused_with_a_person()  # what a refused refund left standing may be named (decision 174)
+        unexpected = [v for v in report["violations"] if (v["check"], v.get("payment_id")) not in parked
+                      and not refused & {v.get("payment_id"), *(v.get("payment_ids") or ())}]
         assert not unexpected, f"reconcile reports what the books do not show (a false alarm): {unexpected[:5]}"
+
+    def refused_with_a_person(self) -> set[str]:
+        """Payments whose refund the processor refused, back in a person's queue (decision 174): what the
+        refund was to undo (a second charge, credits on a voided invoice) stands until the person acts, and
+        the refusal was alerted (checked in `violations`)."""
+        with self.c.uow() as uow:
+            return set(uow.execute(select(orphan_recovery.c.payment_id).where(
+                orphan_recovery.c.status.in_(REVIEW_HUMAN),
+                orphan_recovery.c.last_error.like("refund failed at the processor%"))).scalars())
 
     def parked_with_a_person(self) -> set[tuple[str, str]]:
         """What reconcile names by design while a person owns it (decision 129): a purchase of ours, standing
@@ -369,10 +385,17 @@ class Model:
             if int(reversed_.get(p["id"]) or 0) < owed:
                 found.append(f"refunded {refunded} of {p['amount']}, {int(reversed_.get(p['id']) or 0)} of {owed} "
                              f"credits taken back: {p['id']}")
-        live = {}
-        for p in settled:  # no period charged twice (a charge refunded in full no longer counts)
-            if p["processor"].get("amountRefunded", 0) < p["amount"]:
+        live, refused = {}, self.refused_with_a_person()
+        for p in settled:  # no period charged twice (a charge refunded in full no longer counts; nor one whose
+            # refund the processor refused, back with a person)
+            if p["processor"].get("amountRefunded", 0) < p["amount"] and p["id"] not in refused:
                 live.setdefault(p["orderId"], []).append(p["id"])
+        for p in settled:  # every refund the processor refused is alerted once (decision 174)
+            failed = [t for t in p.get("transactions") or [] if t["transactionType"] == "REFUND"
+                      and t["processorStatus"] == "FAILED"]
+            for key in (f"refund-failed:{p['id']}:{n}" for n in range(1, len(failed) + 1)):
+                if chat[key] != 1:
+                    found.append(f"{key}: {chat[key]} alerts")
         found += [f"charged twice: {ids}" for ids in live.values() if len(ids) > 1]
         for row in purchases.values():  # what we recorded, the provider holds as paid
             if row.invoice_id and row.provider_recorded_at and sandbox.invoice(row.invoice_id)["status"] != "paid":
