@@ -322,19 +322,20 @@ class Model:
         named = {(v["check"], v.get("payment_id")) for v in report["violations"]}
         parked = self.parked_with_a_person()
         assert parked <= named, f"reconcile does not name a purchase parked with a person: {sorted(parked - named)}"
-        refused = self.refused_with_a_person()  # what a refused refund left standing may be named (decision 174)
+        held = self.held_by_a_person()  # what such a payment leaves standing may be named
         unexpected = [v for v in report["violations"] if (v["check"], v.get("payment_id")) not in parked
-                      and not refused & {v.get("payment_id"), *(v.get("payment_ids") or ())}]
+                      and not held & {v.get("payment_id"), *(v.get("payment_ids") or ())}]
         assert not unexpected, f"reconcile reports what the books do not show (a false alarm): {unexpected[:5]}"
 
-    def refused_with_a_person(self) -> set[str]:
-        """Payments whose refund the processor refused, back in a person's queue (decision 174): what the
-        refund was to undo (a second charge, credits on a voided invoice) stands until the person acts, and
-        the refusal was alerted (checked in `violations`)."""
+    def held_by_a_person(self) -> set[str]:
+        """Payments in a person's review queue (`needs_review`, `exhausted`), each alerted when it got there:
+        a second charge of one order paid while its customer is frozen, a refund the processor refused
+        (decision 174). What the person has to undo stands until they act, and reconcile may name it every
+        day meanwhile. Found when the exploration first paid often (2026-11-27): a payment form paid twice,
+        the second charge held because the customer was frozen in between."""
         with self.c.uow() as uow:
             return set(uow.execute(select(orphan_recovery.c.payment_id).where(
-                orphan_recovery.c.status.in_(REVIEW_HUMAN),
-                orphan_recovery.c.last_error.like("refund failed at the processor%"))).scalars())
+                orphan_recovery.c.status.in_(REVIEW_HUMAN))).scalars())
 
     def parked_with_a_person(self) -> set[tuple[str, str]]:
         """What reconcile names by design while a person owns it (decision 129): a purchase of ours, standing
@@ -385,10 +386,10 @@ class Model:
             if int(reversed_.get(p["id"]) or 0) < owed:
                 found.append(f"refunded {refunded} of {p['amount']}, {int(reversed_.get(p['id']) or 0)} of {owed} "
                              f"credits taken back: {p['id']}")
-        live, refused = {}, self.refused_with_a_person()
-        for p in settled:  # no period charged twice (a charge refunded in full no longer counts; nor one whose
-            # refund the processor refused, back with a person)
-            if p["processor"].get("amountRefunded", 0) < p["amount"] and p["id"] not in refused:
+        live, held = {}, self.held_by_a_person()
+        for p in settled:  # no period charged twice (a charge refunded in full no longer counts; nor one a
+            # person holds, alerted)
+            if p["processor"].get("amountRefunded", 0) < p["amount"] and p["id"] not in held:
                 live.setdefault(p["orderId"], []).append(p["id"])
         for p in settled:  # every refund the processor refused is alerted once (decision 174)
             failed = [t for t in p.get("transactions") or [] if t["transactionType"] == "REFUND"
