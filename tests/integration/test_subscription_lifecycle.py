@@ -168,12 +168,15 @@ def test_a_term_paid_at_the_provider_in_two_parts_is_credited_once_and_never_pos
     assert co["subscription_id"]
 
 
-def test_a_payment_entered_at_the_provider_and_read_hours_later_is_no_false_alarm_for_reconcile(world):
+@pytest.mark.parametrize("reference", ["CHEQUE-0003", "cheque 0003"])
+def test_a_payment_entered_at_the_provider_and_read_hours_later_is_no_false_alarm_for_reconcile(world, reference):
     """The cheque's transaction is dated when finance entered it; we read its event hours later, after a
     daily reconcile. The purchase was marked recorded at the provider with our time, six hours after the
     provider's record; reconcile finds a recorded purchase's transaction by that time (the same mark after a
     record retried past a crash was a false alarm, tests/reliability/test_crashes.py). The mark carries the
-    provider's time (the transaction's date), as the confirmations and our own records now do."""
+    provider's time (the transaction's date), as the confirmations and our own records now do. A reference
+    typed as free text ("cheque 0003") is no id of ours: the payment is the provider's transaction, and
+    reconcile found it by the text (found by the exploration, 2026-11-27)."""
     from sqlalchemy import select
 
     from billingctl.adapters.db.tables import purchase
@@ -184,7 +187,8 @@ def test_a_payment_entered_at_the_provider_and_read_hours_later_is_no_false_alar
     subscribed(world)
     month_passes(world)
     invoice = world.sandbox.renew_due()[0]
-    paid = world.sandbox.record_payment(invoice["id"], invoice["total"], "CHEQUE-0003", payment_method="check")
+    paid = world.sandbox.record_payment(invoice["id"], invoice["total"], reference, payment_method="check")
+    payment_id = reference if reference == "CHEQUE-0003" else paid["transaction"]["id"]
     advance_with_sandbox(world.c, 3 * 3600)
     reconcile(world.c)  # the daily run, before the poll reads the cheque
     advance_with_sandbox(world.c, 3 * 3600)
@@ -192,7 +196,7 @@ def test_a_payment_entered_at_the_provider_and_read_hours_later_is_no_false_alar
     assert world.credits() == 2000 + 2000
     with world.c.uow() as uow:
         marked = uow.execute(select(purchase.c.provider_recorded_at).where(
-            purchase.c.transaction_id == "CHEQUE-0003")).scalar_one()
+            purchase.c.transaction_id == payment_id)).scalar_one()
     assert abs(marked.timestamp() - paid["transaction"]["date"]) < 60
     advance_with_sandbox(world.c, 3600)
     assert "recorded_not_on_provider_invoice" not in {v["check"] for v in reconcile(world.c)["violations"]}
