@@ -118,8 +118,12 @@ def serve(path: str, alive: int) -> None:
     gc.collect()
     gc.freeze()  # what the imports made is never collected in a run, nor copied by its collections
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-    listener.bind(path)
+    # The worker waits for the path to appear: bound under another name and renamed once it listens, so a
+    # connect never lands between bind and listen (ECONNREFUSED; a CI run's first CLI call on one worker,
+    # 2026-11-27).
+    listener.bind(f"{path}.binding")
     listener.listen(64)
+    os.rename(f"{path}.binding", path)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "request")
     selector.register(alive, selectors.EVENT_READ, "alive")
