@@ -187,12 +187,6 @@ class Payment(Open):
         return len(self._refunds("FAILED"))
 
     @property
-    def refund_failed(self) -> bool:
-        """The latest refund reached its final state refused (a PAYMENT.REFUND notification's news)."""
-        refunds = [t for t in self.transactions if t.transaction_type == "REFUND"]
-        return bool(refunds) and refunds[-1].processor_status == "FAILED"
-
-    @property
     def settled_at(self) -> datetime | None:
         from billingctl.domain.clock import parse_time
 

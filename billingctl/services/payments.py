@@ -647,11 +647,14 @@ def refund(container, payment_id: str, reason: str = "duplicate charge") -> Paym
 
 
 def refund_failed(container, payment: Payment) -> dict:
-    """The processor refused a refund (PAYMENT.REFUND, its latest REFUND transaction FAILED): the money is
-    still with us, and whoever asked for it has moved on. One chat alert per refused refund; a review row
-    that ended with this refund (a same-plan duplicate, `orphans resolve --refund`, a voided invoice's
-    payment) goes back to a person (`needs_review`), who refunds it again or decides otherwise. Its credits
-    were never reversed (only a settled refund reverses them) (decision 174)."""
+    """The processor refused a refund (PAYMENT.REFUND with a REFUND transaction FAILED): the money is still
+    with us, and whoever asked for it has moved on. One chat alert per refused refund (each refusal the
+    payment carries, whichever refund the notification is about: two refunds in flight end in any order);
+    a review row that ended with a refund (a same-plan duplicate, `orphans resolve --refund`, a voided
+    invoice's payment) goes back to a person (`needs_review`) unless the payment is refunded in full after
+    all, who refunds it again or decides otherwise. Its credits were never reversed (only a settled refund
+    reverses them) (decision 174)."""
+    new = 0
     with container.uow() as uow:
         held = uow.orphans.get(payment.id)
         reopen = (held is not None and held["status"] in lifecycle.REVIEW_REFUNDED
@@ -659,13 +662,15 @@ def refund_failed(container, payment: Payment) -> dict:
         if reopen:
             review.move(container, uow, payment.id, "needs_review", next_attempt_at=None, resolution=None,
                         last_error=f"refund failed at the processor ({payment.refunds_failed} refused)")
-        alerts.raise_alert(uow, container.clock, REFUND_FAILED_TEXT.format(payment_id=payment.id),
-                           f"refund-failed:{payment.id}:{payment.refunds_failed}", payment_id=payment.id,
-                           user_id=payment.user_id, refunded=payment.refunded, amount=payment.charged,
-                           review="needs_review" if reopen else (held["status"] if held else None))
+        for n in range(1, payment.refunds_failed + 1):
+            new += alerts.raise_alert(uow, container.clock, REFUND_FAILED_TEXT.format(payment_id=payment.id),
+                                      f"refund-failed:{payment.id}:{n}", payment_id=payment.id,
+                                      user_id=payment.user_id, refunded=payment.refunded, amount=payment.charged,
+                                      review="needs_review" if reopen else (held["status"] if held else None))
         uow.commit()
-    container.metrics.payments_held.labels(reason="refund_failed").inc()  # PaymentsHeldForReview
-    log.error(REFUND_FAILED_TEXT.format(payment_id=payment.id), extra={"payment_id": payment.id})
+    if new:
+        container.metrics.payments_held.labels(reason="refund_failed").inc(new)  # PaymentsHeldForReview
+        log.error(REFUND_FAILED_TEXT.format(payment_id=payment.id), extra={"payment_id": payment.id})
     return {"payment_id": payment.id, "outcome": "refund_failed", "reopened": reopen}
 
 

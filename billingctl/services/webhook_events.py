@@ -18,7 +18,7 @@ def payment_event_id(event_type: str, payment: Payment) -> str:
     were refused: each is news once (decision 174)."""
     suffix = ""
     if event_type == "PAYMENT.REFUND":
-        suffix = f":{payment.refunded}" + (f":failed{payment.refunds_failed}" if payment.refund_failed else "")
+        suffix = f":{payment.refunded}" + (f":failed{payment.refunds_failed}" if payment.refunds_failed else "")
     return _payment_key(event_type, payment.id, payment.status, suffix)
 
 
@@ -58,9 +58,14 @@ def _orchestrator(container, event_type: str, payload: dict) -> dict:
             return record_payment(container, payment, "webhook")
     if event_type == "PAYMENT.STATUS":
         return update_transaction_status(container, payment)
-    if event_type == "PAYMENT.REFUND" and payment.refund_failed:
-        # Nothing went back with it; what a settled refund did earlier was reported by its own notification.
-        return refund_failed(container, payment)
+    if event_type == "PAYMENT.REFUND" and payment.refunds_failed:
+        # Each refusal it carries is alerted once; what settled refunds returned is taken back as usual (an
+        # unrecorded payment nothing returned for is left to its own paths).
+        refused = refund_failed(container, payment)
+        if payment.refunded:
+            with container.provider.http.attempts(1):
+                refused["refund"] = apply_refund_report(container, payment.id, payment.refunded, "webhook")
+        return refused
     if event_type == "PAYMENT.REFUND":
         with container.provider.http.attempts(1):
             return apply_refund_report(container, payment.id, payment.refunded, "webhook")

@@ -108,3 +108,20 @@ def test_a_credited_orphans_purchase_closes_when_its_pending_refund_settles(worl
     assert world.credits("user_k") == 0 and _closed(world, pid) == ("refunded", None)
     world.advance(2 * 3600)
     assert reconcile(world.c, full=True)["violations"] == []
+
+
+def test_two_refunds_in_flight_that_end_in_either_order_each_count_and_the_refused_one_is_alerted(world):
+    """Found by the exploration (2026-11-27): a refund refused while a later one was still pending was
+    never alerted: its notification's most recent REFUND transaction (the pending one) was not FAILED, the
+    only one Primer's reference says to check."""
+    payment = world.sandbox.pay(world.checkout("user_t")["order_id"])
+    pid = payment["id"]
+    world.sandbox.async_refunds("FAILED")
+    world.sandbox.refund(pid, 500)
+    world.sandbox.async_refunds("SETTLED")
+    world.sandbox.refund(pid, 500)
+    the_processor_decides(world)  # the refused one ends first, then the settled one
+    assert refunds_at_the_orchestrator(world, pid) == ([(500, "FAILED"), (500, "SETTLED")], 500)
+    assert chat(world, pid) == [(f"refund-failed:{pid}:1", REFUND_FAILED_TEXT.format(payment_id=pid))]
+    assert world.credits("user_t") == 2000 - 2000 * 500 // payment["amount"]
+    assert held_metric(world) == 1
