@@ -690,6 +690,7 @@ class Sandbox:
                 "processorDisputeId": f"dp_{uuid.uuid4().hex[:10]}", "paymentId": payment_id,
                 "transactionId": f"tr_{payment_id}", "orderId": payment.get("orderId"),
                 "primerAccountId": "acc_sandbox"}
+        self._keep_dispute(body, "DISPUTE", "OPEN")
         status = self._deliver_raw("/webhooks/orchestrator/disputes", json.dumps(body).encode())
         return {"dispute": body, "delivered": status}
 
@@ -705,8 +706,21 @@ class Sandbox:
                 "processorDisputeId": dispute_id or f"dp_{uuid.uuid4().hex[:10]}",
                 "receivedAt": datetime.fromtimestamp(self.now(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 "amount": payment["amount"], "currency": payment["currencyCode"]}
+        self._keep_dispute(body, kind, status)
         code = self._deliver_raw("/webhooks/orchestrator/disputes", json.dumps(body).encode())
         return {"dispute": body, "delivered": code}
+
+    def _keep_dispute(self, body: dict, kind: str, status: str) -> None:
+        """The processor's side of a dispute, whether or not its notification arrives: its latest type and
+        status. The sandbox's own record, kept for tests (Primer's API has no dispute resource)."""
+        self.store.put("dispute", body["processorDisputeId"], {"id": body["processorDisputeId"], "paymentId":
+                                                                body["paymentId"], "type": kind, "status": status})
+
+    def charged_back(self) -> set[str]:
+        """The payments whose money a chargeback returned: a dispute lost, or accepted or let expire by
+        the merchant (a retrieval is an inquiry and returns nothing)."""
+        return {d["paymentId"] for d in self.store.all("dispute") if d["status"] == "LOST"
+                or (d["type"] != "RETRIEVAL" and d["status"] in ("ACCEPTED", "EXPIRED"))}
 
     # ---- webhooks to the billing service -------------------------------------------------------
     def webhook_body(self, event_type: str, payment: dict) -> bytes:

@@ -219,6 +219,20 @@ def test_a_second_charge_is_not_named_while_its_refund_is_pending_and_named_agai
     assert "order_charged_twice" in checks(world)
 
 
+@pytest.mark.parametrize("disputed", ["second", "first"])
+def test_a_charge_of_a_paid_twice_order_taken_back_by_a_lost_chargeback_clears_the_order_check(world, disputed):
+    """A lost chargeback returns the money as a full refund does: the customer paid once. Found by the
+    exploration (decision 176): a chargeback on one of two charges was named every day."""
+    co, first = paid(world)
+    second = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    world.c.clock.advance(60)
+    taken_back = second if disputed == "second" else first
+    world.sandbox.dispute_status(taken_back["id"], "WON")  # a chargeback the merchant won returns nothing
+    assert "order_charged_twice" in checks(world)
+    world.sandbox.dispute_status(taken_back["id"], "LOST")
+    assert "order_charged_twice" not in checks(world)
+
+
 def plant_payment_on_two_invoices(world):
     """The orchestrator payment recorded on a second provider invoice (what defect 1 used to leave)."""
     co, payment = paid(world)

@@ -380,15 +380,18 @@ class Model:
         for user, balance in balances.items():  # credits equal the ledger
             if int(balance) != int(sums.get(user) or 0):
                 found.append(f"credits differ from the ledger for {user}")
+        charged_back = sandbox.charged_back()
         for p in settled:  # what the orchestrator refunded is taken back: the refunded share of the credits
+            # (all of them once a chargeback returned the money)
             row, refunded = purchases.get(p["id"]), min(p["processor"].get("amountRefunded", 0), p["amount"])
+            refunded = p["amount"] if p["id"] in charged_back else refunded
             owed = row.credits * refunded // p["amount"] if row is not None and p["amount"] else 0
             if int(reversed_.get(p["id"]) or 0) < owed:
                 found.append(f"refunded {refunded} of {p['amount']}, {int(reversed_.get(p['id']) or 0)} of {owed} "
                              f"credits taken back: {p['id']}")
-        live, held = {}, self.held_by_a_person()
-        for p in settled:  # no period charged twice (a charge refunded in full no longer counts; nor one a
-            # person holds, alerted)
+        live, held = {}, self.held_by_a_person() | charged_back
+        for p in settled:  # no period charged twice (a charge refunded in full or charged back no longer
+            # counts; nor one a person holds, alerted)
             if p["processor"].get("amountRefunded", 0) < p["amount"] and p["id"] not in held:
                 live.setdefault(p["orderId"], []).append(p["id"])
         for p in settled:  # every refund the processor refused is alerted once (decision 174)

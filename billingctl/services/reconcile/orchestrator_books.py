@@ -85,14 +85,19 @@ def _check_order(container, payment, orders: dict, add) -> None:
     if not order:
         return
     first = orders.setdefault(order, payment.id)
-    if first != payment.id and not (_fully_refunded(container, payment.id) or _fully_refunded(container, first)):
+    if first != payment.id and not (_returned(container, payment.id) or _returned(container, first)):
         add("order_charged_twice", {"payment_id": payment.id, "order_id": order, "payment_ids": [first, payment.id],
                                     "detail": "a second settled payment for one order"})
 
 
-def _fully_refunded(container, payment_id: str) -> bool:
-    """A second charge already refunded in full is resolved: the check clears once the refund is done, or
-    asked for and still pending at the processor (a refusal is alerted and named again, decision 174)."""
+def _returned(container, payment_id: str) -> bool:
+    """A charge whose money went back is resolved: refunded in full (or the refund asked for and still
+    pending at the processor; a refusal is alerted and named again, decision 174), or charged back by a
+    lost dispute (decision 176)."""
+    with container.uow(autocommit=True) as uow:
+        disputed = uow.disputes.deciding(payment_id)
+    if disputed is not None and disputed["state"] == "lost":
+        return True
     return container.orchestrator.get_payment(payment_id).refunding_in_full
 
 
