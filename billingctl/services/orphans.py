@@ -497,17 +497,15 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
 
 
 def _refuse_a_frozen_account(container, user_id: str | None, payment_id: str) -> None:
-    """A frozen account is credited nothing (spec section 4): the recovery path records without recording's
-    gates, so a subscription for a frozen customer's payment waits for the unfreeze (found by the model-based
-    exploration: credits after the freeze)."""
+    """A frozen account is credited nothing (spec section 4): a subscription for a frozen customer's payment
+    waits for the unfreeze, refused before anything is created (found by the model-based exploration: credits
+    after the freeze). Recording reads the freeze again under the user's row (decision 177)."""
     if not user_id:
         return
     with container.uow(autocommit=True) as uow:
         frozen = uow.users.frozen_at(user_id)
     if frozen is not None:
-        raise e.Refused(f"user {user_id} is frozen: unfreeze them first (billingctl users unfreeze {user_id} "
-                        f"--reason R --yes), or refund the payment (billingctl orphans resolve {payment_id} "
-                        f"--refund --reason R --yes)")
+        raise review.frozen_refusal(user_id, payment_id)
 
 
 def _refuse_a_kept_second_charge(container, payment: Payment, action: str) -> None:

@@ -231,9 +231,13 @@ def _left_to_orphan_recovery(facts: PaymentFacts, message: str) -> dict:
 def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment) -> dict:
     now = container.clock.now()
     with container.uow() as uow:
+        # The gates first: they take the user's row, as the quota's reservation does before its own writes.
+        cancelled, frozen, same_plan, known = _unrecorded_gates(uow, facts)  # holds the user's row
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
-        cancelled, frozen, same_plan, known = _unrecorded_gates(uow, facts) if path != "orphan_recovery" else \
-            (False, False, False, False)
+        if path == "orphan_recovery":  # recovery decided the rest; a freeze made meanwhile still holds
+            if frozen:  # (decision 177): the attempt fails, and the next one holds the payment for a person
+                raise review.frozen_refusal(facts.user_id, facts.payment_id)
+            cancelled = same_plan = False
         if same_plan and not is_renewal_payment(payment) and not cancelled and not frozen:
             # A second checkout of a plan the customer already holds live, or a checkout paid twice (two
             # tabs of one payment form): the same-plan duplicate path of orphan recovery refunds it with one

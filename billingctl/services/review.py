@@ -12,6 +12,15 @@ from billingctl.services.lifecycles import report_illegal
 FROZEN = "user is frozen"
 
 
+def frozen_refusal(user_id: str, payment_id: str):
+    """What a person is told when a frozen customer's payment would be credited: the two ways out."""
+    from billingctl.domain import errors as e
+
+    return e.Refused(f"user {user_id} is frozen: unfreeze them first (billingctl users unfreeze {user_id} "
+                     f"--reason R --yes), or refund the payment (billingctl orphans resolve {payment_id} "
+                     f"--refund --reason R --yes)")
+
+
 def move(container, uow, payment_id: str, status: str, **values) -> bool:
     """Every status a review row takes after it opens goes through here (domain.lifecycle.ORPHAN): an
     allowed step is written by a conditional update; a row already there only takes the new values; a

@@ -147,7 +147,7 @@ def test_reconcile_exits_5_naming_the_money_path_checks(container, env):
     now = container.clock.now()
     with container.uow() as uow:
         uow.execute(update(users).where(users.c.id == "user_f").values(frozen_at=now - timedelta(days=1),
-                                                                       frozen_reason="fraud"))
+                                                                       frozen_reason="fraud", frozen_ledger_id=0))
         uow.execute(update(purchase).where(purchase.c.transaction_id == payment["id"]).values(
             provider_recorded_at=None, created_at=now - timedelta(hours=2)))
         for i in range(6):

@@ -59,6 +59,56 @@ def test_a_payment_settled_after_a_freeze_is_held_for_review_then_recorded_once_
     assert [i["status"] for i in invoices] == ["paid"]
 
 
+def test_a_freeze_made_while_a_payment_is_being_recorded_comes_after_its_credit(world, monkeypatch):
+    """Decision 177: recording read the freeze gate without holding the user's row, so an operator's freeze
+    committed between that read and the write left a credit after the freeze (PostgreSQL; SQLite serializes
+    writers). The gate now holds the row: the freeze waits for the payment, and falls after its credit."""
+    import threading
+
+    from billingctl.services import payments
+    from billingctl.services.reconcile import reconcile
+
+    co = world.checkout()
+    payment = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    froze = threading.Thread(target=freeze, args=(world.c, "user_a", "fraud review", "ops"))
+    gates = payments._unrecorded_gates
+
+    def gates_then_a_freeze(uow, facts):
+        answer = gates(uow, facts)
+        froze.start()  # the operator's freeze, on another connection, while this payment is being recorded
+        froze.join(timeout=1)
+        return answer
+
+    monkeypatch.setattr(payments, "_unrecorded_gates", gates_then_a_freeze)
+    assert payments.record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
+    froze.join()
+    assert world.credits() == 2000
+    with world.c.uow() as uow:
+        assert uow.users.frozen_at("user_a") is not None
+    assert "credits_after_freeze" not in {v["check"] for v in reconcile(world.c)["violations"]}
+
+
+def test_a_payment_recorded_while_a_freeze_is_being_made_waits_for_it_and_is_held(world):
+    """Decision 177, the other order: the freeze holds the user's row; the payment's gate waits for it and
+    reads the freeze (the latest row, not the one its statement started with)."""
+    import threading
+
+    from billingctl.services.payments import record_payment
+
+    co = world.checkout()
+    payment = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    outcomes = []
+    recording = threading.Thread(target=lambda: outcomes.append(
+        record_payment(world.c, payment, "settled_poller")["outcome"]))
+    with world.c.uow() as uow:
+        assert uow.users.freeze("user_a", world.c.clock.now(), "fraud review")
+        recording.start()
+        recording.join(timeout=1)
+        uow.commit()
+    recording.join()
+    assert outcomes == ["held_frozen"] and world.credits() == 0 and world.purchases(payment["id"]) == 0
+
+
 def test_a_renewal_settled_after_a_freeze_is_held_with_its_own_facts(world):
     """The user's earlier purchase does not let a later payment past the freeze: only this payment's own
     purchase would. The held row keeps the payment's amount, currency and settle time (not the time it

@@ -267,6 +267,31 @@ def test_an_operator_cannot_give_a_frozen_users_payment_a_subscription_until_the
     assert world.purchases(payment["id"]) == 1 and world.credits("user_z") == 2000
 
 
+def test_a_freeze_made_while_recovery_re_subscribes_holds_the_payment_and_credits_nothing(world, monkeypatch):
+    """Decision 177: recovery read the freeze once, then re-subscribed at the provider and recorded without
+    recording's gates; a freeze made meanwhile was credited past. Recording now reads the freeze under the
+    user's row on every path: the attempt fails, and the next one holds the payment for a person."""
+    from billingctl.services.users import freeze
+
+    _, payment = orphan(world, "user_z")
+    record = orphans.record_payment
+
+    def a_freeze_first(container, settled, path):
+        freeze(world.c, "user_z", "fraud review", "ops")  # the operator, while recovery talks to the provider
+        return record(container, settled, path)
+
+    monkeypatch.setattr(orphans, "record_payment", a_freeze_first)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"retrying": 1}
+    assert row(world, payment["id"])["last_error"] == (
+        f"user user_z is frozen: unfreeze them first (billingctl users unfreeze user_z --reason R --yes), "
+        f"or refund the payment (billingctl orphans resolve {payment['id']} --refund --reason R --yes)")
+    assert world.credits("user_z") == 0 and world.purchases(payment["id"]) == 0
+    monkeypatch.undo()
+    assert orphans.retry(world.c, payment["id"], "ops")["outcome"] == "needs_review"
+    assert world.credits("user_z") == 0 and world.purchases(payment["id"]) == 0
+    assert [key for key, _ in chat_alerts(world)] == [f"frozen-payment:{payment['id']}"]
+
+
 def test_a_non_renewing_subscription_of_the_plan_makes_the_orphan_a_duplicate(world):
     held = world.checkout()
     world.sandbox.pay(held["order_id"])

@@ -101,7 +101,7 @@ def plant_credits_after_freeze(world):
     now = world.c.clock.now()
     with world.c.uow() as uow:
         uow.execute(update(users).where(users.c.id == "user_a").values(frozen_at=now - timedelta(hours=1),
-                                                                       frozen_reason="fraud"))
+                                                                       frozen_reason="fraud", frozen_ledger_id=0))
         uow.commit()
 
 
@@ -231,6 +231,24 @@ def test_a_charge_of_a_paid_twice_order_taken_back_by_a_lost_chargeback_clears_t
     assert "order_charged_twice" in checks(world)
     world.sandbox.dispute_status(taken_back["id"], "LOST")
     assert "order_charged_twice" not in checks(world)
+
+
+def test_a_freeze_stamped_by_a_clock_behind_the_credits_is_no_false_alarm_and_a_credit_after_it_is_named(world):
+    """Decision 177, found by the exploration: the operator's host runs 90 s behind the webhook worker's, so
+    a freeze made after a payment was credited is stamped before it; "credited after the freeze" is read by
+    the ledger's order, and a credit written after the freeze by a clock further behind is still named."""
+    from billingctl.services.users import freeze
+
+    paid(world)
+    world.c.clock.advance(-90)
+    freeze(world.c, "user_a", "fraud review", "ops")
+    assert "credits_after_freeze" not in checks(world)
+    world.c.clock.advance(-60)
+    with world.c.uow() as uow:
+        uow.ledger.apply("user_a", 5, "planted:after-freeze", "payment", None, world.c.clock.now())
+        uow.commit()
+    [named] = [v for v in reconcile(world.c)["violations"] if v["check"] == "credits_after_freeze"]
+    assert named["user_id"] == "user_a" and named["detail"] == "credits applied after the account was frozen"
 
 
 def plant_payment_on_two_invoices(world):

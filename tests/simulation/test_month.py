@@ -66,6 +66,9 @@ class Model:
     open_checkouts: list[dict] = field(default_factory=list)
     users: list[str] = field(default_factory=lambda: [f"sim_{n}" for n in range(6)] + list(WALLET_USERS))
     frozen: set[str] = field(default_factory=set)
+    # Each frozen user's last ledger row when the model froze them: a row after it is a credit after the
+    # freeze, by the order things happened in, not by the clock that stamped them (decision 177).
+    frozen_after: dict[str, int] = field(default_factory=dict)
     disputes: list[str] = field(default_factory=list)  # the dispute ids the orchestrator delivered
     tick: int = TICK
     # Seconds our clock runs ahead of the sandbox's (negative: behind): the provider's clock is not ours
@@ -162,8 +165,25 @@ class Model:
             freeze(self.c, user, "simulated fraud review", "sim")
         except e.NotFound:
             return
-        self.frozen.add(user)
+        self.froze(user)
         self.note(f"freeze {user}")
+
+    def froze(self, user: str) -> None:
+        """A freeze was asked for: where it falls in the user's ledger, once our books say frozen."""
+        with self.c.uow() as uow:
+            frozen = uow.users.frozen_at(user) is not None
+            last = uow.execute(select(func.coalesce(func.max(credit_ledger.c.id), 0)).where(
+                credit_ledger.c.user_id == user)).scalar_one()
+        if frozen:
+            self.frozen.add(user)
+            self.frozen_after.setdefault(user, int(last))
+
+    def unfroze(self, user: str) -> None:
+        with self.c.uow() as uow:
+            frozen = uow.users.frozen_at(user) is not None
+        if not frozen:
+            self.frozen.discard(user)
+            self.frozen_after.pop(user, None)
 
     def outage(self) -> None:
         system = self.rng.choice(["provider", "orchestrator"])
@@ -359,9 +379,7 @@ class Model:
             balances = dict(uow.execute(select(users.c.id, users.c.credits)).all())
             sums = dict(uow.execute(select(credit_ledger.c.user_id, func.sum(credit_ledger.c.amount))
                                     .group_by(credit_ledger.c.user_id)).all())
-            frozen_at = dict(uow.execute(select(users.c.id, users.c.frozen_at).where(
-                users.c.frozen_at.is_not(None))).all())
-            late_credits = uow.execute(select(credit_ledger.c.user_id, credit_ledger.c.created_at).where(
+            late_credits = uow.execute(select(credit_ledger.c.user_id, credit_ledger.c.id).where(
                 credit_ledger.c.amount > 0)).all()
             credited = set(uow.execute(select(credit_ledger.c.payment_id).where(
                 credit_ledger.c.reason == "payment")).scalars())
@@ -418,8 +436,8 @@ class Model:
         found += [f"one term credited {n} times: {invoice} by " + ", ".join(
             f"{r.transaction_id} (subscription {r.subscription_id}, recorded {r.created_at:%m-%d %H:%M:%S})"
             for r in purchases.values() if r.invoice_id == invoice) for invoice, n in standing.items() if n > 1]
-        for user, created in late_credits:  # nothing credited after a freeze
-            if user in frozen_at and created > frozen_at[user]:
+        for user, ledger_id in late_credits:  # nothing credited after a freeze
+            if user in self.frozen_after and ledger_id > self.frozen_after[user]:
                 found.append(f"credited after the freeze: {user}")
         # Every orphan is resolved within its schedule (ten attempts, each at most one run of the orphans
         # job after the last) or exhausted with exactly one alert.

@@ -207,7 +207,7 @@ def _checks(now, limits: Limits, since=None) -> list[Check]:
               select(credit_ledger.c.id, credit_ledger.c.user_id, credit_ledger.c.payment_id)
               .join(users, users.c.id == credit_ledger.c.user_id)
               .where(users.c.frozen_at.is_not(None), credit_ledger.c.amount > 0,
-                     credit_ledger.c.created_at > users.c.frozen_at),
+                     credit_ledger.c.id > users.c.frozen_ledger_id),  # by the ledger's order (decision 177)
               lambda r: {"ledger_id": r.id, "user_id": r.user_id, "payment_id": r.payment_id,
                          "detail": "credits applied after the account was frozen"}),
         # A renewal charge in flight past its age limit (the renewal tick captures, cancels or escalates it

@@ -72,9 +72,9 @@ class Purchases(Repository):
                             ).first() is not None
 
     def gates(self, payment_id: str, subscription_id: str, user_id: str, item_price_id: str | None = None):
-        """One read: the subscription's status, the user's frozen_at, whether the payment is bought,
-        whether the user holds another live (active or non-renewing) subscription of the same plan, and
-        whether the user's row exists."""
+        """One read, holding the user's row: the subscription's status, the user's frozen_at, whether the
+        payment is bought, whether the user holds another live (active or non-renewing) subscription of the
+        same plan, and whether the user's row exists."""
         return self.uow.first(on_driver(_gates_statement()), {
             "payment_id": str(payment_id), "subscription_id": str(subscription_id), "user_id": str(user_id),
             "item_price_id": item_price_id or ""})
@@ -271,7 +271,9 @@ def _gates_statement():
     """The new payment's gates read, built once (issue 39 item 4: no statement construction per payment)."""
     payment_id, subscription_id, user_id = bindparam("payment_id"), bindparam("subscription_id"), bindparam("user_id")
     status = select(subscription.c.status).where(subscription.c.id == subscription_id).scalar_subquery()
-    frozen = select(users.c.frozen_at).where(users.c.id == user_id).scalar_subquery()
+    # The user's row is held from here to the commit (FOR UPDATE; SQLite serializes writers): a freeze
+    # either came first and is seen, or waits and falls after this payment's credit (decision 177).
+    frozen = select(users.c.frozen_at).where(users.c.id == user_id).with_for_update().scalar_subquery()
     bought = select(purchase.c.id).where(purchase.c.transaction_id == payment_id).exists()
     same_plan = select(subscription.c.id).where(
         subscription.c.customer_id == user_id, subscription.c.item_price_id == bindparam("item_price_id"),

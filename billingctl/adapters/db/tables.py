@@ -43,6 +43,9 @@ users = Table(
     Column("credits", BigInteger, nullable=False, server_default=text("0")),
     _ts("frozen_at"),
     Column("frozen_reason", Text),
+    # The user's last credit-ledger row when the freeze took effect (0: none): a credit written after the
+    # freeze has a greater id, whatever the clocks of the hosts that wrote them said (decision 177).
+    Column("frozen_ledger_id", BigInteger),
     Column("idv_status", String(32)),
     _ts("idv_updated_at"),
     _ts("deleted_at"),

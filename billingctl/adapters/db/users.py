@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import login_attempt, users
+from billingctl.adapters.db.tables import credit_ledger, login_attempt, users
 
 
 class Users(Repository):
@@ -29,12 +29,18 @@ class Users(Repository):
         return self.execute(select(users.c.frozen_at).where(users.c.id == user_id)).first()
 
     def freeze(self, user_id: str, now, reason: str) -> bool:
+        """Freeze once, and mark where the freeze falls in the user's credit ledger: the row is locked first
+        (a payment being credited holds it, decision 177), so the next statement sees every credit written
+        before the freeze, and none can follow it unseen."""
+        self.lock(user_id)
+        last = select(func.coalesce(func.max(credit_ledger.c.id), 0)).where(
+            credit_ledger.c.user_id == user_id).scalar_subquery()
         return self.execute(update(users).where(users.c.id == user_id, users.c.frozen_at.is_(None)).values(
-            frozen_at=now, frozen_reason=reason)).rowcount == 1
+            frozen_at=now, frozen_reason=reason, frozen_ledger_id=last)).rowcount == 1
 
     def unfreeze(self, user_id: str) -> bool:
         return self.execute(update(users).where(users.c.id == user_id, users.c.frozen_at.is_not(None)).values(
-            frozen_at=None, frozen_reason=None)).rowcount == 1
+            frozen_at=None, frozen_reason=None, frozen_ledger_id=None)).rowcount == 1
 
     def add_credits(self, user_id: str, amount: int) -> None:
         self.execute(update(users).where(users.c.id == user_id).values(credits=users.c.credits + amount))
