@@ -23,12 +23,13 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import func, select
 
-from billingctl.adapters.db.tables import credit_ledger, orphan_recovery, purchase
+from billingctl.adapters.db.tables import credit_ledger, orphan_recovery, purchase, users
 from billingctl.bootstrap import Container
 from billingctl.domain.clock import ManualClock
 from billingctl.domain.errors import AlreadySubscribed
 from billingctl.domain.lifecycle import ORPHAN
 from billingctl.services import events, orphans
+from billingctl.services import users as users_service
 from billingctl.services.checkout import create_checkout
 from billingctl.services.payments import record_payment, retry_pending
 from billingctl.services.sync import cancel_subscription, sync_subscription
@@ -130,12 +131,15 @@ class Billing(RuleBasedStateMachine):
         if left > 0:
             self.sandbox.refund(payment_id, left // 2 if partial and left > 1 else left)
 
-    @rule(payment_id=payments)
-    def concurrent_mix(self, payment_id):
+    @rule(payment_id=payments, freeze=st.booleans())
+    def concurrent_mix(self, payment_id, freeze):
+        """The payment's webhook, both pollers and a direct record at once, and maybe an operator freezing its
+        customer meanwhile: the freeze comes before the payment (held) or after its credit (decision 177)."""
         FIGURES["steps"] += 1
         payment = self.sandbox.store.get("payment", payment_id)
+        user = payment["customerId"]
         self.tick(16)
-        barrier = threading.Barrier(4)
+        barrier = threading.Barrier(5 if freeze else 4)
         errors = []
 
         def run(fn):
@@ -148,12 +152,21 @@ class Billing(RuleBasedStateMachine):
         jobs = [lambda: self.sandbox.send_webhook("PAYMENT.STATUS", payment),
                 lambda: events.poll(self.c), lambda: orphans.run_orphans(self.c),
                 lambda: record_payment(self.c, payment, "settled_poller")]
+        if freeze:
+            jobs.append(lambda: users_service.freeze(self.c, user, "fraud review", "ops"))
         threads = [threading.Thread(target=run, args=(j,)) for j in jobs]
         for t in threads:
             t.start()
         for t in threads:
             t.join(60)
         assert not errors, errors
+        if freeze:
+            with self.c.uow() as uow:
+                last = uow.execute(select(users.c.frozen_ledger_id).where(users.c.id == user)).scalar_one()
+                after = uow.execute(select(credit_ledger.c.id).where(
+                    credit_ledger.c.user_id == user, credit_ledger.c.amount > 0, credit_ledger.c.id > last)).all()
+            assert not after, f"credited after the freeze: {user} {after}"
+            users_service.unfreeze(self.c, user, "review passed", "ops")
 
     @precondition(lambda self: bool(self.paid_orders))
     @rule()
