@@ -270,8 +270,8 @@ def _recorded_on(container, payment_id: str) -> str | None:
 def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -> str | None:
     with container.uow() as uow:
         candidates = uow.subscriptions.holding_plan(user_id, plan, exclude)
-    for sub_id in candidates:  # the provider is the source of truth
-        if container.provider.get_subscription(sub_id).status in ("active", "non_renewing"):
+    for sub_id in candidates:  # the provider is the source of truth (a paid one may wait for its activation)
+        if container.provider.get_subscription(sub_id).status in ("active", "non_renewing", "future"):
             return sub_id
     return None
 

@@ -108,6 +108,42 @@ def test_two_paid_checkouts_of_one_plan_leave_one_live_subscription_and_refund_t
     assert sum(DUPLICATE_TEXT in t for t in texts) == 1
 
 
+def test_a_plan_paid_and_waiting_for_its_activation_is_held(world):
+    """Decision 178, found by the exploration: the first checkout was paid and recorded while the provider
+    was down, so its subscription waited for activation (status future); a second checkout of the plan was
+    then answered with a new subscription, paid, and both went live. A paid subscription waiting for its
+    activation holds the plan: checkout refuses the plan, and a second payment of the plan from an older
+    checkout is the same-plan duplicate, refunded with its alert."""
+    from sqlalchemy import update
+
+    from billingctl.adapters.db.tables import checkout_session
+    from billingctl.domain import errors as e
+    from billingctl.services.orphans import run_orphans
+    from billingctl.services.payments import retry_pending
+    from tests.conftest import advance_with_sandbox
+
+    first = world.checkout("user_wait", PRO)
+    with world.c.uow() as uow:  # the first tab's session expires; a second tab makes another checkout
+        uow.execute(update(checkout_session).where(checkout_session.c.order_id == first["order_id"])
+                    .values(expires_at=world.c.clock.now()))
+        uow.commit()
+    second = world.checkout("user_wait", PRO)
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)  # activation fails
+    world.sandbox.pay(first["order_id"])
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(first["subscription_id"]) == "future"  # paid, waiting for activation
+    with pytest.raises(e.AlreadySubscribed):
+        world.checkout("user_wait", PRO)
+    paid_twice = world.sandbox.pay(second["order_id"])
+    world.sandbox.store.clear_faults()
+    advance_with_sandbox(world.c, 60)
+    run_orphans(world.c)
+    retry_pending(world.c)
+    assert world.sandbox.store.get("payment", paid_twice["id"])["processor"]["amountRefunded"] == paid_twice["amount"]
+    live = [s["id"] for s in world.sandbox.store.all("subscription") if s["status"] in ("active", "non_renewing")]
+    assert live == [first["subscription_id"]] and world.credits("user_wait") == 2000
+
+
 def test_one_payment_form_paid_twice_credits_one_term_and_refunds_the_second(world):
     """Two tabs share one checkout (the same payment form): paid in both, the second payment is a same-plan
     duplicate, refunded with one alert; the provider's invoice carries the first payment only."""

@@ -11,6 +11,7 @@ from sqlalchemy import and_, bindparam, case, exists, func, literal, or_, select
 from billingctl.adapters.db.checkouts import order_matches
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.sql import insert_ignore, on_driver
+from billingctl.adapters.db.subscriptions import holds_its_plan
 from billingctl.adapters.db.tables import (
     alert_outbox,
     checkout_session,
@@ -277,7 +278,7 @@ def _gates_statement():
     bought = select(purchase.c.id).where(purchase.c.transaction_id == payment_id).exists()
     same_plan = select(subscription.c.id).where(
         subscription.c.customer_id == user_id, subscription.c.item_price_id == bindparam("item_price_id"),
-        subscription.c.status.in_(("active", "non_renewing")), subscription.c.id != subscription_id).exists()
+        holds_its_plan(), subscription.c.id != subscription_id).exists()
     paid_other = select(purchase.c.id).where(purchase.c.subscription_id == subscription_id,
                                              purchase.c.transaction_id != payment_id).exists()
     known = select(users.c.id).where(users.c.id == user_id).exists()

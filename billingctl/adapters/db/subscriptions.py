@@ -6,9 +6,18 @@ from sqlalchemy import or_, select, update
 
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.sql import insert_ignore
-from billingctl.adapters.db.tables import invoice, subscription
+from billingctl.adapters.db.tables import invoice, purchase, subscription
 
 STARTED_OR_HELD = ("active", "non_renewing")
+
+
+def holds_its_plan():
+    """A subscription that holds its plan for its customer (one live subscription per customer and plan,
+    decision 110): started or held, or paid and waiting for its activation (decision 178: the provider was
+    down when it was paid; the activations job will start it)."""
+    paid = select(purchase.c.id).where(purchase.c.subscription_id == subscription.c.id,
+                                       purchase.c.closed_at.is_(None)).exists()
+    return or_(subscription.c.status.in_(STARTED_OR_HELD), (subscription.c.status == "future") & paid)
 
 
 class Subscriptions(Repository):
@@ -62,10 +71,11 @@ class Subscriptions(Repository):
                                               .where(subscription.c.customer_id == user_id)).mappings()]
 
     def holding_plan(self, user_id: str, item_price_id: str, exclude: str | None) -> list[str]:
-        """The user's other active (or non-renewing) subscriptions of the plan."""
+        """The user's other subscriptions of the plan that hold it (active, non-renewing, or paid and waiting
+        for their activation)."""
         return self.execute(select(subscription.c.id).where(
             subscription.c.customer_id == user_id, subscription.c.item_price_id == item_price_id,
-            subscription.c.status.in_(STARTED_OR_HELD), subscription.c.id != (exclude or ""),
+            holds_its_plan(), subscription.c.id != (exclude or ""),
         )).scalars().all()
 
     def ids_in(self, statuses: tuple[str, ...], updated_since=None) -> list[str]:
