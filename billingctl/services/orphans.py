@@ -244,8 +244,8 @@ def _disputed(container, row: dict, found: dict) -> str:
 
 def _record_on_own_subscription(container, row: dict, payment: Payment) -> str:
     recorded = record_payment(container, payment, "orphan_recovery")
-    if recorded.get("invoice_voided") == row["payment_id"]:
-        return "resolved"  # its invoice was voided meanwhile: refunded, and its row ended (decision 113)
+    if recorded.get("refunded_unpaid_period") == row["payment_id"]:
+        return "resolved"  # its invoice was voided or paid meanwhile: refunded, its row ended (decisions 113, 179)
     _require_activation(recorded, f"recorded {row['payment_id']}")
     _finish(container, row["payment_id"], "recovered", resolution="recorded")
     return "recovered"

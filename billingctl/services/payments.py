@@ -554,20 +554,22 @@ def _complete_followups(container, subscription_id: str) -> dict:
         pending = uow.purchases.unreported(subscription_id, container.clock.now())
     for row in pending:
         reported = report_to_provider(container, row) if row["invoice_id"] else False
-        if reported == VOIDED:
-            result["invoice_voided"] = row["transaction_id"]
+        if reported in (VOIDED, PAID_ELSEWHERE):  # refunded: its period is not this payment's to pay
+            result["refunded_unpaid_period"] = row["transaction_id"]
         elif not reported:
             result["provider_recorded"] = False
     return result
 
 
 VOIDED = "invoice_voided"
+PAID_ELSEWHERE = "invoice_paid_elsewhere"
 
 
 def report_to_provider(container, row) -> bool | str:
     """Record one purchase on its provider invoice (reference = the orchestrator payment id). True when
-    the invoice is paid afterwards; VOIDED when the invoice was voided meanwhile (the payment is then
-    refunded, decision 113); a refusal the provider does not explain stays pending."""
+    the invoice is paid afterwards; VOIDED when the invoice was voided meanwhile, PAID_ELSEWHERE when another
+    payment paid it meanwhile (the payment is then refunded, decisions 113, 179); a refusal the provider does
+    not explain stays pending."""
     try:
         answer = container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
         crash_point(container.settings, "provider_record.after_call")
@@ -584,6 +586,10 @@ def report_to_provider(container, row) -> bool | str:
         if status == "voided":
             refund_for_voided_invoice(container, row)
             return VOIDED
+        paid_by = _paid_by_others(container, copy, row["transaction_id"]) if status == "paid" else None
+        if paid_by:
+            refund_for_invoice_paid_elsewhere(container, row, paid_by)
+            return PAID_ELSEWHERE
         if status != "paid":
             log.error("recording at the provider was refused; left pending: %s", exc.message,
                       extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"],
@@ -606,28 +612,67 @@ def report_to_provider(container, row) -> bool | str:
     return True
 
 
+def _paid_by_others(container, invoice: Invoice, payment_id: str) -> list[str]:
+    """The provider transactions paying a paid invoice when none of them is this payment (the workflow's
+    record of it carries its id as reference, decision 175's `payment_reference`); [] when one is, or when
+    the copy names none (nothing to judge by: taken as ours, as before decision 179)."""
+    from billingctl.services.provider_events import payment_reference
+
+    others = []
+    for linked in invoice.linked_payments:
+        if not linked.txn_id:
+            continue
+        if linked.txn_id == payment_id or payment_reference(container.provider.get_transaction(linked.txn_id)) \
+                == payment_id:
+            return []
+        others.append(linked.txn_id)
+    return others
+
+
 def refund_for_voided_invoice(container, row) -> None:
     """A payment settled for a provider invoice voided while the charge was in flight (an operator's
     `users freeze --void-invoices`, finance at the provider's console): the void is the decision that
-    the period is not collected, so the payment is refunded in full, its credits reversed, its purchase
-    closed (no follow-up records it for ever) and its review row ended `resolved`/`refunded`, with one
-    chat alert (decision 113). Each step is idempotent: a run cut short is finished by the next."""
+    the period is not collected, so the payment is refunded in full (decision 113)."""
+    _refund_unpaid_period(container, row, VOIDED, "invoice voided",
+                          f"invoice {row['invoice_id']} was voided at the provider",
+                          f"Payment {row['transaction_id']} settled for voided invoice {row['invoice_id']} - "
+                          "refunded, credits reversed", f"voided-invoice:{row['transaction_id']}",
+                          "payment settled for a voided invoice: refunded")
+
+
+def refund_for_invoice_paid_elsewhere(container, row, paid_by: list[str]) -> None:
+    """A payment settled for a provider invoice that another payment paid meanwhile (a cheque or a wire
+    finance entered while our record waited for the provider): the customer paid the period twice, and
+    ours is the one we can give back, so it is refunded in full (decision 179)."""
+    by = ", ".join(paid_by)
+    _refund_unpaid_period(container, row, PAID_ELSEWHERE, "invoice paid by another payment",
+                          f"invoice {row['invoice_id']} was paid at the provider by {by}",
+                          f"Payment {row['transaction_id']} settled for invoice {row['invoice_id']}, already paid "
+                          f"at the provider by {by} - refunded, credits reversed",
+                          f"invoice-paid-elsewhere:{row['transaction_id']}",
+                          "payment settled for an invoice another payment paid: refunded")
+
+
+def _refund_unpaid_period(container, row, closed_reason: str, refund_reason: str, why: str, text: str,
+                          key: str, logged: str) -> None:
+    """The payment is refunded in full, its credits reversed, its purchase closed (no follow-up records it
+    for ever) and its review row ended `resolved`/`refunded`, with one chat alert. Each step is idempotent:
+    a run cut short is finished by the next."""
     payment_id, now = row["transaction_id"], container.clock.now()
-    payment = refund(container, payment_id, reason="invoice voided")
-    reverse_refund(container, payment_id, payment.refunded, "invoice_voided")  # a pending refund: when it settles
+    payment = refund(container, payment_id, reason=refund_reason)
+    reverse_refund(container, payment_id, payment.refunded, closed_reason)  # a pending refund: when it settles
     with container.uow() as uow:
-        uow.purchases.close(payment_id, VOIDED, now)  # the invoice's voided copy was saved by the caller
+        uow.purchases.close(payment_id, closed_reason, now)  # the invoice's copy was saved by the caller
         review.open_row(uow, now, payment_id=payment_id, user_id=row["user_id"],
                         subscription_id=row["subscription_id"], item_price_id=row["item_price_id"],
                         amount=row["amount"], currency_code=row["currency_code"], settled_at=row["settled_at"])
         review.move(container, uow, payment_id, "resolved", resolution="refunded", next_attempt_at=None,
-                    last_error=f"invoice {row['invoice_id']} was voided at the provider")
-        alerts.raise_alert(uow, container.clock, f"Payment {payment_id} settled for voided invoice "
-                           f"{row['invoice_id']} - refunded, credits reversed", f"voided-invoice:{payment_id}",
-                           payment_id=payment_id, user_id=row["user_id"], invoice_id=row["invoice_id"])
+                    last_error=why)
+        alerts.raise_alert(uow, container.clock, text, key, payment_id=payment_id, user_id=row["user_id"],
+                           invoice_id=row["invoice_id"])
         uow.commit()
-    log.warning("payment settled for a voided invoice: refunded", extra={
-        "payment_id": payment_id, "invoice_id": row["invoice_id"], "user_id": row["user_id"]})
+    log.warning(logged, extra={"payment_id": payment_id, "invoice_id": row["invoice_id"], "user_id": row["user_id"],
+                               "reason": why})
 
 
 def refund(container, payment_id: str, reason: str = "duplicate charge") -> Payment:

@@ -204,6 +204,44 @@ def test_a_term_paid_at_the_provider_in_two_parts_is_credited_once_and_never_pos
     assert co["subscription_id"]
 
 
+@pytest.mark.parametrize("first", ["event poll", "follow-up"])
+def test_a_card_payment_whose_invoice_a_cheque_paid_meanwhile_is_refunded_once_with_its_alert(world, first):
+    """Decision 179, found by the exploration: the card payment was recorded and credited while the provider
+    was down, so its record on the invoice waited; finance then entered the customer's cheque on the same
+    invoice. Our record was refused (the invoice is paid) and taken for the workflow's own record of our
+    payment: the purchase was marked recorded, and the customer had paid the period twice, credited twice.
+    The invoice's payments are now read: paid by another payment, ours is refunded and reversed, its
+    purchase closed, with one alert; the cheque pays the period."""
+    from sqlalchemy import select
+
+    from billingctl.adapters.db.tables import alert_outbox, purchase
+    from billingctl.services.events import poll
+    from billingctl.services.payments import retry_pending
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    co = world.checkout("user_chq", PRO)
+    world.sandbox.store.add_fault("provider", "503", path="record_payment", count=-1)
+    card = world.sandbox.pay(co["order_id"])
+    assert world.credits("user_chq") == 2000
+    world.sandbox.store.clear_faults()
+    [invoice] = [i for i in world.sandbox.store.all("invoice") if i["subscription_id"] == co["subscription_id"]]
+    world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0042", payment_method="check")
+    advance_with_sandbox(world.c, 60)
+    for job in ((poll, retry_pending) if first == "event poll" else (retry_pending, poll)) * 2:
+        job(world.c)
+    paid = world.sandbox.store.get("payment", card["id"])
+    assert paid["processor"]["amountRefunded"] == paid["amount"]
+    assert world.credits("user_chq") == 2000  # the cheque's period, once
+    with world.c.uow() as uow:
+        closed = uow.execute(select(purchase.c.closed_reason).where(
+            purchase.c.transaction_id == card["id"])).scalar_one()
+        keys = list(uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "chat")).scalars())
+    assert closed == "invoice_paid_elsewhere" and keys == [f"invoice-paid-elsewhere:{card['id']}"]
+    advance_with_sandbox(world.c, 3600)
+    assert reconcile(world.c)["violations"] == []
+
+
 @pytest.mark.parametrize("reference", ["CHEQUE-0003", "cheque 0003"])
 def test_a_payment_entered_at_the_provider_and_read_hours_later_is_no_false_alarm_for_reconcile(world, reference):
     """The cheque's transaction is dated when finance entered it; we read its event hours later, after a
