@@ -334,7 +334,7 @@ class LinkedInvoice(Open):
 
 class Transaction(Open):
     """A provider transaction. Its reference number is free text a person may have typed (a cheque
-    number): it is never taken as an id of ours unless it looks like one (provider_events.payment_reference)."""
+    number): it is never taken as an id of ours unless it looks like one (`payment_reference`)."""
     noun: ClassVar[str] = "transaction"
     id: Ref
     type: Text | None = None
@@ -350,6 +350,19 @@ class Transaction(Open):
     linked_invoices: list[LinkedInvoice] = Field(default_factory=list)
 
     _lists = field_validator("linked_invoices", mode="before")(lambda v: [] if v is None else v)
+
+    def payment_reference(self) -> str | None:
+        """The payment id of this transaction: its reference (the orchestrator payment id we record it
+        with), or, for free text a person typed at the provider (a cheque number with accents or spaces: no
+        orchestrator payment has such an id), the provider's own transaction id. The text never becomes an
+        identifier of ours: it poisoned every later call that named it (issue 37). None when neither is an
+        id."""
+        from billingctl.domain.plans import looks_like_id
+
+        reference = self.reference_number or self.id_at_gateway
+        if looks_like_id(reference):
+            return reference
+        return self.id if reference and looks_like_id(self.id) else None
 
 
 class CreditNote(Open):

@@ -23,7 +23,6 @@ from billingctl.services.provider_events import (  # noqa: F401
     MAX_EVENT_ATTEMPTS,
     SOURCE,
     handle_event,
-    payment_reference,
     process_event,
     record_reported_payment,
 )
@@ -123,7 +122,7 @@ def scan_paid_invoices(container, since: datetime | None) -> dict:
                 continue
             try:
                 txn = container.provider.get_transaction(link.txn_id)
-                reference = payment_reference(txn)
+                reference = txn.payment_reference()
                 if not reference or (txn.type or "payment") != "payment":
                     continue
                 recorded = record_reported_payment(container, reference,

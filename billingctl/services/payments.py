@@ -614,16 +614,14 @@ def report_to_provider(container, row) -> bool | str:
 
 def _paid_by_others(container, invoice: Invoice, payment_id: str) -> list[str]:
     """The provider transactions paying a paid invoice when none of them is this payment (the workflow's
-    record of it carries its id as reference, decision 175's `payment_reference`); [] when one is, or when
+    record of it carries its id as reference, `Transaction.payment_reference`, decision 175); [] when one is, or when
     the copy names none (nothing to judge by: taken as ours, as before decision 179)."""
-    from billingctl.services.provider_events import payment_reference
-
     others = []
     for linked in invoice.linked_payments:
         if not linked.txn_id:
             continue
-        if linked.txn_id == payment_id or payment_reference(container.provider.get_transaction(linked.txn_id)) \
-                == payment_id:
+        if linked.txn_id == payment_id or \
+                container.provider.get_transaction(linked.txn_id).payment_reference() == payment_id:
             return []
         others.append(linked.txn_id)
     return others

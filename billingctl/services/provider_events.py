@@ -10,7 +10,6 @@ from billingctl.adapters.logs import item_failed
 from billingctl.adapters.payloads import Event, EventContent, EventEnvelope, Invoice, Payment, Transaction
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
-from billingctl.domain.plans import looks_like_id
 from billingctl.services import alerts, inbox
 from billingctl.services.invoices import apply_copy
 from billingctl.services.payments import apply_refund_report, record_payment
@@ -44,22 +43,11 @@ def process_event(container, event: Event) -> dict:
     return {"outcome": "ignored"}
 
 
-def payment_reference(txn: Transaction) -> str | None:
-    """The payment id of a provider transaction: its reference (the orchestrator payment id we record it
-    with), or, for free text a person typed at the provider (a cheque number with accents or spaces: no
-    orchestrator payment has such an id), the provider's own transaction id. The text never becomes an
-    identifier of ours: it poisoned every later call that named it (issue 37). None when neither is an id."""
-    reference = txn.reference_number or txn.id_at_gateway
-    if looks_like_id(reference):
-        return reference
-    return txn.id if reference and looks_like_id(txn.id) else None
-
-
 def _payment_succeeded(container, content: EventContent) -> dict:
     txn = content.transaction
     if txn is None or not (txn.reference_number or txn.id_at_gateway):
         return {"outcome": "no_reference"}
-    payment_id = payment_reference(txn)
+    payment_id = txn.payment_reference()
     if payment_id is None:
         log.error("payment_succeeded names no usable payment reference; left for review",
                   extra={"transaction_id": txn.id[:64]})

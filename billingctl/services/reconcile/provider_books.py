@@ -25,13 +25,11 @@ def check(container, now, span, add, progress=None) -> int:
 def _check_transactions(container, since, add) -> None:
     """One orchestrator payment (a transaction's reference number) applied to two invoices, and a purchase
     we marked as recorded that no provider transaction carries."""
-    from billingctl.services.provider_events import payment_reference
-
     invoice_of: dict[str, str] = {}  # payment id -> the first invoice it paid (payments in the window)
     for txn in container.provider.list_transactions("payment", since):
         # The payment id recording gave it: a reference typed as free text (a cheque number with spaces)
         # is the provider's own transaction id, as the event poller records it.
-        reference = payment_reference(txn)
+        reference = txn.payment_reference()
         if not reference:
             continue
         for link in txn.linked_invoices:
