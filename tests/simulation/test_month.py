@@ -324,8 +324,10 @@ class Model:
         self.sandbox.async_refunds(None)  # those already asked for reach their final state as time passes
         self.finish_charges(everything=True)
         self.sandbox.release_webhooks(order="forward")
-        for _ in range(3):
-            self.advance(61)
+        # Minutes, then a quarter of an hour: an event that failed during an outage is re-driven after its
+        # back-off (2 minutes, doubled per attempt), which three minutes did not reach.
+        for span in (61, 61, 61, 300, 600):
+            self.advance(span)
             self.jobs(quiet=True)
 
     def check(self, full: bool = False) -> None:
