@@ -5,6 +5,7 @@ recording and recovery can both use it."""
 
 from __future__ import annotations
 
+from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
 from billingctl.services import alerts
 from billingctl.services.lifecycles import report_illegal
@@ -14,8 +15,6 @@ FROZEN = "user is frozen"
 
 def frozen_refusal(user_id: str, payment_id: str):
     """What a person is told when a frozen customer's payment would be credited: the two ways out."""
-    from billingctl.domain import errors as e
-
     return e.Refused(f"user {user_id} is frozen: unfreeze them first (billingctl users unfreeze {user_id} "
                      f"--reason R --yes), or refund the payment (billingctl orphans resolve {payment_id} "
                      f"--refund --reason R --yes)")

@@ -74,8 +74,8 @@ class Purchases(Repository):
 
     def gates(self, payment_id: str, subscription_id: str, user_id: str, item_price_id: str | None = None):
         """One read, holding the user's row: the subscription's status, the user's frozen_at, whether the
-        payment is bought, whether the user holds another live (active or non-renewing) subscription of the
-        same plan, and whether the user's row exists."""
+        payment is bought, whether another subscription of the user holds the plan (`holds_its_plan`), and
+        whether the user's row exists."""
         return self.uow.first(on_driver(_gates_statement()), {
             "payment_id": str(payment_id), "subscription_id": str(subscription_id), "user_id": str(user_id),
             "item_price_id": item_price_id or ""})
