@@ -23,6 +23,7 @@ from billingctl.domain import lifecycle
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
+from billingctl.domain.refunds import credits_to_reverse, share_refunded
 from billingctl.services import alerts, catalog, fraud_quota, review
 from billingctl.services.invoices import apply_copy, name_invoice, save_copy
 from billingctl.services.lifecycles import report_illegal
@@ -136,7 +137,8 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
     if provider_side:
         facts.provider_side = True
         facts.credits = facts.credits if term_paid and facts.invoice_id else 0
-    held = _mismatch(container, payment, facts)
+    # A payment entered at the provider pays whatever finance entered on the invoice, not an order of ours.
+    held = None if provider_side else _mismatch(container, payment, facts)
     if held is not None:
         return _hold_mismatch(container, payment, facts, held, path)
     with container.locks.hold(f"subscription:{facts.subscription_id}"):
@@ -568,24 +570,36 @@ PAID_ELSEWHERE = "invoice_paid_elsewhere"
 def report_to_provider(container, row) -> bool | str:
     """Record one purchase on its provider invoice (reference = the orchestrator payment id). True when
     the invoice is paid afterwards; VOIDED when the invoice was voided meanwhile, PAID_ELSEWHERE when another
-    payment paid it meanwhile (the payment is then refunded, decisions 113, 179); a refusal the provider does
-    not explain stays pending."""
+    payment paid it meanwhile (the payment is then refunded, decisions 113, 179); one paid in part meanwhile
+    gets the rest, and the excess is refunded first (decision 180); a refusal the provider does not explain
+    stays pending."""
+    amount = int(row["amount"] or 0) - int(row["returned_excess"] or 0)
+    if row["returned_excess"]:
+        try:  # before the record that ends the follow-up: a run cut short between them refunds it next time
+            _return_excess(container, row["transaction_id"], int(row["returned_excess"]))
+        except e.BillingError as exc:
+            log.warning("returning the excess failed; will retry: %s", exc.message,
+                        extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
+            return False
     try:
-        answer = container.provider.record_payment(row["invoice_id"], row["amount"] or 0, row["transaction_id"])
+        answer = container.provider.record_payment(row["invoice_id"], amount, row["transaction_id"])
         crash_point(container.settings, "provider_record.after_call")
         copy = answer.invoice
         # The provider's time of the record (its transaction's date), not ours: after a crash between its
         # answer and our commit, the retry gets the same answer replayed (the same idempotency key) hours later.
         recorded_at = parse_time(answer.transaction.date if answer.transaction else None)
     except e.ExternalInvalidRequest as exc:
+        # Refused for the invoice's state, or for an amount above the amount due: the invoice says why.
         copy = _invoice_copy(container, row["invoice_id"]) \
-            if exc.details.get("api_error_code") == "invalid_state_for_request" else None
+            if exc.details.get("api_error_code") in ("invalid_state_for_request", "param_wrong_value") else None
         status = copy.status if copy is not None else None
         if status != "paid":  # a paid copy is saved below, with the purchase marked reported
             apply_copy(container, copy)
         if status == "voided":
             refund_for_voided_invoice(container, row)
             return VOIDED
+        if status in PAYABLE and 0 < int(copy.amount_due or 0) < amount:
+            return pay_the_rest(container, row, copy)
         paid_by = _paid_by_others(container, copy, row["transaction_id"]) if status == "paid" else None
         if paid_by:
             refund_for_invoice_paid_elsewhere(container, row, paid_by)
@@ -610,6 +624,42 @@ def report_to_provider(container, row) -> bool | str:
         uow.purchases.mark_reported(row["id"], recorded_at or container.clock.now())
         uow.commit()
     return True
+
+
+PAYABLE = ("payment_due", "not_paid", "posted")  # an invoice the provider takes a payment on
+
+
+def pay_the_rest(container, row, invoice: Invoice) -> bool | str:
+    """A payment settled for a provider invoice paid in part meanwhile (a cheque finance entered while our
+    record waited): the provider takes no more than the amount due, so ours pays the rest, and what the other
+    payment paid is refunded on the card first, without taking back credits (the period is paid once); one
+    chat alert (decision 180)."""
+    payment_id = row["transaction_id"]
+    excess = int(row["amount"] or 0) - int(invoice.amount_due or 0)
+    others = [p.txn_id for p in invoice.linked_payments if p.txn_id and p.txn_id != payment_id]
+    by = ", ".join(others) or "an adjustment"
+    with container.uow() as uow:
+        uow.purchases.return_excess(row["id"], excess)  # before the refund, whose report then takes back nothing
+        alerts.raise_alert(uow, container.clock,
+                           f"Payment {payment_id} settled for invoice {row['invoice_id']}, paid in part at the "
+                           f"provider by {by} meanwhile - it pays the rest ({invoice.amount_due} "
+                           f"{row['currency_code']}); the excess {excess} is refunded",
+                           f"invoice-part-paid:{payment_id}", payment_id=payment_id, user_id=row["user_id"],
+                           invoice_id=row["invoice_id"])
+        uow.commit()
+    log.warning("payment settled for an invoice paid in part meanwhile: pays the rest, the excess refunded",
+                extra={"payment_id": payment_id, "invoice_id": row["invoice_id"], "user_id": row["user_id"],
+                       "excess": excess})
+    return report_to_provider(container, {**row, "returned_excess": excess})
+
+
+def _return_excess(container, payment_id: str, excess: int) -> None:
+    """Refund the payment's excess (decision 180) once: nothing when that much is refunded or asked for."""
+    payment = container.orchestrator.get_payment(payment_id)
+    asked = payment.refunded + payment.refund_pending
+    if asked < excess:
+        container.orchestrator.refund_payment(payment_id, excess - asked, reason="invoice paid in part elsewhere",
+                                              idempotency_key=f"excess:{payment_id}:{excess}")
 
 
 def _paid_by_others(container, invoice: Invoice, payment_id: str) -> list[str]:
@@ -1012,9 +1062,9 @@ def reverse_refund(container, payment_id: str, refunded_total: int, path: str) -
             return {"payment_id": payment_id, "outcome": "unknown_payment", "credits_reversed": 0}
         uow.users.lock(bought["user_id"])
         reversed_so_far = uow.ledger.reversed_for(payment_id)
-        amount = max(int(bought["amount"] or 0), 1)
-        share = min(max(int(refunded_total), 0), amount)
-        target = (int(bought["credits"]) * share) // amount
+        # An excess given back because the invoice was part-paid elsewhere takes back nothing (decision 180).
+        share, _ = share_refunded(bought["amount"], bought["returned_excess"], refunded_total)
+        target = credits_to_reverse(bought["credits"], bought["amount"], bought["returned_excess"], refunded_total)
         delta = target - reversed_so_far
         if delta <= 0:
             return {"payment_id": payment_id, "outcome": "already_reversed", "credits_reversed": 0}

@@ -204,6 +204,18 @@ def test_a_term_paid_at_the_provider_in_two_parts_is_credited_once_and_never_pos
     assert co["subscription_id"]
 
 
+def card_payment_waiting_for_its_record(world) -> tuple[dict, dict]:
+    """A checkout paid by card and credited while the provider refused every record: (the orchestrator's
+    payment, its provider invoice, payable); the provider is back."""
+    co = world.checkout("user_chq", PRO)
+    world.sandbox.store.add_fault("provider", "503", path="record_payment", count=-1)
+    card = world.sandbox.pay(co["order_id"])
+    assert world.credits("user_chq") == 2000
+    world.sandbox.store.clear_faults()
+    [invoice] = [i for i in world.sandbox.store.all("invoice") if i["subscription_id"] == co["subscription_id"]]
+    return card, invoice
+
+
 @pytest.mark.parametrize("first", ["event poll", "follow-up"])
 def test_a_card_payment_whose_invoice_a_cheque_paid_meanwhile_is_refunded_once_with_its_alert(world, first):
     """Decision 179, found by the exploration: the card payment was recorded and credited while the provider
@@ -220,12 +232,7 @@ def test_a_card_payment_whose_invoice_a_cheque_paid_meanwhile_is_refunded_once_w
     from billingctl.services.reconcile import reconcile
     from tests.conftest import advance_with_sandbox
 
-    co = world.checkout("user_chq", PRO)
-    world.sandbox.store.add_fault("provider", "503", path="record_payment", count=-1)
-    card = world.sandbox.pay(co["order_id"])
-    assert world.credits("user_chq") == 2000
-    world.sandbox.store.clear_faults()
-    [invoice] = [i for i in world.sandbox.store.all("invoice") if i["subscription_id"] == co["subscription_id"]]
+    card, invoice = card_payment_waiting_for_its_record(world)
     world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0042", payment_method="check")
     advance_with_sandbox(world.c, 60)
     for job in ((poll, retry_pending) if first == "event poll" else (retry_pending, poll)) * 2:
@@ -238,6 +245,47 @@ def test_a_card_payment_whose_invoice_a_cheque_paid_meanwhile_is_refunded_once_w
             purchase.c.transaction_id == card["id"])).scalar_one()
         keys = list(uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "chat")).scalars())
     assert closed == "invoice_paid_elsewhere" and keys == [f"invoice-paid-elsewhere:{card['id']}"]
+    advance_with_sandbox(world.c, 3600)
+    assert reconcile(world.c)["violations"] == []
+
+
+@pytest.mark.parametrize("first", ["event poll", "follow-up"])
+def test_a_card_payment_whose_invoice_a_cheque_paid_in_part_meanwhile_pays_the_rest_and_returns_the_excess(world,
+                                                                                                           first):
+    """Decision 180: the card payment was recorded and credited while the provider was down, so its record on
+    the invoice waited; finance then entered the customer's cheque for part of the invoice. The provider
+    refuses a payment above the amount due, so our record was refused for ever: the purchase stayed pending,
+    retried on every activations run, and the customer had paid the cheque's part twice. The card payment
+    now pays the rest of the invoice, and what the cheque paid is refunded on the card, once, with one alert;
+    the period is paid once, and its credits stand."""
+    from sqlalchemy import select
+
+    from billingctl.adapters.db.tables import alert_outbox, purchase
+    from billingctl.services.events import poll
+    from billingctl.services.payments import retry_pending
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    card, invoice = card_payment_waiting_for_its_record(world)
+    part = invoice["amount_due"] // 4
+    cheque = world.sandbox.record_payment(invoice["id"], part, "cheque 0042", payment_method="check")["transaction"]
+    advance_with_sandbox(world.c, 60)
+    for job in ((poll, retry_pending) if first == "event poll" else (retry_pending, poll)) * 2:
+        job(world.c)
+    paid = world.sandbox.store.get("payment", card["id"])
+    assert paid["processor"]["amountRefunded"] == part  # what the cheque paid, given back on the card
+    document = world.sandbox.invoice(invoice["id"])
+    assert (document["status"], document["amount_due"]) == ("paid", 0)
+    on_it = {p["txn_id"]: p["applied_amount"] for p in document["linked_payments"]}
+    assert on_it.pop(cheque["id"]) == part and list(on_it.values()) == [invoice["amount_due"] - part]
+    assert world.sandbox.store.get("transaction", next(iter(on_it)))["reference_number"] == card["id"]
+    assert world.credits("user_chq") == 2000  # the period, once: the excess takes back no credits
+    with world.c.uow() as uow:
+        row = uow.execute(select(purchase).where(purchase.c.transaction_id == card["id"])).mappings().one()
+        keys = list(uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "chat")).scalars())
+    assert (row["closed_reason"], row["returned_excess"]) == (None, part) and row["provider_recorded_at"]
+    assert keys == [f"invoice-part-paid:{card['id']}"]
+    assert retry_pending(world.c) == {"completed": 0, "failed": 0}  # nothing left to do, nothing done twice
     advance_with_sandbox(world.c, 3600)
     assert reconcile(world.c)["violations"] == []
 

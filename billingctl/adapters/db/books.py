@@ -315,10 +315,11 @@ class Books(Repository):
             event_inbox.c.source == source, event_inbox.c.event_type == event_type,
             event_inbox.c.received_at >= since)).all()
 
-    def credits_of(self, payment_ids) -> list[tuple[str, int]]:
-        """(payment id, credits) of those of the payments we recorded."""
-        return [(r.transaction_id, r.credits) for r in self.execute(
-            select(purchase.c.transaction_id, purchase.c.credits).where(purchase.c.transaction_id.in_(payment_ids)))]
+    def credits_of(self, payment_ids) -> list[tuple[str, int, int]]:
+        """(payment id, credits, excess returned) of those of the payments we recorded."""
+        return [(r.transaction_id, r.credits, r.returned_excess) for r in self.execute(
+            select(purchase.c.transaction_id, purchase.c.credits, purchase.c.returned_excess)
+            .where(purchase.c.transaction_id.in_(payment_ids)))]
 
     def active_created_since(self, since=None) -> list:
         """(id, created at) of our active subscriptions (first copied since `since`: an incremental reconcile

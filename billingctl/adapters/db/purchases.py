@@ -118,6 +118,10 @@ class Purchases(Repository):
                                                    purchase.c.closed_at.is_(None))
                             .values(closed_reason=reason, closed_at=now)).rowcount == 1
 
+    def return_excess(self, purchase_id: int, excess: int) -> None:
+        """Of the payment, `excess` is given back: its invoice was paid in part elsewhere (decision 180)."""
+        self.execute(update(purchase).where(purchase.c.id == purchase_id).values(returned_excess=excess))
+
     def mark_reported(self, purchase_id: int, now) -> None:
         self.execute(update(purchase).where(purchase.c.id == purchase_id).values(provider_recorded_at=now))
 

@@ -151,6 +151,9 @@ purchase = Table(
     # was refunded as a duplicate or an orphan): nothing is recorded at the provider, its credits are reversed.
     Column("closed_reason", String(32)),
     _ts("closed_at"),
+    # Of the payment, what was given back because its invoice was part-paid at the provider meanwhile (a
+    # cheque): it pays the rest of the invoice there, and that refund takes back no credits (decision 180).
+    Column("returned_excess", BigInteger, nullable=False, server_default=text("0")),
     # Reconcile's window (decision 133): purchases made, and follow-ups still open, since a time.
     Index("ix_purchase_created_at", "created_at"),
     Index("ix_purchase_provider_recorded_at", "provider_recorded_at"),

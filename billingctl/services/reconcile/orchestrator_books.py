@@ -12,6 +12,7 @@ from __future__ import annotations
 from functools import partial
 from itertools import islice
 
+from billingctl.domain.refunds import credits_to_reverse
 from billingctl.services.payments import CAPTURED_STATUSES
 from billingctl.services.reconcile.local_books import limits
 from billingctl.services.reconcile.rules import REFUND_WINDOW, TOO_RECENT
@@ -29,7 +30,7 @@ def _pages(items, size: int = PAGE):
 def check(container, now, span, add, progress=None) -> int:
     checked = 0
     orders: dict[str, str] = {}  # order id -> first payment id (the window's payments, not history)
-    refund_reads: list[tuple[str, int]] = []
+    refund_reads: list[tuple[str, int, int, object]] = []
     listed = container.orchestrator.list_payments(",".join(CAPTURED_STATUSES), from_date=span.since)
     for page in _pages(listed):
         with container.uow() as uow:
@@ -47,11 +48,11 @@ def check(container, now, span, add, progress=None) -> int:
             _check_recorded(payment, recorded, owner, expected.get(payment.id), partial(add, at=at))
             _check_order(container, payment, orders, partial(add, at=at))
             if span.full and recorded is not None and settled is not None and now - settled < REFUND_WINDOW:
-                refund_reads.append((payment.id, recorded["credits"], None))
+                refund_reads.append((payment.id, recorded["credits"], recorded["returned_excess"], None))
     if not span.full:
         refund_reads = _refunds_notified(container, span.since)
-    for payment_id, credits, notified in refund_reads:
-        _check_refund(container, payment_id, credits, partial(add, at=notified))
+    for payment_id, credits, returned_excess, notified in refund_reads:
+        _check_refund(container, payment_id, credits, returned_excess, partial(add, at=notified))
     _check_in_flight(container, now, add)
     return checked
 
@@ -101,9 +102,9 @@ def _returned(container, payment_id: str) -> bool:
     return container.orchestrator.get_payment(payment_id).refunding_in_full
 
 
-def _refunds_notified(container, since) -> list[tuple[str, int, object]]:
-    """(payment id, credits, when notified first) of the recorded payments a refund notification named
-    since `since`."""
+def _refunds_notified(container, since) -> list[tuple[str, int, int, object]]:
+    """(payment id, credits, excess returned, when notified first) of the recorded payments a refund
+    notification named since `since`."""
     from billingctl.services.webhook_events import payment_of_event
 
     named: dict[str, object] = {}
@@ -112,17 +113,18 @@ def _refunds_notified(container, since) -> list[tuple[str, int, object]]:
             payment_id = payment_of_event(key)
             if payment_id and (payment_id not in named or received < named[payment_id]):
                 named[payment_id] = received
-        return [(pid, credits, named[pid]) for pid, credits in uow.books.credits_of(sorted(named))] if named else []
+        return [(pid, credits, excess, named[pid])
+                for pid, credits, excess in uow.books.credits_of(sorted(named))] if named else []
 
 
-def _check_refund(container, payment_id: str, credits: int, add) -> None:
+def _check_refund(container, payment_id: str, credits: int, returned_excess: int, add) -> None:
     """Refunded at the orchestrator (the list holds no refunded amount: the payment is read) but not
     reversed in the ledger."""
     payment = container.orchestrator.get_payment(payment_id)
     refunded, amount = payment.refunded, payment.charged
     if not refunded or not amount:
         return
-    expected = (int(credits) * min(refunded, amount)) // amount
+    expected = credits_to_reverse(credits, amount, returned_excess, refunded)
     with container.uow() as uow:
         done = uow.ledger.reversed_for(payment_id)
     if done < expected:
