@@ -158,14 +158,16 @@ class Exploration(RuleBasedStateMachine):
         assert len({a["order_id"] for a in answers}) <= 1, answers  # one checkout, whichever tab asked
         self.m.open_checkouts.extend(answers[:1])
 
-    @rule(seed=st.integers(0, 2**32))
-    def payment_entered_at_the_provider(self, seed):
-        """Finance records a cheque on an unpaid invoice at the provider's console."""
-        rng = self.step(seed, "cheque at the provider")
+    @rule(seed=st.integers(0, 2**32), part=st.sampled_from([1, 4]))
+    def payment_entered_at_the_provider(self, seed, part):
+        """Finance records a cheque on an unpaid invoice at the provider's console: for what is due, or for
+        a quarter of it (decision 180)."""
+        rng = self.step(seed, "cheque at the provider" + ("" if part == 1 else f" for 1/{part} of what is due"))
         due = [i for i in self.m.sandbox.store.all("invoice") if i["status"] in ("payment_due", "not_paid")]
         if due:
             invoice = rng.choice(due)
-            self.m.sandbox.record_payment(invoice["id"], invoice["amount_due"], f"cheque {rng.randint(1, 999)}")
+            self.m.sandbox.record_payment(invoice["id"], max(invoice["amount_due"] // part, 1),
+                                          f"cheque {rng.randint(1, 999)}")
 
     @rule(seed=st.integers(0, 2**32))
     def partial_settles(self, seed):

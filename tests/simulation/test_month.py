@@ -401,11 +401,18 @@ class Model:
             if int(balance) != int(sums.get(user) or 0):
                 found.append(f"credits differ from the ledger for {user}")
         charged_back = sandbox.charged_back()
+        applied = Counter()  # what the provider holds each of our payments paid on its invoice
+        for txn in sandbox.store.all("transaction"):
+            if txn.get("type") == "payment" and txn.get("reference_number"):
+                applied[txn["reference_number"]] += sum(link["applied_amount"] for link in txn["linked_invoices"])
         for p in settled:  # what the orchestrator refunded is taken back: the refunded share of the credits
-            # (all of them once a chargeback returned the money)
+            # (all of them once a chargeback returned the money); of a payment whose invoice another payment
+            # paid in part, what the invoice did not take is an excess, and giving it back takes back nothing
             row, refunded = purchases.get(p["id"]), min(p["processor"].get("amountRefunded", 0), p["amount"])
             refunded = p["amount"] if p["id"] in charged_back else refunded
-            owed = row.credits * refunded // p["amount"] if row is not None and p["amount"] else 0
+            excess = p["amount"] - applied[p["id"]] if 0 < applied[p["id"]] < p["amount"] else 0
+            refunded, paying = max(refunded - excess, 0), p["amount"] - excess
+            owed = row.credits * refunded // paying if row is not None and paying else 0
             if int(reversed_.get(p["id"]) or 0) < owed:
                 found.append(f"refunded {refunded} of {p['amount']}, {int(reversed_.get(p['id']) or 0)} of {owed} "
                              f"credits taken back: {p['id']}")
