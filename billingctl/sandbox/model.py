@@ -312,6 +312,32 @@ class Sandbox:
         self.emit("subscription_cancelled", {"subscription": sub})
         return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
 
+    def pause(self, subscription_id: str) -> dict:
+        """Support pauses a subscription at the provider's console (pause_option immediately). Like the real
+        provider, only an active or non-renewing one: a paused one renews no more (renew_due reads active
+        ones) until it is resumed."""
+        sub = self.subscription(subscription_id)
+        if sub["status"] not in ("active", "non_renewing"):
+            raise SandboxError(400, f"The subscription is in {sub['status']} state. Only active and non_renewing "
+                               "subscriptions can be paused", "invalid_state_for_request")
+        sub.update(status="paused", pause_date=self.now())
+        self._save_subscription(sub)
+        self.emit("subscription_paused", {"subscription": sub})
+        return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
+
+    def resume(self, subscription_id: str) -> dict:
+        """A paused subscription resumed (resume_option immediately): active again; a term that ended while
+        it was paused renews at the next renew_due, which invoices it."""
+        sub = self.subscription(subscription_id)
+        if sub["status"] != "paused":
+            raise SandboxError(400, f"The subscription is in {sub['status']} state. Only paused subscriptions "
+                               "can be resumed", "invalid_state_for_request")
+        sub["status"] = "active"
+        sub.pop("pause_date", None)
+        self._save_subscription(sub)
+        self.emit("subscription_resumed", {"subscription": sub})
+        return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
+
     def void_invoice(self, invoice_id: str) -> dict:
         invoice = self.invoice(invoice_id)
         if invoice["status"] == "paid":

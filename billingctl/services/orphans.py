@@ -271,7 +271,7 @@ def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -
     with container.uow() as uow:
         candidates = uow.subscriptions.holding_plan(user_id, plan, exclude)
     for sub_id in candidates:  # the provider is the source of truth (a paid one may wait for its activation)
-        if container.provider.get_subscription(sub_id).status in ("active", "non_renewing", "future"):
+        if container.provider.get_subscription(sub_id).status in ("active", "non_renewing", "paused", "future"):
             return sub_id
     return None
 

@@ -568,3 +568,33 @@ def test_the_activations_job_isolates_a_row_that_crashes_and_completes_the_other
     assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
     assert any(r.levelname == "ERROR" and r.exc_info and r.getMessage() == "pending activation crashed"
                for r in caplog.records)
+
+
+def test_a_subscription_paused_at_the_provider_holds_its_plan(world):
+    """Support paused the customer's subscription at the provider's console (a holiday); the customer then
+    checked out the plan again. A paused subscription did not hold its plan: the checkout made and billed a
+    second subscription, and once the first resumed, both were billed every term (reconcile counted paused
+    ones as not billed, so it said nothing until then). A paused subscription holds its plan now: the
+    checkout is refused, and reconcile names a paused and a live one of one plan."""
+    from billingctl.domain import errors as e
+    from billingctl.services.events import poll
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    world.sandbox.pause(co["subscription_id"])
+    poll(world.c)
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(co["subscription_id"]) == "paused"
+    with pytest.raises(e.AlreadySubscribed):
+        world.checkout("user_a", PRO)
+    world.sandbox.resume(co["subscription_id"])
+    poll(world.c)
+    live = [s["id"] for s in world.sandbox.store.all("subscription") if s["status"] in ("active", "paused")]
+    assert live == [co["subscription_id"]]
+    # A second one made at the provider's console while the first is paused is named before it bills twice.
+    world.sandbox.pause(co["subscription_id"])
+    other = world.sandbox.create_subscription_for_items("user_a", PRO, None)["subscription"]
+    advance_with_sandbox(world.c, 3600)
+    [found] = [v for v in reconcile(world.c)["violations"] if v["check"] == "two_live_subscriptions"]
+    assert sorted(found["subscription_ids"]) == sorted([co["subscription_id"], other["id"]])

@@ -31,7 +31,8 @@ from billingctl.adapters.db.tables import (
 from billingctl.domain.lifecycle import DUNNING, REVIEW_OPEN
 
 # A subscription billed every period (spec 3): at most one per customer and plan (decision 110).
-BILLED = ("in_trial", "active", "non_renewing")
+# Billed each term; a paused subscription is billed again once it resumes (decision 181).
+BILLED = ("in_trial", "active", "non_renewing", "paused")
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.sql import insert_ignore
 from billingctl.adapters.db.tables import invoice, purchase, subscription
 
-STARTED_OR_HELD = ("active", "non_renewing")
+# A paused one holds its plan: it resumes, and is billed again (decision 181).
+STARTED_OR_HELD = ("active", "non_renewing", "paused")
 
 
 def holds_its_plan():
@@ -71,8 +72,8 @@ class Subscriptions(Repository):
                                               .where(subscription.c.customer_id == user_id)).mappings()]
 
     def holding_plan(self, user_id: str, item_price_id: str, exclude: str | None) -> list[str]:
-        """The user's other subscriptions of the plan that hold it (active, non-renewing, or paid and waiting
-        for their activation)."""
+        """The user's other subscriptions of the plan that hold it (active, non-renewing, paused, or paid and
+        waiting for their activation)."""
         return self.execute(select(subscription.c.id).where(
             subscription.c.customer_id == user_id, subscription.c.item_price_id == item_price_id,
             holds_its_plan(), subscription.c.id != (exclude or ""),
