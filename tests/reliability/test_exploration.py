@@ -32,9 +32,9 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from sqlalchemy import select
+from sqlalchemy import func, select
 
-from billingctl.adapters.db.tables import subscription
+from billingctl.adapters.db.tables import purchase, subscription
 from billingctl.bootstrap import Container
 from billingctl.domain import errors as e
 from billingctl.domain.clock import ManualClock
@@ -54,7 +54,8 @@ JOBS = {"poll": events.poll, "orphans": orphans.run_orphans, "activations": paym
         "sync-all": lambda c: sync_all(c, None)}
 SPANS = (16, 61, 15 * 60, 4 * 3600, 86400, 31 * 86400)  # a renewal falls due after a month
 SKEWS = (-90, -7, 0, 7, 90)  # seconds our clock runs ahead of the sandbox's (negative: behind)
-FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, "refused_refunds": 0}
+FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, "refused_refunds": 0,
+           "excesses_returned": 0}
 CONTEXT: dict = {}
 
 
@@ -82,6 +83,9 @@ class Exploration(RuleBasedStateMachine):
             FIGURES["refused_refunds"] += statuses["FAILED"]
             FIGURES["refunds"] += sum(statuses.values())
             FIGURES["payments"] += len(self.m.sandbox.store.all("payment"))
+            with self.c.uow() as uow:  # card payments that paid the rest of an invoice a cheque paid in part
+                FIGURES["excesses_returned"] += uow.execute(select(func.count()).select_from(purchase).where(
+                    purchase.c.returned_excess > 0)).scalar_one()
             self.c.close()
 
     def step(self, seed: int, text: str) -> random.Random:
@@ -131,7 +135,8 @@ class Exploration(RuleBasedStateMachine):
 
     @rule(action=st.sampled_from(["abandon", "pay_late", "cancel_at_provider", "declines", "outage",
                                   "freeze", "dispute", "expire_card", "charges_in_flight", "finish_charges",
-                                  "cancel_by_operator"]), seed=st.integers(0, 2**32))
+                                  "cancel_by_operator", "pause_at_provider", "resume_at_provider"]),
+          seed=st.integers(0, 2**32))
     def world(self, action, seed):
         self.step(seed, f"world: {action}")
         getattr(self.m, action)()
@@ -308,5 +313,6 @@ def test_histories_the_machine_chooses_keep_every_book(db_url, make_settings, tm
         record_property(name, value)
     print(f"exploration: {FIGURES['examples']} histories, {FIGURES['steps']} steps, {FIGURES['audits']} audits, "
           f"{FIGURES['payments']} payments at the orchestrator, {FIGURES['refunds']} refunds "
-          f"({FIGURES['refused_refunds']} refused by the processor)")
+          f"({FIGURES['refused_refunds']} refused by the processor), {FIGURES['excesses_returned']} card payments "
+          "that paid the rest of an invoice paid in part at the provider")
     assert FIGURES["audits"] >= EXAMPLES

@@ -139,6 +139,21 @@ class Model:
             self.sandbox.cancel(sub["id"])
             self.note(f"cancel at provider {sub['id']} ({sub['status']})")
 
+    def pause_at_provider(self) -> None:
+        """Support pauses a live subscription at the provider's console (a customer's holiday)."""
+        subs = [s for s in self.sandbox.store.all("subscription") if s["status"] in ("active", "non_renewing")]
+        if subs:
+            sub = self.rng.choice(subs)
+            self.sandbox.pause(sub["id"])
+            self.note(f"pause at provider {sub['id']}")
+
+    def resume_at_provider(self) -> None:
+        subs = [s for s in self.sandbox.store.all("subscription") if s["status"] == "paused"]
+        if subs:
+            sub = self.rng.choice(subs)
+            self.sandbox.resume(sub["id"])
+            self.note(f"resume at provider {sub['id']}")
+
     def refund(self) -> None:
         settled = [p for p in self.sandbox.payments("SETTLED")
                    if (p.get("processor") or {}).get("amountRefunded", 0) < p["amount"]]
@@ -431,10 +446,11 @@ class Model:
         for row in purchases.values():  # what we recorded, the provider holds as paid
             if row.invoice_id and row.provider_recorded_at and sandbox.invoice(row.invoice_id)["status"] != "paid":
                 found.append(f"not paid at the provider: {row.invoice_id}")
-        # One billed subscription per customer and plan at the provider (two tabs must not bill twice).
+        # One billed subscription per customer and plan at the provider (two tabs must not bill twice; a
+        # paused one is billed again once it resumes).
         billed = Counter((sub["customer_id"], sub["subscription_items"][0]["item_price_id"])
                          for sub in sandbox.store.all("subscription") if sub["status"] in ("in_trial", "active",
-                                                                                            "non_renewing"))
+                                                                                            "non_renewing", "paused"))
         found += [f"two live subscriptions of one plan at the provider: {key}" for key, n in billed.items() if n > 1]
         # A term the provider holds as paid is credited once: of the payments on one of its invoices, at most
         # one that the orchestrator did not refund in full stands credited in our ledger.
