@@ -133,26 +133,21 @@ class Model:
             self.note(f"late pay {co['subscription_id']} -> {payment['id']}")
 
     def cancel_at_provider(self) -> None:
-        subs = [s for s in self.sandbox.store.all("subscription") if s["status"] in ("active", "future")]
-        if subs:
-            sub = self.rng.choice(subs)
-            self.sandbox.cancel(sub["id"])
-            self.note(f"cancel at provider {sub['id']} ({sub['status']})")
+        self._at_the_providers_console(("active", "future"), self.sandbox.cancel, "cancel")
 
     def pause_at_provider(self) -> None:
         """Support pauses a live subscription at the provider's console (a customer's holiday)."""
-        subs = [s for s in self.sandbox.store.all("subscription") if s["status"] in ("active", "non_renewing")]
-        if subs:
-            sub = self.rng.choice(subs)
-            self.sandbox.pause(sub["id"])
-            self.note(f"pause at provider {sub['id']}")
+        self._at_the_providers_console(("active", "non_renewing"), self.sandbox.pause, "pause")
 
     def resume_at_provider(self) -> None:
-        subs = [s for s in self.sandbox.store.all("subscription") if s["status"] == "paused"]
+        self._at_the_providers_console(("paused",), self.sandbox.resume, "resume")
+
+    def _at_the_providers_console(self, statuses: tuple[str, ...], act, verb: str) -> None:
+        subs = [s for s in self.sandbox.store.all("subscription") if s["status"] in statuses]
         if subs:
             sub = self.rng.choice(subs)
-            self.sandbox.resume(sub["id"])
-            self.note(f"resume at provider {sub['id']}")
+            act(sub["id"])
+            self.note(f"{verb} at provider {sub['id']} ({sub['status']})")
 
     def refund(self) -> None:
         settled = [p for p in self.sandbox.payments("SETTLED")
