@@ -174,6 +174,14 @@ class Exploration(RuleBasedStateMachine):
             self.m.sandbox.record_payment(invoice["id"], max(invoice["amount_due"] // part, 1),
                                           f"cheque {rng.randint(1, 999)}")
 
+    @rule(count=st.integers(1, 6))
+    def provider_refuses_records(self, count):
+        """The provider fails its next `count` payment records and nothing else: a paid checkout is activated
+        and invoiced, and its record on the invoice waits (the window in which finance may enter a cheque on
+        the invoice, decisions 179 and 180)."""
+        self.step(0, f"provider fails record_payment x{count}")
+        self.m.sandbox.store.add_fault("provider", "503", path="record_payment", count=count)
+
     @rule(seed=st.integers(0, 2**32))
     def partial_settles(self, seed):
         self.step(seed, "renewal charges settle in part")
