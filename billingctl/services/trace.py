@@ -11,6 +11,7 @@ from datetime import datetime
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
+from billingctl.domain.refunds import credits_to_reverse
 from billingctl.services.payments import CAPTURED_STATUSES
 
 OURS, PROVIDER, ORCHESTRATOR = "ours", "provider", "orchestrator"
@@ -69,7 +70,10 @@ def _ours(books: dict, line) -> None:
         line(r["created_at"], OURS, f"purchase recorded via {r['recorded_via']}: {r['credits']} credits",
              payment=r["transaction_id"], subscription=r["subscription_id"], invoice=r["invoice_id"])
         if r["provider_recorded_at"]:
-            line(r["provider_recorded_at"], OURS, "payment recorded on the provider's invoice",
+            excess = int(r["returned_excess"] or 0)  # its invoice was paid in part elsewhere (decision 180)
+            rest = f" for the rest of it, {int(r['amount'] or 0) - excess}; {excess} refunded as an excess" \
+                if excess else ""
+            line(r["provider_recorded_at"], OURS, f"payment recorded on the provider's invoice{rest}",
                  payment=r["transaction_id"], invoice=r["invoice_id"])
         if r["closed_at"]:
             line(r["closed_at"], OURS, f"purchase closed ({r['closed_reason']})", payment=r["transaction_id"])
@@ -113,8 +117,8 @@ def _orchestrator(container, user_id: str, books: dict, line) -> dict:
              flag, payment=payment.id, order=payment.order_id)
         bought = recorded.get(payment.id)
         if payment.refunded:
-            expected = (int(bought["credits"]) * min(payment.refunded, payment.charged)) // max(payment.charged, 1) \
-                if bought else 0
+            expected = credits_to_reverse(bought["credits"], payment.charged, bought["returned_excess"],
+                                          payment.refunded) if bought else 0
             short = bought is not None and reversed_.get(payment.id, 0) < expected
             line(payment.date, ORCHESTRATOR, f"refunded {payment.refunded} of {payment.charged}",
                  "refund_not_reversed" if short else None, payment=payment.id)

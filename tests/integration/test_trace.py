@@ -69,3 +69,24 @@ def test_a_refund_pending_and_one_refused_at_the_processor_are_on_the_timeline(o
     world.sandbox.finish_refunds()
     texts = [line["what"] for line in trace(world.c, "user_t")["timeline"] if line["source"] == "orchestrator"]
     assert "1 refund(s) refused by the processor" in texts and not any("pending" in t for t in texts)
+
+
+def test_an_excess_refunded_because_a_cheque_paid_part_of_the_invoice_is_no_disagreement(one_try_world):
+    """Decision 180: a card payment that paid the rest of an invoice a cheque paid in part gets its excess
+    refunded, which takes back no credits. The timeline judged a refund by the whole payment's share and
+    flagged refund_not_reversed; it now says what was refunded as an excess, and agrees."""
+    from billingctl.services.events import poll
+    from billingctl.services.payments import retry_pending
+    from tests.integration.test_subscription_lifecycle import card_payment_waiting_for_its_record
+
+    world = one_try_world
+    card, invoice = card_payment_waiting_for_its_record(world)
+    world.sandbox.record_payment(invoice["id"], invoice["amount_due"] // 4, "cheque 0042", payment_method="check")
+    retry_pending(world.c)
+    poll(world.c)
+    report = trace(world.c, card["id"])
+    assert report["agree"] is True, report["disagreements"]
+    excess = invoice["amount_due"] // 4
+    assert [line["what"] for line in report["timeline"] if "excess" in line["what"]] == [
+        f"payment recorded on the provider's invoice for the rest of it, {invoice['amount_due'] - excess}; "
+        f"{excess} refunded as an excess"]
