@@ -654,12 +654,14 @@ def pay_the_rest(container, row, invoice: Invoice) -> bool | str:
 
 
 def _return_excess(container, payment_id: str, excess: int) -> None:
-    """Refund the payment's excess (decision 180) once: nothing when that much is refunded or asked for."""
+    """Refund the payment's excess (decision 180) once: nothing when that much is refunded or asked for; one
+    the processor refused is asked for again under a new key (decision 174)."""
     payment = container.orchestrator.get_payment(payment_id)
     asked = payment.refunded + payment.refund_pending
     if asked < excess:
+        key = f"excess:{payment_id}:{excess}" + (f":{payment.refunds_failed}" if payment.refunds_failed else "")
         container.orchestrator.refund_payment(payment_id, excess - asked, reason="invoice paid in part elsewhere",
-                                              idempotency_key=f"excess:{payment_id}:{excess}")
+                                              idempotency_key=key)
 
 
 def _paid_by_others(container, invoice: Invoice, payment_id: str) -> list[str]:

@@ -290,6 +290,30 @@ def test_a_card_payment_whose_invoice_a_cheque_paid_in_part_meanwhile_pays_the_r
     assert reconcile(world.c)["violations"] == []
 
 
+def test_an_excess_refund_the_processor_refused_before_the_rest_was_recorded_is_asked_for_again(world):
+    """Decision 180 with decision 174: the excess's refund was asked for, the record of the rest failed, and
+    the processor then refused the refund. The next run asks for it again under a new key (the old one
+    would replay the refused refund), and only then records the rest."""
+    from billingctl.services.payments import retry_pending
+    from tests.conftest import advance_with_sandbox
+
+    card, invoice = card_payment_waiting_for_its_record(world)
+    part = invoice["amount_due"] // 4
+    world.sandbox.record_payment(invoice["id"], part, "cheque 0042", payment_method="check")
+    world.sandbox.async_refunds("FAILED")
+    # The first record (refused for its amount) goes through; the record of the rest fails.
+    world.sandbox.store.add_fault("provider", "503", path="record_payment", skip=1, count=-1)
+    retry_pending(world.c)
+    advance_with_sandbox(world.c, 60)  # the processor refuses the refund
+    world.sandbox.async_refunds(None)
+    world.sandbox.store.clear_faults()
+    assert world.sandbox.store.get("payment", card["id"])["processor"].get("amountRefunded", 0) == 0
+    retry_pending(world.c)
+    assert world.sandbox.store.get("payment", card["id"])["processor"]["amountRefunded"] == part
+    assert world.sandbox.invoice(invoice["id"])["status"] == "paid"
+    assert world.credits("user_chq") == 2000
+
+
 @pytest.mark.parametrize("reference", ["CHEQUE-0003", "cheque 0003"])
 def test_a_payment_entered_at_the_provider_and_read_hours_later_is_no_false_alarm_for_reconcile(world, reference):
     """The cheque's transaction is dated when finance entered it; we read its event hours later, after a
