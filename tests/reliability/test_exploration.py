@@ -59,6 +59,12 @@ FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, 
 CONTEXT: dict = {}
 
 
+def _dispute_ended(kind: str, status: str) -> bool:
+    """A dispute no processor takes further: lost, cancelled, or accepted or let expire (a retrieval that
+    expired may still become a chargeback)."""
+    return status in ("LOST", "CANCELLED") or status == "ACCEPTED" or (kind != "RETRIEVAL" and status == "EXPIRED")
+
+
 class Exploration(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
@@ -194,12 +200,21 @@ class Exploration(RuleBasedStateMachine):
         self.step(0, f"refunds pending, then {outcome}")
         self.m.sandbox.async_refunds(outcome)
 
-    @rule(seed=st.integers(0, 2**32), outcome=st.sampled_from(["LOST", "WON", "ACCEPTED", "CHALLENGED"]))
-    def dispute_outcome(self, seed, outcome):
-        rng = self.step(seed, f"dispute {outcome}")
+    @rule(seed=st.integers(0, 2**32), kind=st.sampled_from(["DISPUTE", "RETRIEVAL", "PREARBITRATION"]),
+          outcome=st.sampled_from(["OPEN", "LOST", "WON", "ACCEPTED", "CHALLENGED", "EXPIRED", "CANCELLED"]))
+    def dispute_outcome(self, seed, kind, outcome):
+        """A DISPUTE.STATUS notification of any type and status Primer documents: a new dispute of a settled
+        payment, or the next step of one of its disputes that has not ended (a retrieval that becomes a
+        chargeback, a won chargeback taken to pre-arbitration)."""
+        rng = self.step(seed, f"dispute {kind} {outcome}")
         settled = self.m.sandbox.payments("SETTLED")
-        if settled:
-            self.m.sandbox.dispute_status(rng.choice(settled)["id"], outcome)
+        if not settled:
+            return
+        payment = rng.choice(settled)
+        going = [d["id"] for d in self.m.sandbox.store.all("dispute")
+                 if d["paymentId"] == payment["id"] and not _dispute_ended(d["type"], d["status"])]
+        dispute_id = rng.choice(going) if going and rng.random() < 0.5 else None
+        self.m.sandbox.dispute_status(payment["id"], outcome, kind=kind, dispute_id=dispute_id)
 
     # ---- operators -------------------------------------------------------------------------------------
     @rule(user=st.sampled_from(USERS), void=st.booleans())
