@@ -474,6 +474,7 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
         _refuse_credits_kept_off_the_providers_books(container, payment_id)
     if action == "create-subscription":
         _refuse_a_frozen_account(container, row["user_id"], payment_id)
+        _refuse_a_second_subscription_of_a_held_plan(container, row, payment_id)
     plan = {"payment_id": payment_id, "action": action, "state": row["status"]}
     if dry_run:
         return {**plan, "dry_run": True}
@@ -506,6 +507,19 @@ def _refuse_a_frozen_account(container, user_id: str | None, payment_id: str) ->
         frozen = uow.users.frozen_at(user_id)
     if frozen is not None:
         raise review.frozen_refusal(user_id, payment_id)
+
+
+def _refuse_a_second_subscription_of_a_held_plan(container, row: dict, payment_id: str) -> None:
+    """A new subscription for a payment whose customer holds the plan live (its own checkout's, paid by a
+    payment support refunded at the orchestrator, or another) would be billed beside it every term (found
+    by the exploration, decision 182). Refused, naming the holder: refund the payment, or cancel the holder."""
+    if not row["user_id"] or not row["item_price_id"]:
+        return
+    holding = _active_same_plan(container, row["user_id"], row["item_price_id"], exclude=None)
+    if holding:
+        raise e.Refused(f"payment {payment_id}: {row['user_id']} already holds {row['item_price_id']} ({holding}), "
+                        "so --create-subscription would bill the plan twice; refund it (billingctl orphans resolve "
+                        f"{payment_id} --refund --reason R --yes), or cancel {holding} first")
 
 
 def _refuse_a_kept_second_charge(container, payment: Payment, action: str) -> None:

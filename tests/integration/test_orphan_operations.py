@@ -456,6 +456,29 @@ def test_a_second_charge_of_one_order_cannot_be_kept_by_an_operator(world, actio
     assert world.sandbox.store.get("payment", second["id"])["processor"]["amountRefunded"] == second["amount"]
 
 
+def test_an_operator_cannot_give_a_payment_a_second_subscription_of_a_plan_the_customer_holds(world):
+    """Found by the exploration: support refunded the customer's first payment in full at the orchestrator's
+    console; the customer paid the same checkout's form again, held as a same-plan duplicate (the first
+    subscription is still live). An operator then resolved it with --create-subscription, which made a second
+    live subscription of the plan beside the first: both renew, and the customer is billed twice each term.
+    Refused now, naming the subscription that holds the plan; the refund still works."""
+    co = world.checkout("user_held")
+    first = world.sandbox.pay(co["order_id"])
+    world.sandbox.refund(first["id"])
+    second = world.sandbox.pay(co["order_id"])
+    assert row(world, second["id"])["status"] in ("retrying", "needs_review")
+    before = len(world.sandbox.store.all("subscription"))
+    with pytest.raises(e.Refused) as refused:
+        orphans.resolve(world.c, second["id"], "create-subscription", "customer asked", "ops")
+    assert refused.value.message == (
+        f"payment {second['id']}: user_held already holds {co['item_price_id']} ({co['subscription_id']}), so "
+        "--create-subscription would bill the plan twice; refund it (billingctl orphans resolve "
+        f"{second['id']} --refund --reason R --yes), or cancel {co['subscription_id']} first")
+    assert len(world.sandbox.store.all("subscription")) == before and audits(world) == []
+    orphans.resolve(world.c, second["id"], "refund", "holds the plan", "ops")
+    assert world.sandbox.store.get("payment", second["id"])["processor"]["amountRefunded"] == second["amount"]
+
+
 def _dispute_of(world, payment_id):
     with world.c.uow() as uow:
         return uow.disputes.deciding(payment_id)["dispute_id"]
