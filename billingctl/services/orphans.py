@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from datetime import timedelta
 
+from billingctl.adapters.db.subscriptions import STARTED_OR_HELD
 from billingctl.adapters.logs import item_failed
 from billingctl.adapters.payloads import Payment
 from billingctl.domain import errors as e
@@ -271,7 +272,7 @@ def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -
     with container.uow() as uow:
         candidates = uow.subscriptions.holding_plan(user_id, plan, exclude)
     for sub_id in candidates:  # the provider is the source of truth (a paid one may wait for its activation)
-        if container.provider.get_subscription(sub_id).status in ("active", "non_renewing", "paused", "future"):
+        if container.provider.get_subscription(sub_id).status in (*STARTED_OR_HELD, "future"):
             return sub_id
     return None
 
