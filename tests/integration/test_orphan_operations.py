@@ -595,6 +595,25 @@ def test_a_credited_orphan_refunded_in_full_leaves_nothing_for_reconcile_to_name
     assert _books_after_the_hour(world) == []
 
 
+def test_a_credited_orphan_recovery_refunds_as_a_duplicate_leaves_nothing_for_reconcile_to_name(world):
+    """Decision 183 (found by the exploration): a payment credited here, never on the provider's books,
+    whose plan the customer took again by a second checkout, is refunded by recovery as a same-plan
+    duplicate, its credits go back and its purchase is closed (decision 173). The books agree, but
+    reconcile named it `payment_recorded_and_refunded` every day: it named every recorded payment whose
+    row is `duplicate_refunded`, closed or not."""
+    co = world.checkout("user_d")
+    world.sandbox.cancel(co["subscription_id"])  # the provider cancelled the checkout before its payment
+    first = world.sandbox.pay(co["order_id"])
+    assert world.purchases(first["id"]) == 1 and world.credits("user_d") == 2000
+    world.sandbox.pay(world.checkout("user_d")["order_id"])  # the customer took the plan again
+    world.advance(16)
+    assert orphans.run_orphans(world.c)["outcomes"]["duplicate_refunded"] == 1
+    assert world.sandbox.store.get("payment", first["id"])["processor"]["amountRefunded"] == first["amount"]
+    assert world.credits("user_d") == 2000  # the duplicate's credits are back, the second payment's stand
+    assert _closed(world, first["id"]) == ("refunded", None)
+    assert _books_after_the_hour(world) == []
+
+
 def test_a_credited_orphan_is_marked_handled_only_once_its_credits_are_back(world):
     """Decision 173: marked handled with its credits kept, a payment would hold credits that no invoice at
     the provider carries, named by reconcile every day and acted on by nothing. Refused, changing nothing;

@@ -136,11 +136,13 @@ def plant_ledger_without_purchase(world):
         uow.commit()
 
 
-def unreported_behind_review_row(world, status):
-    """A purchase still waiting for its invoice while a review row in `status` names its payment."""
+def unreported_behind_review_row(world, status, reported=False):
+    """A purchase still waiting for its invoice (or, `reported`, on it) while a review row in `status`
+    names its payment."""
     _, payment = paid(world)
     with world.c.uow() as uow:
-        unreport(uow, payment["id"])
+        if not reported:
+            unreport(uow, payment["id"])
         uow.execute(insert(orphan_recovery).values(
             payment_id=payment["id"], user_id="user_a", status=status, attempts=1,
             created_at=world.c.clock.now(), updated_at=world.c.clock.now()))
@@ -153,6 +155,13 @@ def plant_unreported_behind_a_recovered_review_row(world):
     """The row says recovered, and the purchase still waits for its invoice (issue 35 defect 3): a review
     row that has ended no longer hides the purchase."""
     unreported_behind_review_row(world, "recovered")
+
+
+def plant_recorded_payment_refunded_as_a_duplicate(world):
+    """Recorded on the provider's invoice and credited, while recovery refunded the payment as a same-plan
+    duplicate: the customer keeps the term and has the money back (a purchase recovery closed is no
+    violation, decision 183)."""
+    unreported_behind_review_row(world, "duplicate_refunded", reported=True)
 
 
 def plant_closed_purchase_not_reversed(world):
@@ -454,6 +463,7 @@ def plant_purchase_stranded_with_a_person(world):
     (plant_paid_invoice_nobody_credited, "invoice_credits_not_one_term"),
     (plant_purchase_on_a_voided_invoice, "purchase_on_unpaid_invoice"),
     (plant_purchase_stranded_with_a_person, "recorded_not_on_provider_invoice"),
+    (plant_recorded_payment_refunded_as_a_duplicate, "payment_recorded_and_refunded"),
 ])
 def test_each_check_of_the_three_books_names_its_planted_violation(world, plant, check):
     """Issue 36 item 1: each invariant a billing auditor checks, planted, is named (and exit 5 follows

@@ -66,7 +66,7 @@ def _check_recorded(payment, recorded, owner, expected, add) -> None:
         return
     if recorded is None:
         return
-    if owner == "duplicate_refunded":
+    if owner == "duplicate_refunded" and recorded["closed_at"] is None:  # closed: its credits are back (173)
         add("payment_recorded_and_refunded", {"payment_id": pid, "user_id": recorded["user_id"],
                                               "detail": "recorded although recovery refunded it as a duplicate"})
     if payment.status != "SETTLED":
