@@ -257,6 +257,7 @@ SUBSCRIPTION = Lifecycle(
 # transaction voided or deleted, a chargeback recorded); only an unpaid invoice can be voided, and a voided
 # invoice stays voided. Applied like the subscription: provider copies in resource_version order.
 INVOICE_STATUSES = ("pending", "posted", "payment_due", "not_paid", "voided", "paid")
+INVOICE_PAYABLE = ("payment_due", "not_paid", "posted")  # an invoice the provider takes a payment on
 INVOICE = Lifecycle(
     name="invoice",
     states=INVOICE_STATUSES,

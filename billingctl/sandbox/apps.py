@@ -320,6 +320,14 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
         return idempotent(lambda: sandbox.record_payment(invoice_id, int(amount) if amount else due, reference,
                                                          method))
 
+    @app.post(f"{prefix}/invoices/<invoice_id>/remove_payment")
+    def remove_payment(invoice_id):  # finance's action; our client never calls it
+        return idempotent(lambda: sandbox.remove_payment(invoice_id, form("transaction[id]")))
+
+    @app.post(f"{prefix}/invoices/<invoice_id>/apply_payments")
+    def apply_payments(invoice_id):  # finance's action; our client never calls it
+        return idempotent(lambda: sandbox.apply_payments(invoice_id, form("transactions[id][0]")))
+
     @app.get(f"{prefix}/transactions")
     def list_transactions():
         return page("transaction", "transaction", equals("type", "type", TRANSACTION_TYPES) + after("date"),

@@ -384,19 +384,101 @@ class Sandbox:
         self.emit("payment_succeeded", {"transaction": txn, "invoice": invoice, "subscription": sub})
         return {"invoice": invoice, "transaction": txn}
 
+    def remove_payment(self, invoice_id: str, txn_id: str) -> dict:
+        """Finance removes a payment from an invoice (the provider's remove_payment, a console action here):
+        no money moves. The amount goes to the customer's excess payments and the transaction's unused
+        amount; the invoice owes it again. A paid invoice with no due date ahead becomes payment_due when it
+        is not collected automatically, else not_paid (no dunning is modelled); its `invoice_updated` event
+        carries the copy. Refused like the provider: a transaction not applied to the invoice, one not
+        successful, or an invoice with refunded credit notes."""
+        invoice = self.invoice(invoice_id)
+        linked = [p for p in invoice.get("linked_payments") or [] if p["txn_id"] == txn_id]
+        txn = self.store.get("transaction", txn_id)
+        if not linked or txn is None:
+            raise SandboxError(400, "transaction[id] : is not applied to this invoice", "param_wrong_value",
+                               "transaction[id]")
+        if txn["status"] not in ("success", "in_progress", "needs_attention"):
+            raise SandboxError(400, f"A {txn['status']} transaction cannot be removed", "invalid_state_for_request")
+        if any(cn.get("reference_invoice_id") == invoice_id and cn.get("status") in ("refunded", "refund_due")
+               for cn in self.store.all("credit_note")):
+            raise SandboxError(400, "The invoice has refunds issued", "invalid_state_for_request")
+        amount, now = int(linked[0]["applied_amount"]), self.now()
+        invoice["linked_payments"] = [p for p in invoice["linked_payments"] if p["txn_id"] != txn_id]
+        invoice.update(amount_paid=int(invoice["amount_paid"]) - amount,
+                       amount_due=int(invoice["amount_due"]) + amount, updated_at=now)
+        if invoice["status"] == "paid":
+            due = invoice.get("due_date")
+            sub = self.store.get("subscription", invoice["subscription_id"]) or {}
+            invoice["status"] = "posted" if due and due > now else \
+                "payment_due" if sub.get("auto_collection", "on") == "off" else "not_paid"
+            invoice.pop("paid_at", None)
+        txn.update(amount_unused=int(txn.get("amount_unused") or 0) + amount,
+                   linked_invoices=[i for i in txn.get("linked_invoices") or [] if i["invoice_id"] != invoice_id])
+        self.store.put("transaction", txn_id, txn)
+        customer = self.customer(invoice["customer_id"])
+        customer["excess_payments"] = int(customer.get("excess_payments") or 0) + amount
+        self.store.put("customer", customer["id"], customer)
+        self._save_invoice(invoice)
+        self.emit("invoice_updated", {"invoice": invoice})
+        return {"invoice": invoice, "transaction": txn}
+
+    def apply_payments(self, invoice_id: str, txn_id: str) -> dict:
+        """Finance applies a payment's unused amount (the customer's excess payments) to a payable invoice
+        (the provider's apply_payments, a console action here), up to its amount due; `invoice_updated`."""
+        invoice, txn = self.invoice(invoice_id), self.store.get("transaction", txn_id)
+        if invoice["status"] not in PAYABLE_INVOICE_STATUSES:
+            raise SandboxError(400, f"The invoice is in {invoice['status']} state", "invalid_state_for_request")
+        if txn is None or int(txn.get("amount_unused") or 0) <= 0:
+            raise SandboxError(400, "transactions[id][0] : has no unused amount", "param_wrong_value",
+                               "transactions[id][0]")
+        amount, now = min(int(txn["amount_unused"]), int(invoice["amount_due"])), self.now()
+        invoice.update(amount_paid=int(invoice["amount_paid"]) + amount,
+                       amount_due=int(invoice["amount_due"]) - amount)
+        if invoice["amount_due"] == 0:
+            invoice.update(status="paid", paid_at=now)
+        invoice["linked_payments"] = [*invoice["linked_payments"],
+                                      {"txn_id": txn_id, "applied_amount": amount, "applied_at": now,
+                                       "txn_status": txn["status"], "txn_date": txn["date"],
+                                       "txn_amount": txn["amount"]}]
+        txn.update(amount_unused=int(txn["amount_unused"]) - amount,
+                   linked_invoices=[*(txn.get("linked_invoices") or []),
+                                    {"invoice_id": invoice_id, "applied_amount": amount, "applied_at": now,
+                                     "invoice_date": invoice["date"], "invoice_total": invoice["total"],
+                                     "invoice_status": invoice["status"]}])
+        self.store.put("transaction", txn_id, txn)
+        customer = self.customer(invoice["customer_id"])
+        customer["excess_payments"] = int(customer.get("excess_payments") or 0) - amount
+        self.store.put("customer", customer["id"], customer)
+        self._save_invoice(invoice)
+        self.emit("invoice_updated", {"invoice": invoice})
+        return {"invoice": invoice}
+
     def refund_on_provider(self, reference_number: str, amount: int) -> dict | None:
+        """The orchestrator's workflow mirrors a refund: a refund transaction against the payment's. A payment
+        applied to an invoice is refunded through a refundable credit note on it; one finance removed from its
+        invoice (`remove_payment`) is refunded from its unused amount, lowering the customer's excess
+        payments, with no credit note."""
         ref = self.store.get("transaction_by_ref", reference_number)
         if ref is None:
             return None
         original = self.store.get("transaction", ref["id"])
-        invoice_id = original["linked_invoices"][0]["invoice_id"]
-        credit_note = {"id": self.store.next_id("cn"), "reference_invoice_id": invoice_id, "type": "refundable",
-                       "total": amount, "status": "refunded"}
         refund = {"id": self.store.next_id("txn"), "customer_id": original["customer_id"],
                   "subscription_id": original["subscription_id"], "type": "refund", "status": "success",
                   "amount": amount, "currency_code": original["currency_code"], "date": self.now(),
-                  "reference_transaction_id": original["id"], "reference_number": reference_number,
-                  "linked_credit_notes": [{"cn_id": credit_note["id"], "applied_amount": amount}]}
+                  "reference_transaction_id": original["id"], "reference_number": reference_number}
+        if not original.get("linked_invoices"):
+            unused = min(int(amount), int(original.get("amount_unused") or 0))
+            original["amount_unused"] = int(original.get("amount_unused") or 0) - unused
+            self.store.put("transaction", original["id"], original)
+            customer = self.customer(original["customer_id"])
+            customer["excess_payments"] = int(customer.get("excess_payments") or 0) - unused
+            self.store.put("customer", customer["id"], customer)
+            self.store.put("transaction", refund["id"], refund)
+            return self.emit("payment_refunded", {"transaction": refund})
+        invoice_id = original["linked_invoices"][0]["invoice_id"]
+        credit_note = {"id": self.store.next_id("cn"), "reference_invoice_id": invoice_id, "type": "refundable",
+                       "total": amount, "status": "refunded"}
+        refund["linked_credit_notes"] = [{"cn_id": credit_note["id"], "applied_amount": amount}]
         self.store.put("transaction", refund["id"], refund)
         self.store.put("credit_note", credit_note["id"], credit_note)
         self.emit("credit_note_created", {"credit_note": credit_note})

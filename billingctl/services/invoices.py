@@ -5,10 +5,15 @@ recorded on the invoice, a read), applied in resource_version order; a payment w
 
 from __future__ import annotations
 
+import logging
+
 from billingctl.adapters.payloads import Invoice
 from billingctl.domain.clock import parse_time
-from billingctl.domain.lifecycle import INVOICE
+from billingctl.domain.lifecycle import INVOICE, INVOICE_PAYABLE
+from billingctl.services import alerts
 from billingctl.services.lifecycles import provider_status, provider_step_written
+
+log = logging.getLogger("billingctl.invoices")
 
 
 def save_copy(container, uow, remote: Invoice) -> str:
@@ -37,7 +42,30 @@ def save_copy(container, uow, remote: Invoice) -> str:
     if not uow.invoices.update(invoice_id, current, version, **fields):
         return "older_ignored"
     provider_step_written(container, uow, INVOICE, invoice_id, current, status, step)
+    if current == "paid" and status in INVOICE_PAYABLE:
+        _owed_again(container, uow, invoice_id, status)
     return "applied"
+
+
+def _owed_again(container, uow, invoice_id: str, status: str) -> None:
+    """A paid invoice owes again: finance removed a payment from it at the provider (its remove-payment, or a
+    deleted offline transaction). No money moved, so nothing here may charge it again nor record the same
+    money twice; each payment of ours that stood recorded on it is named to a person at once, who applies it
+    to the invoice again at the provider, or refunds it and voids the invoice there (decision 184). The
+    renewal job skips the invoice meanwhile (`payment_removed`) and reconcile names it daily
+    (`purchase_on_unpaid_invoice`)."""
+    for payment_id, user_id in uow.purchases.reported_on(invoice_id):
+        log.error("a payment recorded on an invoice was removed from it at the provider",
+                  extra={"payment_id": payment_id, "invoice_id": invoice_id, "status": status})
+        alerts.raise_alert(
+            uow, container.clock,
+            f"invoice {invoice_id} is {status} again at the provider although payment {payment_id} of {user_id} "
+            f"was recorded on it: a payment was removed from it there and no money moved. Renewals will not "
+            f"charge it again; apply the payment to it again at the provider (the customer's excess payments "
+            f"hold it), or, if the term is not owed, refund it (billingctl payments refund {payment_id} "
+            f"--reason R --yes) and void the invoice there",
+            f"payment-removed:{payment_id}:{invoice_id}",
+            payment_id=payment_id, invoice_id=invoice_id, user_id=user_id)
 
 
 def name_invoice(uow, invoice_id: str, now, **fields) -> None:

@@ -598,7 +598,7 @@ def report_to_provider(container, row) -> bool | str:
         if status == "voided":
             refund_for_voided_invoice(container, row)
             return VOIDED
-        if status in PAYABLE and 0 < int(copy.amount_due or 0) < amount:
+        if status in lifecycle.INVOICE_PAYABLE and 0 < int(copy.amount_due or 0) < amount:
             return pay_the_rest(container, row, copy)
         paid_by = _paid_by_others(container, copy, row["transaction_id"]) if status == "paid" else None
         if paid_by:
@@ -626,7 +626,6 @@ def report_to_provider(container, row) -> bool | str:
     return True
 
 
-PAYABLE = ("payment_due", "not_paid", "posted")  # an invoice the provider takes a payment on
 
 
 def pay_the_rest(container, row, invoice: Invoice) -> bool | str:

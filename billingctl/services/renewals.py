@@ -103,6 +103,8 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         standing = uow.purchases.invoice_standing(invoice["id"], sub_id)
         if standing.checkout:
             return "not_a_renewal"  # a checkout's first invoice: the customer pays it at checkout
+        if standing.removed:
+            return "payment_removed"  # finance removed our payment from it at the provider: a person's (184)
         if standing.paid:
             return "already_paid"  # a recorded payment pays it; its report to the provider is pending work
         if standing.waiting:

@@ -130,6 +130,34 @@ def test_the_sdk_runs_the_checkout_to_renewal_flow(sdk, served):
     assert refused(lambda: sdk.Subscription.retrieve("sub_nope")) == (404, "resource_not_found")
 
 
+def test_the_sdk_removes_a_payment_from_an_invoice_and_applies_it_again_as_the_provider_documents(sdk, served):
+    """Decision 184: finance's remove-payment moves no money. The invoice owes again (payment_due, as its
+    subscription is not collected automatically), the customer's excess payments and the transaction's
+    unused amount hold the payment; apply-payments puts it back. Each emits invoice_updated."""
+    sdk.Customer.create({"id": "r1", "auto_collection": "off"})
+    sub = sdk.Subscription.create_with_items("r1", {"subscription_items": [{"item_price_id": PLAN}]})
+    invoice_id = sub.invoice.id
+    txn = sdk.Invoice.record_payment(invoice_id, {"transaction": {
+        "amount": 999, "payment_method": "other", "reference_number": "pay_r1"}}).transaction.id
+    assert refused(lambda: sdk.Invoice.remove_payment(invoice_id, {"transaction": {"id": "txn_nope"}})) == \
+        (400, "param_wrong_value")  # not a payment of this invoice
+    removed = sdk.Invoice.remove_payment(invoice_id, {"transaction": {"id": txn}}).invoice
+    assert (removed.status, removed.amount_due, removed.amount_paid) == ("payment_due", 999, 0)
+    assert removed.linked_payments in (None, [])
+    assert sdk.Customer.retrieve("r1").customer.excess_payments == 999
+    assert sdk.Transaction.retrieve(txn).transaction.amount_unused == 999
+    assert refused(lambda: sdk.Invoice.remove_payment(invoice_id, {"transaction": {"id": txn}})) == \
+        (400, "param_wrong_value")  # removed already
+    applied = sdk.Invoice.apply_payments(invoice_id, {"transactions": [{"id": txn}]}).invoice
+    assert (applied.status, applied.amount_due) == ("paid", 0)
+    assert sdk.Customer.retrieve("r1").customer.excess_payments == 0
+    assert refused(lambda: sdk.Invoice.apply_payments(invoice_id, {"transactions": [{"id": txn}]})) == \
+        (400, "invalid_state_for_request")  # paid
+    kinds = [e.event.event_type for e in sdk.Event.list({"occurred_at": {"after": 0},
+                                                          "sort_by": {"asc": "occurred_at"}}).list]
+    assert kinds[-2:] == ["invoice_updated", "invoice_updated"]
+
+
 def test_the_sdk_gets_the_refusal_of_a_backdated_start_and_the_documented_invoice_status(sdk, served):
     from chargebee.models.invoice.operations import Invoice
 

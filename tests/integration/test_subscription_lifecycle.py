@@ -622,3 +622,70 @@ def test_a_subscription_paused_at_the_provider_holds_its_plan(world):
     advance_with_sandbox(world.c, 3600)
     [found] = [v for v in reconcile(world.c)["violations"] if v["check"] == "two_live_subscriptions"]
     assert sorted(found["subscription_ids"]) == sorted([co["subscription_id"], other["id"]])
+
+
+def test_a_payment_finance_removes_from_its_invoice_is_named_at_once_never_charged_again_and_clears_when_applied(
+        world):
+    """Decision 184: finance removes our recorded payment from its renewal invoice at the provider (its
+    remove-payment: no money moves, the amount goes to the customer's excess payments) and the invoice owes
+    again. Before, nothing said so until reconcile's daily run, and the renewal job skipped the invoice as
+    "already_paid". Now its copy names it to a person at once, once, and renewals count it apart, charging
+    nothing; once finance applies the payment again, the invoice is paid and the books agree."""
+    from billingctl.services import events
+    from billingctl.services.payments import record_payment
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.renewals import run_renewals
+
+    co, invoice, payment = world.renewal_charged_unseen()
+    assert record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
+    events.poll(world.c)
+    txn = world.sandbox.store.get("transaction_by_ref", payment["id"])["id"]
+    key = f"payment-removed:{payment['id']}:{invoice['id']}"
+    assert key not in _chat_keys(world)
+
+    removed = world.sandbox.remove_payment(invoice["id"], txn)["invoice"]
+    assert (removed["status"], removed["amount_due"]) == ("payment_due", invoice["total"])
+    assert world.sandbox.customer("user_a")["excess_payments"] == invoice["total"]
+    events.poll(world.c)
+    events.poll(world.c)  # a second read of the same news alerts nothing more
+    assert _local_invoice(world, invoice["id"])["status"] == "payment_due"
+    assert key in _chat_keys(world) and _illegal(world, "invoice") == 0
+    charges = len(world.sandbox.store.all("payment"))
+    assert run_renewals(world.c)["outcomes"] == {"payment_removed": 1}
+    assert len(world.sandbox.store.all("payment")) == charges  # the customer is not charged twice
+    world.advance(2 * 3600)
+    assert "purchase_on_unpaid_invoice" in {v["check"] for v in reconcile(world.c)["violations"]}
+
+    world.sandbox.apply_payments(invoice["id"], txn)  # finance puts it back
+    events.poll(world.c)
+    assert _local_invoice(world, invoice["id"])["status"] == world.sandbox.invoice(invoice["id"])["status"] == "paid"
+    assert world.sandbox.customer("user_a")["excess_payments"] == 0
+    assert "payment_removed" not in run_renewals(world.c)["outcomes"]
+    world.advance(2 * 3600)
+    assert reconcile(world.c, full=True)["violations"] == []
+
+
+def test_a_payment_removed_from_its_invoice_refunded_and_its_invoice_voided_leaves_the_books_agreeing(world):
+    """Decision 184, the other remedy: the term is not owed. The operator refunds the payment (the
+    provider's mirror of the refund draws on the customer's excess payments, with no credit note) and
+    finance voids the invoice: nothing is charged, the credits are back, reconcile names nothing."""
+    from billingctl.services import events
+    from billingctl.services.payments import record_payment, refund_by_operator
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.renewals import run_renewals
+
+    co, invoice, payment = world.renewal_charged_unseen()
+    assert record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
+    before = world.credits()
+    world.sandbox.remove_payment(invoice["id"], world.sandbox.store.get("transaction_by_ref", payment["id"])["id"])
+    events.poll(world.c)
+    assert refund_by_operator(world.c, payment["id"], "term not owed", "ops")["outcome"] == "refunded"
+    assert world.sandbox.customer("user_a")["excess_payments"] == 0
+    assert world.credits() == before - 2000
+    world.sandbox.void_invoice(invoice["id"])
+    events.poll(world.c)
+    charges = len(world.sandbox.store.all("payment"))
+    assert "payment_removed" not in run_renewals(world.c)["outcomes"]
+    assert len(world.sandbox.store.all("payment")) == charges
+    world.advance(2 * 3600)
+    assert reconcile(world.c, full=True)["violations"] == []

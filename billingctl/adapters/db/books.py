@@ -388,10 +388,14 @@ class Books(Repository):
         return self.execute(select(func.count()).select_from(users)).scalar_one()
 
     def recorded_on_provider_since(self, since):
-        """(payment id, invoice id) of purchases marked recorded at the provider since `since`, streamed."""
-        query = select(purchase.c.transaction_id, purchase.c.invoice_id, purchase.c.provider_recorded_at).where(
+        """(payment id, invoice id) of purchases marked recorded at the provider since `since`, streamed; not
+        one whose credits all went back (refunded or charged back: nothing stands on it, decision 184)."""
+        given_back = _reversed(select(purchase.c.transaction_id).where(purchase.c.provider_recorded_at >= since))
+        query = select(purchase.c.transaction_id, purchase.c.invoice_id, purchase.c.provider_recorded_at).outerjoin(
+            given_back, given_back.c.payment_id == purchase.c.transaction_id).where(
             purchase.c.provider_recorded_at.is_not(None), purchase.c.invoice_id.is_not(None),
-            purchase.c.provider_recorded_at >= since)
+            purchase.c.provider_recorded_at >= since,
+            or_(purchase.c.credits == 0, func.coalesce(given_back.c.reversed, 0) < purchase.c.credits))
         yield from self.execute(query.execution_options(yield_per=1000))
 
     @staticmethod

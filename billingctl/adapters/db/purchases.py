@@ -16,12 +16,14 @@ from billingctl.adapters.db.tables import (
     alert_outbox,
     checkout_session,
     credit_ledger,
+    invoice,
     orphan_recovery,
     purchase,
     subscription,
     transaction,
     users,
 )
+from billingctl.domain.lifecycle import INVOICE_PAYABLE
 
 SUCCESSFUL_TRANSACTION = ("captured", "settled")
 # Ledger reasons that take a payment's credits back: a refund, a lost dispute.
@@ -54,14 +56,24 @@ class Purchases(Repository):
 
     def invoice_standing(self, invoice_id: str, subscription_id: str | None):
         """Whether an invoice is a checkout's (`checkout`), is paid by a recorded payment (`paid`), or its
-        subscription has a paid checkout still waiting for its first invoice (`waiting`): one statement,
+        subscription has a paid checkout still waiting for its first invoice (`waiting`), and whether the
+        provider's copy owes again what a payment of ours stood recorded on (`removed`, decision 184): one statement,
         so one snapshot. Activation writes the purchase's and the checkout's invoice in one transaction;
         separate reads could straddle that commit and see none of the three (decision 158)."""
         return self.execute(select(
             exists().where(checkout_session.c.invoice_id == invoice_id).label("checkout"),
             exists().where(purchase.c.invoice_id == invoice_id).label("paid"),
             exists().where(purchase.c.subscription_id == subscription_id,
-                           purchase.c.invoice_id.is_(None)).label("waiting"))).one()
+                           purchase.c.invoice_id.is_(None)).label("waiting"),
+            exists().where(purchase.c.invoice_id == invoice_id, purchase.c.provider_recorded_at.is_not(None),
+                           purchase.c.closed_at.is_(None), invoice.c.id == invoice_id,
+                           invoice.c.status.in_(INVOICE_PAYABLE)).label("removed"))).one()
+
+    def reported_on(self, invoice_id: str) -> list:
+        """The purchases that stand recorded on an invoice at the provider (recorded there, not closed)."""
+        return self.execute(select(purchase.c.transaction_id, purchase.c.user_id).where(
+            purchase.c.invoice_id == invoice_id, purchase.c.provider_recorded_at.is_not(None),
+            purchase.c.closed_at.is_(None)).order_by(purchase.c.id)).all()
 
     def paying_subscription(self, subscription_id: str) -> str | None:
         """The payment id of the (first) purchase recorded for a subscription."""
