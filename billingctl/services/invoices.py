@@ -43,21 +43,20 @@ def save_copy(container, uow, remote: Invoice) -> str:
         return "older_ignored"
     provider_step_written(container, uow, INVOICE, invoice_id, current, status, step)
     if current == "paid" and status in INVOICE_PAYABLE:
-        _owed_again(container, uow, invoice_id, status)
+        owed_again(container, uow, invoice_id, status)
     return "applied"
 
 
-def _owed_again(container, uow, invoice_id: str, status: str) -> None:
+def owed_again(container, uow, invoice_id: str, status: str) -> None:
     """A paid invoice owes again: finance removed a payment from it at the provider (its remove-payment, or a
     deleted offline transaction). No money moved, so nothing here may charge it again nor record the same
     money twice; each payment of ours that stood recorded on it is named to a person at once, who applies it
     to the invoice again at the provider, or refunds it and voids the invoice there (decision 184). The
-    renewal job skips the invoice meanwhile (`payment_removed`) and reconcile names it daily
+    renewal job skips the invoice meanwhile (`payment_removed`), and raises the same alert when it finds one
+    whose paid copy never reached us (copies out of order); reconcile names it daily
     (`purchase_on_unpaid_invoice`)."""
     for payment_id, user_id in uow.purchases.reported_on(invoice_id):
-        log.error("a payment recorded on an invoice was removed from it at the provider",
-                  extra={"payment_id": payment_id, "invoice_id": invoice_id, "status": status})
-        alerts.raise_alert(
+        new = alerts.raise_alert(
             uow, container.clock,
             f"invoice {invoice_id} is {status} again at the provider although payment {payment_id} of {user_id} "
             f"was recorded on it: a payment was removed from it there and no money moved. Renewals will not "
@@ -66,6 +65,9 @@ def _owed_again(container, uow, invoice_id: str, status: str) -> None:
             f"--reason R --yes) and void the invoice there",
             f"payment-removed:{payment_id}:{invoice_id}",
             payment_id=payment_id, invoice_id=invoice_id, user_id=user_id)
+        if new:
+            log.error("a payment recorded on an invoice was removed from it at the provider",
+                      extra={"payment_id": payment_id, "invoice_id": invoice_id, "status": status})
 
 
 def name_invoice(uow, invoice_id: str, now, **fields) -> None:

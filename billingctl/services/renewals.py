@@ -21,6 +21,7 @@ from billingctl.domain.batch import BatchResult
 from billingctl.domain.instruments import stored_instrument, usable_card
 from billingctl.domain.quota import MERCHANT
 from billingctl.services import alerts, catalog, fraud_quota, fraud_signals
+from billingctl.services.invoices import owed_again
 from billingctl.services.lifecycles import report_illegal
 from billingctl.services.payments import dunning_step, end_renewal_attempt, record_payment
 
@@ -101,10 +102,13 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
     sub_id, user_id = invoice.get("subscription_id"), invoice.get("customer_id")
     with container.uow() as uow:
         standing = uow.purchases.invoice_standing(invoice["id"], sub_id)
+        if standing.removed:  # finance removed our payment from it at the provider: a person's (decision 184)
+            if not dry_run:
+                owed_again(container, uow, invoice["id"], Invoice.read(remote).status)
+                uow.commit()
+            return "payment_removed"
         if standing.checkout:
             return "not_a_renewal"  # a checkout's first invoice: the customer pays it at checkout
-        if standing.removed:
-            return "payment_removed"  # finance removed our payment from it at the provider: a person's (184)
         if standing.paid:
             return "already_paid"  # a recorded payment pays it; its report to the provider is pending work
         if standing.waiting:

@@ -689,3 +689,29 @@ def test_a_payment_removed_from_its_invoice_refunded_and_its_invoice_voided_leav
     assert len(world.sandbox.store.all("payment")) == charges
     world.advance(2 * 3600)
     assert reconcile(world.c, full=True)["violations"] == []
+
+
+def test_a_payment_removed_before_its_paid_copy_reached_us_is_named_by_the_renewal_job(world):
+    """Decision 184, webhooks out of order: the removal's copy (payment_due, newer) arrives before the
+    payment's own event, whose paid copy is then older and dropped, so no paid-to-payable step is ever seen
+    here. The payment is recorded from its event and confirmed by it; the renewal job finds the invoice
+    owing again under a purchase of ours, counts it apart, charges nothing and raises the one alert."""
+    from billingctl.services.provider_events import handle_event
+    from billingctl.services.renewals import run_renewals
+
+    co, invoice, payment = world.renewal_charged_unseen()
+    world.sandbox.remove_payment(invoice["id"], world.sandbox.store.get("transaction_by_ref", payment["id"])["id"])
+    news = [ev for ev in world.sandbox.store.all("event")
+            if ev["event_type"] in ("payment_succeeded", "invoice_updated")
+            and (ev["content"].get("invoice") or {}).get("id") == invoice["id"]]
+    assert [ev["event_type"] for ev in news] == ["payment_succeeded", "invoice_updated"]
+    for event in reversed(news):  # the newest first
+        handle_event(world.c, event, via="webhook")
+    assert world.purchases(payment["id"]) == 1 and _local_invoice(world, invoice["id"])["status"] == "payment_due"
+    key = f"payment-removed:{payment['id']}:{invoice['id']}"
+    assert key not in _chat_keys(world)
+    charges = len(world.sandbox.store.all("payment"))
+    assert run_renewals(world.c)["outcomes"] == {"payment_removed": 1}
+    assert run_renewals(world.c)["outcomes"] == {"payment_removed": 1}
+    assert len(world.sandbox.store.all("payment")) == charges
+    assert key in _chat_keys(world)

@@ -55,7 +55,7 @@ JOBS = {"poll": events.poll, "orphans": orphans.run_orphans, "activations": paym
 SPANS = (16, 61, 15 * 60, 4 * 3600, 86400, 31 * 86400)  # a renewal falls due after a month
 SKEWS = (-90, -7, 0, 7, 90)  # seconds our clock runs ahead of the sandbox's (negative: behind)
 FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, "refused_refunds": 0,
-           "excesses_returned": 0}
+           "excesses_returned": 0, "payments_removed": 0}
 CONTEXT: dict = {}
 
 
@@ -92,6 +92,8 @@ class Exploration(RuleBasedStateMachine):
             with self.c.uow() as uow:  # card payments that paid the rest of an invoice a cheque paid in part
                 FIGURES["excesses_returned"] += uow.execute(select(func.count()).select_from(purchase).where(
                     purchase.c.returned_excess > 0)).scalar_one()
+            FIGURES["payments_removed"] += sum(1 for line in self.m.trace if "finance removes" in line
+                                               and "refused" not in line)
             self.c.close()
 
     def step(self, seed: int, text: str) -> random.Random:
@@ -141,7 +143,7 @@ class Exploration(RuleBasedStateMachine):
 
     @rule(action=st.sampled_from(["abandon", "pay_late", "cancel_at_provider", "declines", "outage",
                                   "freeze", "dispute", "expire_card", "charges_in_flight", "finish_charges",
-                                  "cancel_by_operator", "pause_at_provider", "resume_at_provider"]),
+                                  "cancel_by_operator", "pause_at_provider", "resume_at_provider", "remove_payment"]),
           seed=st.integers(0, 2**32))
     def world(self, action, seed):
         self.step(seed, f"world: {action}")
@@ -337,5 +339,6 @@ def test_histories_the_machine_chooses_keep_every_book(db_url, make_settings, tm
     print(f"exploration: {FIGURES['examples']} histories, {FIGURES['steps']} steps, {FIGURES['audits']} audits, "
           f"{FIGURES['payments']} payments at the orchestrator, {FIGURES['refunds']} refunds "
           f"({FIGURES['refused_refunds']} refused by the processor), {FIGURES['excesses_returned']} card payments "
-          "that paid the rest of an invoice paid in part at the provider")
+          f"that paid the rest of an invoice paid in part at the provider, {FIGURES['payments_removed']} payments "
+          "finance removed from their invoice")
     assert FIGURES["audits"] >= EXAMPLES

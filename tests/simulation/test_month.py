@@ -39,7 +39,7 @@ from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS
 from billingctl.domain.clock import ManualClock
 from billingctl.domain.lifecycle import ORPHAN, REVIEW_HUMAN
 from billingctl.domain.quota import CUSTOMER, MERCHANT, WINDOWS
-from billingctl.sandbox.model import IN_FLIGHT
+from billingctl.sandbox.model import IN_FLIGHT, PAYABLE_INVOICE_STATUSES, SandboxError
 from billingctl.services import alerts, checkout, events, orphans, payments, reconcile, renewals
 from billingctl.services.fraud_quota import AUTHORIZED_STATUSES
 from billingctl.services.orphans import OPEN
@@ -58,6 +58,11 @@ HEAVY_PLANS = ("credits-pro-nsfw-USD-monthly", "credits-max-nsfw-USD-monthly")  
 WALLET_USERS = ("sim_wallet_0", "sim_wallet_1")  # they pay with a wallet only: no card to renew an NSFW plan on
 
 
+def applied_or_unused(txn: dict) -> int:
+    """What the provider holds of one payment transaction: applied to invoices, or unused (excess payments)."""
+    return sum(link["applied_amount"] for link in txn.get("linked_invoices") or []) + int(txn.get("amount_unused") or 0)
+
+
 @dataclass
 class Model:
     rng: random.Random
@@ -74,6 +79,10 @@ class Model:
     # Seconds our clock runs ahead of the sandbox's (negative: behind): the provider's clock is not ours
     # (issue 35 defect 4), and a checkout paid while they disagree must still activate.
     skew: float = 0
+    # (invoice, provider transaction, our payment) of each payment finance removed from its invoice at the
+    # provider and no person has answered yet (decision 184), and the alerts each removal owes.
+    removed: list[tuple[str, str, str]] = field(default_factory=list)
+    removal_alerts: set[str] = field(default_factory=set)
 
     @property
     def sandbox(self):
@@ -148,6 +157,51 @@ class Model:
             sub = self.rng.choice(subs)
             act(sub["id"])
             self.note(f"{verb} at provider {sub['id']} ({sub['status']})")
+
+    def remove_payment(self) -> None:
+        """Finance removes one of our payments from its paid invoice at the provider's console: no money
+        moves, the invoice owes again and the customer's excess payments hold it (decision 184)."""
+        charges = {p["id"] for p in self.sandbox.store.all("payment")}
+        ours = [(invoice["id"], link["txn_id"], txn["reference_number"])
+                for invoice in self.sandbox.store.all("invoice") if invoice["status"] == "paid"
+                for link in invoice.get("linked_payments") or []
+                if (txn := self.sandbox.store.get("transaction", link["txn_id"]) or {}).get("reference_number")
+                in charges]
+        if not ours:
+            return
+        invoice_id, txn_id, payment_id = self.rng.choice(sorted(ours))
+        try:
+            self.sandbox.remove_payment(invoice_id, txn_id)
+        except SandboxError as exc:  # refunds issued on the invoice: the provider refuses
+            self.note(f"finance removes {payment_id} from {invoice_id}: refused ({exc.message})")
+            return
+        self.removed.append((invoice_id, txn_id, payment_id))
+        with self.c.uow() as uow:  # a payment of ours stood recorded on it: a person is told
+            self.removal_alerts |= {f"payment-removed:{pid}:{invoice_id}" for pid, _ in
+                                    uow.purchases.reported_on(invoice_id)}
+        self.note(f"finance removes {payment_id} from {invoice_id}")
+
+    def answer_removals(self) -> None:
+        """The person the payment-removed alert names puts the payment back on its invoice at the provider;
+        when part of it went back to the customer meanwhile, they refund the rest and void the invoice, as
+        the alert says for a term not owed (decision 184)."""
+        for invoice_id, txn_id, payment_id in self.removed:
+            invoice = self.sandbox.invoice(invoice_id)
+            unused = int(self.sandbox.store.get("transaction", txn_id).get("amount_unused") or 0)
+            if invoice["status"] not in PAYABLE_INVOICE_STATUSES:
+                continue
+            if unused >= invoice["amount_due"]:
+                self.sandbox.apply_payments(invoice_id, txn_id)
+                self.note(f"finance applies {payment_id} to {invoice_id} again")
+                continue
+            try:
+                payments.refund_by_operator(self.c, payment_id, "term not owed", "sim-operator")
+            except e.BillingError as exc:
+                self.note(f"operator refunds {payment_id}: refused ({exc.code})")
+                continue
+            self.sandbox.void_invoice(invoice_id)
+            self.note(f"operator refunds {payment_id}, finance voids {invoice_id}")
+        self.removed.clear()
 
     def refund(self) -> None:
         settled = [p for p in self.sandbox.payments("SETTLED")
@@ -339,6 +393,11 @@ class Model:
         for span in (61, 61, 61, 300, 600):
             self.advance(span)
             self.jobs(quiet=True)
+        if self.removed:  # told by then, the person acts; the jobs read what they did
+            self.answer_removals()
+            for span in (61, 61, 300):
+                self.advance(span)
+                self.jobs(quiet=True)
 
     def check(self, full: bool = False) -> None:
         """The day's books, from the outside world (the sandbox's orchestrator and provider) and ours; then
@@ -431,6 +490,13 @@ class Model:
             # counts; nor one a person holds, alerted)
             if p["processor"].get("amountRefunded", 0) < p["amount"] and p["id"] not in held:
                 live.setdefault(p["orderId"], []).append(p["id"])
+        found += [f"{key}: {chat[key]} alerts" for key in sorted(self.removal_alerts) if chat[key] != 1]
+        held_twice = Counter()  # of each of our payments, what the provider holds: applied, and unused (excess)
+        for txn in sandbox.store.all("transaction"):
+            if txn.get("type") == "payment" and txn.get("reference_number") in {p["id"] for p in settled}:
+                held_twice[txn["reference_number"]] += applied_or_unused(txn)
+        found += [f"the provider holds {pid} more than once" for p in settled
+                  if held_twice[(pid := p["id"])] > p["amount"]]
         for p in settled:  # every refund the processor refused is alerted once (decision 174)
             failed = [t for t in p.get("transactions") or [] if t["transactionType"] == "REFUND"
                       and t["processorStatus"] == "FAILED"]
@@ -439,9 +505,11 @@ class Model:
                     found.append(f"{key}: {chat[key]} alerts")
         found += [f"charged twice: {ids}" for ids in live.values() if len(ids) > 1]
         charges = {p["id"] for p in sandbox.store.all("payment")}
+        given_back = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) >= p["amount"]}
         for row in purchases.values():  # what we recorded, the provider holds as paid (a cheque for part of an
-            # invoice, entered there, is a purchase for the books that credits nothing and leaves the rest due)
-            ours = row.transaction_id in charges or row.credits
+            # invoice, entered there, is a purchase for the books that credits nothing and leaves the rest due;
+            # a payment refunded in full holds nothing: a person may void the invoice it was removed from)
+            ours = (row.transaction_id in charges or row.credits) and row.transaction_id not in given_back
             if ours and row.invoice_id and row.provider_recorded_at and \
                     sandbox.invoice(row.invoice_id)["status"] != "paid":
                 found.append(f"not paid at the provider: {row.invoice_id}")
