@@ -48,13 +48,13 @@ def save_copy(container, uow, remote: Invoice) -> str:
 
 
 def owed_again(container, uow, invoice_id: str, status: str) -> None:
-    """A paid invoice owes again: finance removed a payment from it at the provider (its remove-payment, or a
-    deleted offline transaction). No money moved, so nothing here may charge it again nor record the same
-    money twice; each payment of ours that stood recorded on it is named to a person at once, who applies it
-    to the invoice again at the provider, or refunds it and voids the invoice there (decision 184). The
-    renewal job skips the invoice meanwhile (`payment_removed`), and raises the same alert when it finds one
-    whose paid copy never reached us (copies out of order); reconcile names it daily
-    (`purchase_on_unpaid_invoice`)."""
+    """A paid invoice owes again: finance removed a payment from it at the provider (its remove-payment; an
+    offline transaction is deleted only once removed so). No money moved, so nothing here may charge it
+    again nor record the same money twice; each payment of ours that stood recorded on it is named to a
+    person at once, who applies it to the invoice again at the provider, or refunds it and voids the invoice
+    there (decision 184). The renewal job skips the invoice meanwhile (`payment_removed`), and raises the
+    same alert when it finds one whose paid copy never reached us (copies out of order); reconcile names it
+    daily (`purchase_on_unpaid_invoice`)."""
     for payment_id, user_id in uow.purchases.reported_on(invoice_id):
         new = alerts.raise_alert(
             uow, container.clock,
