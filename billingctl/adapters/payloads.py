@@ -312,6 +312,7 @@ class Invoice(Open):
     total: int | None = None
     amount_due: int | None = None
     amount_paid: int | None = None
+    write_off_amount: int | None = None
     currency_code: Currency | None = None
     date: UnixTime | None = None
     paid_at: UnixTime | None = None

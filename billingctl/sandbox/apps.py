@@ -320,6 +320,10 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
         return idempotent(lambda: sandbox.record_payment(invoice_id, int(amount) if amount else due, reference,
                                                          method))
 
+    @app.post(f"{prefix}/invoices/<invoice_id>/write_off")
+    def write_off(invoice_id):  # finance's action; our client never calls it
+        return idempotent(lambda: sandbox.write_off(invoice_id))
+
     @app.post(f"{prefix}/invoices/<invoice_id>/remove_payment")
     def remove_payment(invoice_id):  # finance's action; our client never calls it
         return idempotent(lambda: sandbox.remove_payment(invoice_id, form("transaction[id]")))

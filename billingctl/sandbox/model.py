@@ -384,6 +384,28 @@ class Sandbox:
         self.emit("payment_succeeded", {"transaction": txn, "invoice": invoice, "subscription": sub})
         return {"invoice": invoice, "transaction": txn}
 
+    def write_off(self, invoice_id: str) -> dict:
+        """Finance writes off an invoice the customer did not pay (the provider's write_off, a console action
+        here): refused unless payable; it becomes paid with nothing paid, its amount due written off through
+        an adjustment credit note (`credit_note_created`, `invoice_updated`)."""
+        invoice = self.invoice(invoice_id)
+        if invoice["status"] not in PAYABLE_INVOICE_STATUSES:
+            raise SandboxError(400, f"The invoice is in {invoice['status']} state. Only invoices with an amount "
+                               "due can be written off", "invalid_state_for_request")
+        now, amount = self.now(), int(invoice["amount_due"])
+        note = {"id": self.store.next_id("cn"), "reference_invoice_id": invoice_id, "type": "adjustment",
+                "create_reason_code": "Write Off", "total": amount, "status": "adjusted", "date": now,
+                "customer_id": invoice["customer_id"], "subscription_id": invoice["subscription_id"],
+                "currency_code": invoice["currency_code"], "object": "credit_note"}
+        self.store.put("credit_note", note["id"], note)
+        invoice.update(status="paid", paid_at=now, amount_due=0, write_off_amount=amount,
+                       adjustment_credit_notes=[{"cn_id": note["id"], "cn_total": amount, "cn_status": "adjusted",
+                                                 "cn_reason_code": "write_off", "cn_date": now}])
+        self._save_invoice(invoice)
+        self.emit("credit_note_created", {"credit_note": note})
+        self.emit("invoice_updated", {"invoice": invoice})
+        return {"invoice": invoice, "credit_note": note}
+
     def remove_payment(self, invoice_id: str, txn_id: str) -> dict:
         """Finance removes a payment from an invoice (the provider's remove_payment, a console action here):
         no money moves. The amount goes to the customer's excess payments and the transaction's unused

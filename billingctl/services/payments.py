@@ -556,7 +556,7 @@ def _complete_followups(container, subscription_id: str) -> dict:
         pending = uow.purchases.unreported(subscription_id, container.clock.now())
     for row in pending:
         reported = report_to_provider(container, row) if row["invoice_id"] else False
-        if reported in (VOIDED, PAID_ELSEWHERE):  # refunded: its period is not this payment's to pay
+        if reported in (VOIDED, PAID_ELSEWHERE, WRITTEN_OFF):  # refunded: its period is not this payment's
             result["refunded_unpaid_period"] = row["transaction_id"]
         elif not reported:
             result["provider_recorded"] = False
@@ -565,12 +565,14 @@ def _complete_followups(container, subscription_id: str) -> dict:
 
 VOIDED = "invoice_voided"
 PAID_ELSEWHERE = "invoice_paid_elsewhere"
+WRITTEN_OFF = "invoice_written_off"
 
 
 def report_to_provider(container, row) -> bool | str:
     """Record one purchase on its provider invoice (reference = the orchestrator payment id). True when
     the invoice is paid afterwards; VOIDED when the invoice was voided meanwhile, PAID_ELSEWHERE when another
-    payment paid it meanwhile (the payment is then refunded, decisions 113, 179); one paid in part meanwhile
+    payment paid it meanwhile, WRITTEN_OFF when finance wrote it off meanwhile (the payment is then refunded,
+    decisions 113, 179, 185); one paid in part meanwhile
     gets the rest, and the excess is refunded first (decision 180); a refusal the provider does not explain
     stays pending."""
     amount = int(row["amount"] or 0) - int(row["returned_excess"] or 0)
@@ -604,6 +606,9 @@ def report_to_provider(container, row) -> bool | str:
         if paid_by:
             refund_for_invoice_paid_elsewhere(container, row, paid_by)
             return PAID_ELSEWHERE
+        if status == "paid" and not copy.linked_payments and int(copy.write_off_amount or 0) > 0:
+            refund_for_written_off_invoice(container, row)
+            return WRITTEN_OFF
         if status != "paid":
             log.error("recording at the provider was refused; left pending: %s", exc.message,
                       extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"],
@@ -687,6 +692,19 @@ def refund_for_voided_invoice(container, row) -> None:
                           f"Payment {row['transaction_id']} settled for voided invoice {row['invoice_id']} - "
                           "refunded, credits reversed", f"voided-invoice:{row['transaction_id']}",
                           "payment settled for a voided invoice: refunded")
+
+
+def refund_for_written_off_invoice(container, row) -> None:
+    """A payment settled for a provider invoice finance wrote off while the charge was in flight (at the
+    provider's console: its write-off needs no payment in progress there, and ours is at the orchestrator):
+    like a void, the write-off is the decision that the period is not collected, so the payment is refunded
+    in full and the period stays uncredited (decision 185)."""
+    _refund_unpaid_period(container, row, WRITTEN_OFF, "invoice written off",
+                          f"invoice {row['invoice_id']} was written off at the provider",
+                          f"Payment {row['transaction_id']} settled for invoice {row['invoice_id']}, written off "
+                          "at the provider meanwhile - refunded, credits reversed",
+                          f"written-off-invoice:{row['transaction_id']}",
+                          "payment settled for a written-off invoice: refunded")
 
 
 def refund_for_invoice_paid_elsewhere(container, row, paid_by: list[str]) -> None:

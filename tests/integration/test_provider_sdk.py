@@ -158,6 +158,18 @@ def test_the_sdk_removes_a_payment_from_an_invoice_and_applies_it_again_as_the_p
     assert kinds[-2:] == ["invoice_updated", "invoice_updated"]
 
 
+def test_the_sdk_writes_off_an_unpaid_invoice_as_the_provider_documents(sdk, served):
+    """Decision 185: a write-off makes a payable invoice paid with nothing paid, its amount due written off
+    through an adjustment credit note; a paid invoice cannot be written off."""
+    sdk.Customer.create({"id": "w1", "auto_collection": "off"})
+    invoice_id = sdk.Subscription.create_with_items("w1", {"subscription_items": [{"item_price_id": PLAN}]}).invoice.id
+    written = sdk.Invoice.write_off(invoice_id, {"comment": "uncollectable"})
+    assert (written.invoice.status, written.invoice.amount_paid, written.invoice.amount_due,
+            written.invoice.write_off_amount) == ("paid", 0, 0, 999)
+    assert (written.credit_note.type, written.credit_note.total) == ("adjustment", 999)
+    assert refused(lambda: sdk.Invoice.write_off(invoice_id, {})) == (400, "invalid_state_for_request")
+
+
 def test_the_sdk_gets_the_refusal_of_a_backdated_start_and_the_documented_invoice_status(sdk, served):
     from chargebee.models.invoice.operations import Invoice
 

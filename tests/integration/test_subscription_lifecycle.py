@@ -715,3 +715,58 @@ def test_a_payment_removed_before_its_paid_copy_reached_us_is_named_by_the_renew
     assert run_renewals(world.c)["outcomes"] == {"payment_removed": 1}
     assert len(world.sandbox.store.all("payment")) == charges
     assert key in _chat_keys(world)
+
+
+def test_a_renewal_settling_on_an_invoice_finance_wrote_off_meanwhile_is_refunded_once(world):
+    """Decision 185: finance writes off a renewal invoice at the provider while our charge for it is in
+    flight at the orchestrator (a write-off needs no payment in progress at the provider, and ours is not
+    there). The invoice is paid with nothing paid. Before, our record was refused (paid) and, the copy
+    naming no payment, taken for the workflow's record of ours: marked recorded and credited, while the
+    customer paid a forgiven term and no provider transaction carried it. Now, as for a void, the payment
+    is refunded once with one alert, its credits reversed and its purchase closed."""
+    from billingctl.services.payments import retry_pending
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    [charge] = [p for p in world.sandbox.store.all("payment") if p["orderId"] != co["order_id"]]
+    written = world.sandbox.write_off(charge["orderId"])["invoice"]
+    assert (written["status"], written["amount_paid"], written["write_off_amount"]) == ("paid", 0, charge["amount"])
+    world.sandbox.finish_payment(charge["id"], settle=True)  # its webhook records it
+    for _ in range(3):  # past the wait for the workflow's own record (which the paid invoice refused)
+        advance_with_sandbox(world.c, 16 * 60)
+        assert retry_pending(world.c).outcome.failed == 0
+        run_renewals(world.c)
+    paid = world.sandbox.store.get("payment", charge["id"])
+    assert paid["processor"]["amountRefunded"] == charge["amount"]  # given back, once
+    assert world.credits() == 2000  # the first term only: the written-off period is not credited
+    with world.c.uow() as uow:
+        assert uow.purchases.by_payment_id(charge["id"])["closed_reason"] == "invoice_written_off"
+    assert f"written-off-invoice:{charge['id']}" in _chat_keys(world)
+    advance_with_sandbox(world.c, 2 * 3600)
+    assert reconcile(world.c, full=True)["violations"] == []
+
+
+def test_an_invoice_written_off_unpaid_is_no_term_nobody_credited_for_reconcile(world):
+    """Decision 185: a renewal the customer never paid, written off by finance, is paid at the provider with
+    nothing paid: no term to credit. Reconcile named it `invoice_credits_not_one_term` every day."""
+    from billingctl.services import events
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    subscribed(world)
+    month_passes(world)
+    world.sandbox.decline_customer("user_a")
+    assert run_renewals(world.c)["outcomes"] == {"declined": 1}
+    [invoice] = [i for i in world.sandbox.store.all("invoice") if i["status"] == "payment_due"]
+    world.sandbox.write_off(invoice["id"])
+    events.poll(world.c)
+    assert _local_invoice(world, invoice["id"])["status"] == "paid" and world.credits() == 2000
+    assert run_renewals(world.c)["outcomes"] == {}  # nothing due any more
+    advance_with_sandbox(world.c, 2 * 3600)
+    assert reconcile(world.c, full=True)["violations"] == []

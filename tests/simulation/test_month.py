@@ -181,6 +181,15 @@ class Model:
                                     uow.purchases.reported_on(invoice_id)}
         self.note(f"finance removes {payment_id} from {invoice_id}")
 
+    def write_off(self) -> None:
+        """Finance writes off an unpaid invoice at the provider's console, whatever is in flight for it at
+        the orchestrator (decision 185)."""
+        due = [i for i in self.sandbox.store.all("invoice") if i["status"] in PAYABLE_INVOICE_STATUSES]
+        if due:
+            invoice = self.rng.choice(due)
+            self.sandbox.write_off(invoice["id"])
+            self.note(f"finance writes off {invoice['id']}")
+
     def answer_removals(self) -> None:
         """The person the payment-removed alert names puts the payment back on its invoice at the provider;
         when part of it went back to the customer meanwhile, they refund the rest and void the invoice, as

@@ -49,8 +49,9 @@ def _check_transactions(container, since, add) -> None:
 
 def _check_invoices(container, now, since, add) -> None:
     """Each invoice the provider holds as paid carries exactly one term's credits (none: paid and nobody
-    credited; two: a term credited twice), unless every purchase on it was refunded; and no standing
-    purchase sits on an invoice the provider does not hold as paid (voided, or its payment removed)."""
+    credited; two: a term credited twice), unless every purchase on it was refunded or it was written off
+    with nothing paid; and no standing purchase sits on an invoice the provider does not hold as paid
+    (voided, or its payment removed)."""
     for page in _pages(container.provider.list_invoices(updated_after=since)):
         with container.uow() as uow:
             standing = uow.books.grants_on([i.id for i in page])
@@ -60,8 +61,10 @@ def _check_invoices(container, now, since, add) -> None:
             settled_long_ago = changed is not None and now - changed > GRACE
             ids = {"invoice_id": invoice.id, "user_id": invoice.customer_id,
                    "subscription_id": invoice.subscription_id}
+            # Written off (paid with nothing paid, decision 185): no term to credit; two would still be named.
+            paid_in_money = invoice.amount_paid is None or invoice.amount_paid > 0
             if invoice.status == "paid" and settled_long_ago and (invoice.total or 0) > 0:
-                if len(grants) > 1 or (not grants and not purchases):
+                if len(grants) > 1 or (not grants and not purchases and paid_in_money):
                     add("invoice_credits_not_one_term", {
                         **ids, "payment_ids": grants,
                         "detail": f"paid at the provider, {len(grants)} terms of credits stand on it"}, at=at)
