@@ -193,13 +193,14 @@ class Model:
     def answer_removals(self) -> None:
         """The person the payment-removed alert names puts the payment back on its invoice at the provider;
         when part of it went back to the customer meanwhile, they refund the rest and void the invoice, as
-        the alert says for a term not owed (decision 184)."""
+        the alert says for a term not owed; when the invoice no longer owes it (written off, paid otherwise),
+        they refund it (decision 184)."""
         for invoice_id, txn_id, payment_id in self.removed:
             invoice = self.sandbox.invoice(invoice_id)
             unused = int(self.sandbox.store.get("transaction", txn_id).get("amount_unused") or 0)
-            if invoice["status"] not in PAYABLE_INVOICE_STATUSES:
-                continue
-            if unused >= invoice["amount_due"]:
+            if invoice["status"] not in PAYABLE_INVOICE_STATUSES and unused == 0:
+                continue  # applied again already, or given back
+            if invoice["status"] in PAYABLE_INVOICE_STATUSES and unused >= invoice["amount_due"]:
                 self.sandbox.apply_payments(invoice_id, txn_id)
                 self.note(f"finance applies {payment_id} to {invoice_id} again")
                 continue
@@ -208,8 +209,10 @@ class Model:
             except e.BillingError as exc:
                 self.note(f"operator refunds {payment_id}: refused ({exc.code})")
                 continue
-            self.sandbox.void_invoice(invoice_id)
-            self.note(f"operator refunds {payment_id}, finance voids {invoice_id}")
+            if invoice["status"] in PAYABLE_INVOICE_STATUSES:
+                self.sandbox.void_invoice(invoice_id)
+            self.note(f"operator refunds {payment_id}" + (", finance voids " + invoice_id
+                                                          if invoice["status"] in PAYABLE_INVOICE_STATUSES else ""))
         self.removed.clear()
 
     def refund(self) -> None:
