@@ -291,6 +291,10 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     def cancel(sub_id):
         return idempotent(lambda: sandbox.cancel(sub_id))
 
+    @app.post(f"{prefix}/subscriptions/<sub_id>/reactivate")
+    def reactivate(sub_id):  # support's action; our client never calls it
+        return idempotent(lambda: sandbox.reactivate(sub_id))
+
     @app.get(f"{prefix}/events")
     def events():
         return page("event", "event", after("occurred_at") + equals("event_type", "event_type"),

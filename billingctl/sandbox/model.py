@@ -338,6 +338,22 @@ class Sandbox:
         self.emit("subscription_resumed", {"subscription": sub})
         return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
 
+    def reactivate(self, subscription_id: str) -> dict:
+        """Support reactivates a cancelled subscription at the provider's console (a general reactivation,
+        no reactivate_from): active again with a new term from now, invoiced at once (the invoice is the
+        response's and the `subscription_reactivated` event's). Only a cancelled one, like the provider."""
+        sub = self.subscription(subscription_id)
+        if sub["status"] != "cancelled":
+            raise SandboxError(400, f"The subscription is in {sub['status']} state. Only cancelled subscriptions "
+                               "can be reactivated", "invalid_state_for_request")
+        now = self.now()
+        sub.update(status="active", current_term_start=now, current_term_end=now + TERM_SECONDS, activated_at=now)
+        sub.pop("cancelled_at", None)
+        self._save_subscription(sub)
+        invoice = self._new_invoice(sub, self.item_price(sub["subscription_items"][0]["item_price_id"]))
+        self.emit("subscription_reactivated", {"subscription": sub, "invoice": invoice})
+        return {"subscription": sub, "customer": self.customer(sub["customer_id"]), "invoice": invoice}
+
     def void_invoice(self, invoice_id: str) -> dict:
         invoice = self.invoice(invoice_id)
         if invoice["status"] == "paid":

@@ -96,6 +96,24 @@ def _target(remote: Invoice) -> dict:
             "item_price_id": remote.item_price_id}
 
 
+def _second_subscription(container, invoice: dict, holder: str) -> str:
+    """The customer holds the plan on another live subscription (support reactivated a cancelled one at the
+    provider after the customer bought the plan again): one live subscription per customer and plan
+    (decision 110), so this invoice is not charged, and one alert asks a person to cancel one of them
+    (decision 186). The holder is the one paid last (`Subscriptions.plan_holder`), so its renewals go on."""
+    sub_id, user_id = invoice["subscription_id"], invoice["customer_id"]
+    with container.uow() as uow:
+        alerts.raise_alert(
+            uow, container.clock,
+            f"{user_id} holds {invoice['item_price_id'] or 'one plan'} on two live subscriptions: {holder}, paid "
+            f"last, renews; invoice {invoice['id']} of {sub_id} is not charged. Cancel {sub_id} (billingctl "
+            f"subscriptions cancel {sub_id} --reason R --yes) and void the invoice at the provider, or cancel "
+            f"{holder} if the customer keeps {sub_id}", f"second-subscription:{sub_id}",
+            subscription_id=sub_id, holder=holder, invoice_id=invoice["id"], user_id=user_id)
+        uow.commit()
+    return "second_subscription"
+
+
 def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
     invoice = _target(Invoice.read(remote))
     now = container.clock.now()
@@ -117,10 +135,13 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         history = _history(uow, invoice["id"])
         frozen = uow.users.frozen_at(user_id)
         in_dispute = fraud_signals.disputed(uow, user_id)
+        holder = uow.subscriptions.plan_holder(user_id, local["item_price_id"]) if local is not None else None
     if any(h["status"] in FINAL for h in history):
         return "closed"
     if local is None or local["status"] not in ("active", "non_renewing"):
         return "not_a_renewal"
+    if holder is not None and holder != sub_id:
+        return "second_subscription" if dry_run else _second_subscription(container, invoice, holder)
     last = history[-1] if history else None
     if last is not None and last["status"] == "pending" and last["resolved_at"] is None:
         # A charge is in flight for this invoice: never a second one; read how it ended.

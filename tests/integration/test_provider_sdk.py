@@ -170,6 +170,20 @@ def test_the_sdk_writes_off_an_unpaid_invoice_as_the_provider_documents(sdk, ser
     assert refused(lambda: sdk.Invoice.write_off(invoice_id, {})) == (400, "invalid_state_for_request")
 
 
+def test_the_sdk_reactivates_only_a_cancelled_subscription_and_gets_its_new_terms_invoice(sdk, served):
+    """Decision 186: a general reactivation starts a new term from now, invoiced at once."""
+    sdk.Customer.create({"id": "a1", "auto_collection": "off"})
+    sub = sdk.Subscription.create_with_items("a1", {"subscription_items": [{"item_price_id": PLAN}]}).subscription
+    assert refused(lambda: sdk.Subscription.reactivate(sub.id, {})) == (400, "invalid_state_for_request")
+    sdk.Subscription.cancel_for_items(sub.id, {})
+    again = sdk.Subscription.reactivate(sub.id, {})
+    assert again.subscription.status == "active" and again.subscription.current_term_end > time.time()
+    assert (again.invoice.status, again.invoice.total) == ("payment_due", 999)
+    kinds = [e.event.event_type for e in sdk.Event.list({"occurred_at": {"after": 0},
+                                                          "sort_by": {"asc": "occurred_at"}}).list]
+    assert "subscription_reactivated" in kinds[-2:]  # with its invoice_generated
+
+
 def test_the_sdk_gets_the_refusal_of_a_backdated_start_and_the_documented_invoice_status(sdk, served):
     from chargebee.models.invoice.operations import Invoice
 

@@ -770,3 +770,31 @@ def test_an_invoice_written_off_unpaid_is_no_term_nobody_credited_for_reconcile(
     assert run_renewals(world.c)["outcomes"] == {}  # nothing due any more
     advance_with_sandbox(world.c, 2 * 3600)
     assert reconcile(world.c, full=True)["violations"] == []
+
+
+def test_a_subscription_support_reactivates_beside_the_one_the_customer_bought_again_is_never_charged(world):
+    """Decision 186: the customer cancelled, bought the plan again, and support then reactivated the old
+    subscription at the provider's console (it is invoiced at once). Before, the renewal job charged the
+    reactivated one's invoice too, and every term after: one plan billed twice. Now the subscription paid
+    last holds the plan and renews; the other's invoices are not charged, with one alert to cancel one."""
+    from billingctl.services import events
+    from billingctl.services.renewals import run_renewals
+
+    first = subscribed(world)
+    world.sandbox.cancel(first["subscription_id"])
+    events.poll(world.c)
+    second = subscribed(world)
+    assert second["subscription_id"] != first["subscription_id"]
+    reactivated = world.sandbox.reactivate(first["subscription_id"])
+    assert (reactivated["subscription"]["status"], reactivated["invoice"]["status"]) == ("active", "payment_due")
+    events.poll(world.c)
+    charges = len(world.sandbox.store.all("payment"))
+    assert run_renewals(world.c)["outcomes"] == {"second_subscription": 1}
+    assert len(world.sandbox.store.all("payment")) == charges
+    assert f"second-subscription:{first['subscription_id']}" in _chat_keys(world)
+
+    month_passes(world)  # both renew at the provider; the one paid last is charged, once
+    outcomes = run_renewals(world.c)["outcomes"]
+    assert outcomes.get("second_subscription") == 2 and sum(outcomes.values()) == 3, outcomes
+    renewed = [p for p in world.sandbox.store.all("payment")[charges:]]
+    assert [world.sandbox.invoice(p["orderId"])["subscription_id"] for p in renewed] == [second["subscription_id"]]

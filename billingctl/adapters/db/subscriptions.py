@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import or_, select, update
+from sqlalchemy import func, or_, select, update
 
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.sql import insert_ignore
@@ -22,6 +22,17 @@ def holds_its_plan():
 
 
 class Subscriptions(Repository):
+    def plan_holder(self, customer_id: str, item_price_id: str | None) -> str | None:
+        """Of a customer's subscriptions that hold a plan (`holds_its_plan`), the one paid last (its newest
+        purchase; then the newest id): the one that renews when support made two live (decision 186)."""
+        if not item_price_id:
+            return None
+        paid_last = select(func.max(purchase.c.id)).where(purchase.c.subscription_id == subscription.c.id) \
+            .scalar_subquery()
+        return self.execute(select(subscription.c.id).where(
+            subscription.c.customer_id == customer_id, subscription.c.item_price_id == item_price_id,
+            holds_its_plan()).order_by(func.coalesce(paid_last, 0).desc(), subscription.c.id.desc()).limit(1)).scalar()
+
     def get(self, subscription_id: str):
         return self.execute(select(subscription).where(subscription.c.id == subscription_id)).mappings().first()
 
