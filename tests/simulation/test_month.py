@@ -83,6 +83,7 @@ class Model:
     # provider and no person has answered yet (decision 184), and the alerts each removal owes.
     removed: list[tuple[str, str, str]] = field(default_factory=list)
     removal_alerts: set[str] = field(default_factory=set)
+    reactivated: dict[str, int] = field(default_factory=dict)  # subscription -> when support reactivated it
 
     @property
     def sandbox(self):
@@ -151,12 +152,19 @@ class Model:
     def resume_at_provider(self) -> None:
         self._at_the_providers_console(("paused",), self.sandbox.resume, "resume")
 
-    def _at_the_providers_console(self, statuses: tuple[str, ...], act, verb: str) -> None:
+    def reactivate_at_provider(self) -> None:
+        """Support reactivates a cancelled subscription at the provider's console (decision 186)."""
+        if sub := self._at_the_providers_console(("cancelled",), self.sandbox.reactivate, "reactivate"):
+            self.reactivated.setdefault(sub, self.sandbox.now())
+
+    def _at_the_providers_console(self, statuses: tuple[str, ...], act, verb: str) -> str | None:
         subs = [s for s in self.sandbox.store.all("subscription") if s["status"] in statuses]
         if subs:
             sub = self.rng.choice(subs)
             act(sub["id"])
             self.note(f"{verb} at provider {sub['id']} ({sub['status']})")
+            return sub["id"]
+        return None
 
     def remove_payment(self) -> None:
         """Finance removes one of our payments from its paid invoice at the provider's console: no money
@@ -527,10 +535,24 @@ class Model:
                 found.append(f"not paid at the provider: {row.invoice_id}")
         # One billed subscription per customer and plan at the provider (two tabs must not bill twice; a
         # paused one is billed again once it resumes).
-        billed = Counter((sub["customer_id"], sub["subscription_items"][0]["item_price_id"])
-                         for sub in sandbox.store.all("subscription") if sub["status"] in ("in_trial", "active",
-                                                                                            "non_renewing", "paused"))
-        found += [f"two live subscriptions of one plan at the provider: {key}" for key, n in billed.items() if n > 1]
+        kept_charges = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) < p["amount"]}
+        # Support may make two live by reactivating a cancelled one at its console (decision 186): then
+        # the customer is charged for one of them only, from the reactivation on.
+        live_subs: dict[tuple[str, str], list[str]] = {}
+        for sub in sandbox.store.all("subscription"):
+            if sub["status"] in ("in_trial", "active", "non_renewing", "paused"):
+                live_subs.setdefault((sub["customer_id"], sub["subscription_items"][0]["item_price_id"]),
+                                     []).append(sub["id"])
+        for key, subs in live_subs.items():
+            since = min((self.reactivated[s] for s in subs if s in self.reactivated), default=None)
+            if len(subs) > 1 and since is None:
+                found.append(f"two live subscriptions of one plan at the provider: {key}")
+            elif len(subs) > 1:
+                charged = {invoice["subscription_id"] for p in settled if p["id"] in kept_charges
+                           and (invoice := sandbox.store.get("invoice", p["orderId"] or "")) is not None
+                           and invoice["subscription_id"] in subs and invoice["date"] >= since}
+                if len(charged) > 1:
+                    found.append(f"one plan billed on two subscriptions after support reactivated one: {key}")
         # A term the provider holds as paid is credited once: of the payments on one of its invoices, at most
         # one that the orchestrator did not refund in full stands credited in our ledger.
         kept = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) < p["amount"]}
