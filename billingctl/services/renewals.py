@@ -140,14 +140,14 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         return "closed"
     if local is None or local["status"] not in ("active", "non_renewing"):
         return "not_a_renewal"
-    if holder is not None and holder != sub_id:
-        return "second_subscription" if dry_run else _second_subscription(container, invoice, holder)
     last = history[-1] if history else None
     if last is not None and last["status"] == "pending" and last["resolved_at"] is None:
         # A charge is in flight for this invoice: never a second one; read how it ended.
         return "in_flight" if dry_run else _resolve_in_flight(container, invoice, last, history)
     if last is not None and last["next_attempt_at"] is not None and last["next_attempt_at"] > now:
         return "not_due"
+    if holder is not None and holder != sub_id:  # a charge in flight is read first, above
+        return "second_subscription" if dry_run else _second_subscription(container, invoice, holder)
     if frozen is not None:
         return "skipped_frozen"
     if in_dispute:
