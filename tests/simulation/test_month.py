@@ -181,7 +181,7 @@ class Model:
         try:
             self.sandbox.remove_payment(invoice_id, txn_id)
         except SandboxError as exc:  # refunds issued on the invoice: the provider refuses
-            self.note(f"finance removes {payment_id} from {invoice_id}: refused ({exc.message})")
+            self.note(f"finance removes {payment_id} from {invoice_id}: refused ({exc.api_error_code})")
             return
         self.removed.append((invoice_id, txn_id, payment_id))
         with self.c.uow() as uow:  # a payment of ours stood recorded on it: a person is told
