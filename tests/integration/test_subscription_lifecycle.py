@@ -798,3 +798,28 @@ def test_a_subscription_support_reactivates_beside_the_one_the_customer_bought_a
     assert outcomes.get("second_subscription") == 2 and sum(outcomes.values()) == 3, outcomes
     renewed = [p for p in world.sandbox.store.all("payment")[charges:]]
     assert [world.sandbox.invoice(p["orderId"])["subscription_id"] for p in renewed] == [second["subscription_id"]]
+
+
+def test_a_cheque_held_for_review_is_named_with_the_invoice_it_paid(world):
+    """Decision 187 (found by the exploration): finance entered a cheque on a frozen customer's renewal
+    invoice; the payment waits for a person (needs_review) and nothing is credited, so reconcile names the
+    paid invoice nobody credited. It named no payment, so neither the person holding the cheque nor a
+    runbook could tell what the invoice waits on; it now names the held payment."""
+    from billingctl.services import events
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.users import freeze
+    from tests.conftest import advance_with_sandbox
+
+    subscribed(world)
+    month_passes(world)
+    [invoice] = world.sandbox.renew_due()
+    freeze(world.c, "user_a", "chargeback suspected", "ops")
+    txn = world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0042",
+                                       payment_method="check")["transaction"]["id"]
+    events.poll(world.c)
+    with world.c.uow() as uow:
+        assert uow.orphans.status(txn) == "needs_review"
+    advance_with_sandbox(world.c, 2 * 3600)
+    [named] = [v for v in reconcile(world.c, full=True)["violations"] if v["check"] == "invoice_credits_not_one_term"]
+    assert named["invoice_id"] == invoice["id"] and named["payment_ids"] == [txn]
+    assert named["detail"].endswith(f"its payment {txn} is held for review")

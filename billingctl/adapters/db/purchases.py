@@ -66,7 +66,7 @@ class Purchases(Repository):
             exists().where(purchase.c.subscription_id == subscription_id,
                            purchase.c.invoice_id.is_(None)).label("waiting"),
             exists().where(purchase.c.invoice_id == invoice_id, purchase.c.provider_recorded_at.is_not(None),
-                           purchase.c.closed_at.is_(None), invoice.c.id == invoice_id,
+                           purchase.c.closed_at.is_(None), invoice.c.id == purchase.c.invoice_id,
                            invoice.c.status.in_(INVOICE_PAYABLE)).label("removed"))).one()
 
     def reported_on(self, invoice_id: str) -> list:

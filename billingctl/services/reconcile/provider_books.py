@@ -65,15 +65,26 @@ def _check_invoices(container, now, since, add) -> None:
             paid_in_money = invoice.amount_paid is None or invoice.amount_paid > 0
             if invoice.status == "paid" and settled_long_ago and (invoice.total or 0) > 0:
                 if len(grants) > 1 or (not grants and not purchases and paid_in_money):
+                    held = [] if grants else _held_for_review(container, invoice)
                     add("invoice_credits_not_one_term", {
-                        **ids, "payment_ids": grants,
-                        "detail": f"paid at the provider, {len(grants)} terms of credits stand on it"}, at=at)
+                        **ids, "payment_ids": grants or held,
+                        "detail": f"paid at the provider, {len(grants)} terms of credits stand on it"
+                                  + (f"; its payment {', '.join(held)} is held for review" if held else "")},
+                        at=at)
             elif invoice.status in UNPAID and grants:
                 old = [p.transaction_id for p in purchases if p.transaction_id in grants and now - p.created_at > GRACE]
                 if old:
                     add("purchase_on_unpaid_invoice", {
                         **ids, "payment_ids": old,
                         "detail": f"credited by us, {invoice.status} at the provider"}, at=at)
+
+
+def _held_for_review(container, invoice) -> list[str]:
+    """The payments of a paid invoice nobody credited that wait in the review queue (a payment entered at the
+    provider for a customer frozen meanwhile, its id the provider's transaction's): named with the
+    violation, so the person who holds them sees what it waits on (decision 187)."""
+    with container.uow() as uow:
+        return [p.txn_id for p in invoice.linked_payments if p.txn_id and uow.orphans.status(p.txn_id) is not None]
 
 
 def _check_subscriptions(container, span, add, progress) -> int:
