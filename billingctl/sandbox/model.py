@@ -400,6 +400,12 @@ class Sandbox:
         self.emit("payment_succeeded", {"transaction": txn, "invoice": invoice, "subscription": sub})
         return {"invoice": invoice, "transaction": txn}
 
+    def _excess_payments(self, customer_id: str, change: int) -> None:
+        """The customer's excess payments (a payment's unused amount) move by `change`."""
+        customer = self.customer(customer_id)
+        customer["excess_payments"] = int(customer.get("excess_payments") or 0) + change
+        self.store.put("customer", customer_id, customer)
+
     def write_off(self, invoice_id: str) -> dict:
         """Finance writes off an invoice the customer did not pay (the provider's write_off, a console action
         here): refused unless payable; it becomes paid with nothing paid, its amount due written off through
@@ -453,9 +459,7 @@ class Sandbox:
         txn.update(amount_unused=int(txn.get("amount_unused") or 0) + amount,
                    linked_invoices=[i for i in txn.get("linked_invoices") or [] if i["invoice_id"] != invoice_id])
         self.store.put("transaction", txn_id, txn)
-        customer = self.customer(invoice["customer_id"])
-        customer["excess_payments"] = int(customer.get("excess_payments") or 0) + amount
-        self.store.put("customer", customer["id"], customer)
+        self._excess_payments(invoice["customer_id"], amount)
         self._save_invoice(invoice)
         self.emit("invoice_updated", {"invoice": invoice})
         return {"invoice": invoice, "transaction": txn}
@@ -484,9 +488,7 @@ class Sandbox:
                                      "invoice_date": invoice["date"], "invoice_total": invoice["total"],
                                      "invoice_status": invoice["status"]}])
         self.store.put("transaction", txn_id, txn)
-        customer = self.customer(invoice["customer_id"])
-        customer["excess_payments"] = int(customer.get("excess_payments") or 0) - amount
-        self.store.put("customer", customer["id"], customer)
+        self._excess_payments(invoice["customer_id"], -amount)
         self._save_invoice(invoice)
         self.emit("invoice_updated", {"invoice": invoice})
         return {"invoice": invoice}
@@ -508,9 +510,7 @@ class Sandbox:
             unused = min(int(amount), int(original.get("amount_unused") or 0))
             original["amount_unused"] = int(original.get("amount_unused") or 0) - unused
             self.store.put("transaction", original["id"], original)
-            customer = self.customer(original["customer_id"])
-            customer["excess_payments"] = int(customer.get("excess_payments") or 0) - unused
-            self.store.put("customer", customer["id"], customer)
+            self._excess_payments(original["customer_id"], -unused)
             self.store.put("transaction", refund["id"], refund)
             return self.emit("payment_refunded", {"transaction": refund})
         invoice_id = original["linked_invoices"][0]["invoice_id"]
