@@ -42,7 +42,7 @@ def save_copy(container, uow, remote: Invoice) -> str:
     if not uow.invoices.update(invoice_id, current, version, **fields):
         return "older_ignored"
     provider_step_written(container, uow, INVOICE, invoice_id, current, status, step)
-    if current == "paid" and status in INVOICE_PAYABLE:
+    if current == "paid" and status != "paid":  # payable again, or voided once its payments were removed
         owed_again(container, uow, invoice_id, status)
     return "applied"
 
@@ -54,15 +54,19 @@ def owed_again(container, uow, invoice_id: str, status: str) -> None:
     person at once, who applies it to the invoice again at the provider, or refunds it and voids the invoice
     there (decision 184). The renewal job skips the invoice meanwhile (`payment_removed`), and raises the
     same alert when it finds one whose paid copy never reached us (copies out of order); reconcile names it
-    daily (`purchase_on_unpaid_invoice`)."""
+    daily (`purchase_on_unpaid_invoice`). A paid invoice can be voided only once its payments are removed,
+    so a copy stepping from paid to voided (the removal's copy was older than the void's, and dropped) is
+    the same news, with one remedy left: the refund (decision 188)."""
+    remedy = ("the invoice can no longer take it; refund it (billingctl payments refund {p} --reason R --yes), "
+              "or apply it at the provider to another invoice the customer owes" if status not in INVOICE_PAYABLE
+              else "apply the payment to it again at the provider, or, if the term is not owed, refund it "
+                   "(billingctl payments refund {p} --reason R --yes) and void the invoice there")
     for payment_id, user_id in uow.purchases.reported_on(invoice_id):
         new = alerts.raise_alert(
             uow, container.clock,
-            f"invoice {invoice_id} is {status} again at the provider although payment {payment_id} of {user_id} "
-            f"was recorded on it: a payment was removed from it there and no money moved. Renewals will not "
-            f"charge it again; apply the payment to it again at the provider (the customer's excess payments "
-            f"hold it), or, if the term is not owed, refund it (billingctl payments refund {payment_id} "
-            f"--reason R --yes) and void the invoice there",
+            f"invoice {invoice_id} is {status} at the provider although payment {payment_id} of {user_id} "
+            f"was recorded on it: a payment was removed from it there and no money moved (the customer's "
+            f"excess payments hold it). Renewals will not charge it again; " + remedy.format(p=payment_id),
             f"payment-removed:{payment_id}:{invoice_id}",
             payment_id=payment_id, invoice_id=invoice_id, user_id=user_id)
         if new:

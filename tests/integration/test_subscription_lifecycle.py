@@ -459,6 +459,16 @@ def _chat_keys(world):
         return set(uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "chat")).scalars())
 
 
+def _chat_count(world, key):
+    from sqlalchemy import func, select
+
+    from billingctl.adapters.db.tables import alert_outbox
+
+    with world.c.uow() as uow:
+        return uow.execute(select(func.count()).select_from(alert_outbox).where(
+            alert_outbox.c.sink == "chat", alert_outbox.c.dedupe_key == key)).scalar_one()
+
+
 def _illegal(world, machine):
     return world.c.metrics.sample("billing_lifecycle_illegal_transitions_total", {"lifecycle": machine}) or 0
 
@@ -715,6 +725,41 @@ def test_a_payment_removed_before_its_paid_copy_reached_us_is_named_by_the_renew
     assert run_renewals(world.c)["outcomes"] == {"payment_removed": 1}
     assert len(world.sandbox.store.all("payment")) == charges
     assert key in _chat_keys(world)
+
+
+def test_a_payment_removed_from_an_invoice_an_operator_voids_before_we_read_the_removal_is_named_once(world):
+    """Decision 188 (found by the exploration): finance removes our recorded payment from its invoice and,
+    before the event poll reads the removal, an operator freezes the customer with --void-invoices, which
+    voids the invoice the provider now lists as unpaid. The void's copy is saved first; the removal's (older)
+    is dropped, so the paid-to-payable step decision 184 named is never seen. Before, no alert was raised:
+    the customer's money sat in their excess payments, named only by reconcile's daily run. Now any step
+    from paid to a status that is not paid names each payment of ours recorded on it, once; the person
+    refunds it, and the books agree."""
+    from billingctl.services import events, users
+    from billingctl.services.payments import record_payment, refund_by_operator
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.renewals import run_renewals
+
+    co, invoice, payment = world.renewal_charged_unseen()
+    assert record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
+    events.poll(world.c)
+    assert _local_invoice(world, invoice["id"])["status"] == "paid"
+    world.sandbox.remove_payment(invoice["id"], world.sandbox.store.get("transaction_by_ref", payment["id"])["id"])
+    users.freeze(world.c, "user_a", "chargeback suspected", "ops", void_invoices=True)
+    assert world.sandbox.invoice(invoice["id"])["status"] == "voided"
+    events.poll(world.c)
+    events.poll(world.c)
+    assert _local_invoice(world, invoice["id"])["status"] == "voided"
+    key = f"payment-removed:{payment['id']}:{invoice['id']}"
+    assert _chat_count(world, key) == 1
+    charges = len(world.sandbox.store.all("payment"))
+    run_renewals(world.c)
+    assert len(world.sandbox.store.all("payment")) == charges
+
+    assert refund_by_operator(world.c, payment["id"], "term not owed", "ops")["outcome"] == "refunded"
+    assert world.sandbox.customer("user_a")["excess_payments"] == 0
+    world.advance(2 * 3600)
+    assert reconcile(world.c, full=True)["violations"] == []
 
 
 def test_a_renewal_settling_on_an_invoice_finance_wrote_off_meanwhile_is_refunded_once(world):
