@@ -136,14 +136,15 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         frozen = uow.users.frozen_at(user_id)
         in_dispute = fraud_signals.disputed(uow, user_id)
         holder = uow.subscriptions.plan_holder(user_id, local["item_price_id"]) if local is not None else None
+    last = history[-1] if history else None
+    if last is not None and last["status"] == "pending" and last["resolved_at"] is None:
+        # A charge is in flight for this invoice: never a second one; read how it ended, whatever became of
+        # its subscription meanwhile (the sweep skips every invoice the tick listed; decision 189).
+        return "in_flight" if dry_run else _resolve_in_flight(container, invoice, last, history)
     if any(h["status"] in FINAL for h in history):
         return "closed"
     if local is None or local["status"] not in ("active", "non_renewing"):
         return "not_a_renewal"
-    last = history[-1] if history else None
-    if last is not None and last["status"] == "pending" and last["resolved_at"] is None:
-        # A charge is in flight for this invoice: never a second one; read how it ended.
-        return "in_flight" if dry_run else _resolve_in_flight(container, invoice, last, history)
     if last is not None and last["next_attempt_at"] is not None and last["next_attempt_at"] > now:
         return "not_due"
     if holder is not None and holder != sub_id:  # a charge in flight is read first, above

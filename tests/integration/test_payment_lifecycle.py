@@ -121,6 +121,27 @@ def test_a_charge_pending_past_its_age_limit_is_cancelled_and_the_schedule_moves
     assert attempts(world) == [("pending", "PENDING"), ("declined", "CANCELLED")]
 
 
+def test_a_charge_pending_past_its_age_limit_is_cancelled_although_its_subscription_was_cancelled_meanwhile(world):
+    """Decision 189: an operator cancels the subscription while its renewal charge is PENDING and the
+    charge's webhook never comes. The invoice still owes, so the tick lists it; before, it answered
+    `not_a_renewal` before reading the charge in flight, and the sweep skips every invoice the tick listed:
+    the charge stayed in flight for ever, free to settle a month later. A charge in flight is read first,
+    whatever became of its subscription."""
+    from billingctl.services.sync import cancel_subscription
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    cancel_subscription(world.c, co["subscription_id"], "customer asked", "ops")
+    world.c.clock.advance(world.c.settings.renewal_in_flight_max_hours * 3600 + 1)
+    run_renewals(world.c)
+    [charge] = renewal_charges(world)
+    assert world.sandbox.store.get("payment", charge["id"])["status"] == "CANCELLED"
+    assert attempts(world)[0] == ("pending", "PENDING") and attempts(world)[-1][0] != "pending"
+    assert len(renewal_charges(world)) == 1  # and never a new charge for a cancelled subscription
+
+
 def test_a_charge_still_settling_past_its_age_limit_is_escalated_once_a_day(world):
     subscribed(world)
     month_passes(world)
