@@ -55,7 +55,7 @@ JOBS = {"poll": events.poll, "orphans": orphans.run_orphans, "activations": paym
 SPANS = (16, 61, 15 * 60, 4 * 3600, 86400, 31 * 86400)  # a renewal falls due after a month
 SKEWS = (-90, -7, 0, 7, 90)  # seconds our clock runs ahead of the sandbox's (negative: behind)
 FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, "refused_refunds": 0,
-           "excesses_returned": 0, "payments_removed": 0}
+           "excesses_returned": 0, "payments_removed": 0, "charges_hung": 0, "hung_charges_ended": 0}
 CONTEXT: dict = {}
 
 
@@ -94,6 +94,9 @@ class Exploration(RuleBasedStateMachine):
                     purchase.c.returned_excess > 0)).scalar_one()
             FIGURES["payments_removed"] += sum(1 for line in self.m.trace if "finance removes" in line
                                                and "refused" not in line)
+            FIGURES["charges_hung"] += len(self.m.hung)
+            FIGURES["hung_charges_ended"] += sum(1 for p in self.m.sandbox.payments() if p["id"] in self.m.hung
+                                                 and p["status"] not in ("PENDING", "AUTHORIZED"))
             self.c.close()
 
     def step(self, seed: int, text: str) -> random.Random:
@@ -144,7 +147,7 @@ class Exploration(RuleBasedStateMachine):
     @rule(action=st.sampled_from(["abandon", "pay_late", "cancel_at_provider", "declines", "outage",
                                   "freeze", "dispute", "expire_card", "charges_in_flight", "finish_charges",
                                   "cancel_by_operator", "pause_at_provider", "resume_at_provider", "remove_payment",
-                                  "write_off", "reactivate_at_provider"]),
+                                  "write_off", "reactivate_at_provider", "hang_charge"]),
           seed=st.integers(0, 2**32))
     def world(self, action, seed):
         self.step(seed, f"world: {action}")
@@ -341,5 +344,6 @@ def test_histories_the_machine_chooses_keep_every_book(db_url, make_settings, tm
           f"{FIGURES['payments']} payments at the orchestrator, {FIGURES['refunds']} refunds "
           f"({FIGURES['refused_refunds']} refused by the processor), {FIGURES['excesses_returned']} card payments "
           f"that paid the rest of an invoice paid in part at the provider, {FIGURES['payments_removed']} payments "
-          "finance removed from their invoice")
+          f"finance removed from their invoice, {FIGURES['charges_hung']} renewal charges the processor never "
+          f"answered ({FIGURES['hung_charges_ended']} ended by our age limit)")
     assert FIGURES["audits"] >= EXAMPLES

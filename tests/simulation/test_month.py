@@ -84,6 +84,10 @@ class Model:
     removed: list[tuple[str, str, str]] = field(default_factory=list)
     removal_alerts: set[str] = field(default_factory=set)
     reactivated: dict[str, int] = field(default_factory=dict)  # subscription -> when support reactivated it
+    # Renewal charges the processor never finishes (decision 189): the world leaves them in flight, so only
+    # our renewal job's age limit ends them (a PENDING one cancelled, an AUTHORIZED one captured).
+    hung: set[str] = field(default_factory=set)
+    hang_next: bool = False
 
     @property
     def sandbox(self):
@@ -306,9 +310,25 @@ class Model:
         self.sandbox.async_charges(status)
         self.note(f"renewal charges answer {status or 'their final status'}")
 
+    def hang_charge(self) -> None:
+        """A processor never answers one renewal charge: it stays PENDING at the orchestrator until we act on
+        it (decision 189). One in flight now, or else the next one a renewal tick starts."""
+        flying = self._renewals_in_flight()
+        if flying:
+            self.hung.add(self.rng.choice(flying))
+            self.note(f"the processor never answers {sorted(self.hung)[-1]}")
+        else:
+            self.hang_next = True
+            self.note("the processor will never answer the next renewal charge")
+
+    def _renewals_in_flight(self) -> list[str]:
+        return [p["id"] for p in self.sandbox.payments() if p["status"] in ("PENDING", "AUTHORIZED")
+                and (p.get("paymentMethod") or {}).get("paymentType") == "SUBSCRIPTION" and p["id"] not in self.hung]
+
     def finish_charges(self, everything: bool = False) -> None:
         for payment in self.sandbox.payments():
-            if payment["status"] in IN_FLIGHT and (everything or self.rng.random() < 0.5):
+            if payment["status"] in IN_FLIGHT and payment["id"] not in self.hung and \
+                    (everything or self.rng.random() < 0.5):
                 settle = everything or self.rng.random() < 0.8
                 drop = not everything and self.rng.random() < 0.2
                 self.sandbox.finish_payment(payment["id"], settle=settle, drop_webhook=drop)
@@ -348,7 +368,8 @@ class Model:
         return [(self.checkout, 12), (self.pay, 12), (self.abandon, 2), (self.pay_late, 2), (self.refund, 2),
                 (self.cancel_at_provider, 1), (self.declines, 1), (self.outage, 1), (self.freeze, 0.3),
                 (self.dispute, 0.5), (self.expire_card, 0.3), (self.charges_in_flight, 0.5),
-                (self.finish_charges, 2), (self.cancel_by_operator, 0.5)]
+                (self.finish_charges, 2), (self.cancel_by_operator, 0.5),
+                (self.hang_charge, 0.2)]
 
     def day(self) -> None:
         actions, weights = zip(*self.actions(), strict=True)
@@ -404,7 +425,7 @@ class Model:
     def settle_quietly(self) -> None:
         """End of day: faults clear and the jobs run until nothing moves (what the next hours would do)."""
         self.sandbox.store.clear_faults()
-        self.sandbox.async_charges(None)
+        self.sandbox.async_charges("PENDING" if self.hang_next else None)
         self.sandbox.async_refunds(None)  # those already asked for reach their final state as time passes
         self.finish_charges(everything=True)
         self.sandbox.release_webhooks(order="forward")
@@ -413,6 +434,11 @@ class Model:
         for span in (61, 61, 61, 300, 600):
             self.advance(span)
             self.jobs(quiet=True)
+            if self.hang_next and (flying := self._renewals_in_flight()):
+                self.hung.update(flying)  # the charges this tick started: never answered
+                self.hang_next = False
+                self.sandbox.async_charges(None)
+                self.note(f"the processor never answers {', '.join(flying)}")
         if self.removed:  # told by then, the person acts; the jobs read what they did
             self.answer_removals()
             for span in (61, 61, 300):
@@ -524,6 +550,12 @@ class Model:
                 if chat[key] != 1:
                     found.append(f"{key}: {chat[key]} alerts")
         found += [f"charged twice: {ids}" for ids in live.values() if len(ids) > 1]
+        # A renewal charge nobody finishes is ended by our age limit, whatever became of its subscription or
+        # customer meanwhile (decision 189): none stays in flight at the orchestrator past it and a tick.
+        limit = c.settings.renewal_in_flight_max_hours * 3600 + 2 * max(self.tick, 900) + 3600
+        found += [f"in flight past its age limit at the orchestrator: {p['id']} ({p['status']})"
+                  for p in sandbox.payments() if p["id"] in self.hung and p["status"] in ("PENDING", "AUTHORIZED")
+                  and sandbox.now() - p["date"] > limit]
         charges = {p["id"] for p in sandbox.store.all("payment")}
         given_back = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) >= p["amount"]}
         for row in purchases.values():  # what we recorded, the provider holds as paid (a cheque for part of an
