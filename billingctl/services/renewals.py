@@ -349,6 +349,11 @@ def _past_age_limit(container, invoice, last, payment: dict) -> dict:
     settings, status = container.settings, payment.status
     age = container.clock.now() - last["created_at"]
     if status == "AUTHORIZED" and age > timedelta(minutes=settings.renewal_authorized_max_minutes):
+        unowed = _no_longer_owed(container, invoice)
+        if unowed is not None:  # voided at no cost, rather than captured and given back (decision 190)
+            log.warning("renewal authorization left uncaptured past its limit for a term no longer owed: "
+                        "cancelling", extra={"invoice_id": invoice["id"], "payment_id": payment.id, "why": unowed})
+            return container.orchestrator.cancel_payment(payment.id, reason=f"renewal authorization: {unowed}")
         log.warning("renewal authorization left uncaptured past its limit: capturing",
                     extra={"invoice_id": invoice["id"], "payment_id": payment.id, "age_s": age.total_seconds()})
         return container.orchestrator.capture_payment(payment.id)
@@ -366,6 +371,23 @@ def _past_age_limit(container, invoice, last, payment: dict) -> dict:
                                  payment_id=payment.id, invoice_id=invoice["id"])
         uow.commit()
     return payment
+
+
+def _no_longer_owed(container, invoice: dict) -> str | None:
+    """Why the term an authorization was taken for is no longer owed, from our copies (no provider call):
+    its subscription no longer live (cancelled, paused), its customer frozen, or its invoice no longer
+    payable (voided, written off, paid otherwise). None while it is owed."""
+    with container.uow(autocommit=True) as uow:
+        local = uow.subscriptions.get(invoice.get("subscription_id")) if invoice.get("subscription_id") else None
+        frozen = uow.users.frozen_at(invoice.get("customer_id"))
+        copy = uow.invoices.get(invoice["id"])
+    if local is not None and local["status"] not in ("active", "non_renewing"):
+        return f"subscription {local['status']}"
+    if frozen is not None:
+        return "customer frozen"
+    if copy is not None and copy["status"] is not None and copy["status"] not in lifecycle.INVOICE_PAYABLE:
+        return f"invoice {copy['status']}"
+    return None
 
 
 def sweep_in_flight(container, handled: set[str]) -> dict[str, int]:

@@ -316,6 +316,32 @@ def test_every_dispute_notification_of_one_dispute_is_its_own_inbox_event(world)
     assert dispute_row(world, first["processorDisputeId"])["state"] == "won"
 
 
+@pytest.mark.parametrize("meanwhile", ["cancelled", "frozen"])
+def test_an_authorization_left_uncaptured_is_cancelled_when_its_term_is_no_longer_owed(world, meanwhile):
+    """Decision 190: the workflow left a renewal authorization uncaptured and, meanwhile, an operator
+    cancelled the subscription or froze the customer. Capturing it would take money for a term nobody
+    will serve (then refunded by hand, or held for review); an authorization is voided at no cost. Past its
+    age limit it is cancelled at the orchestrator: nothing captured, nothing recorded, no credits."""
+    from billingctl.services import users
+    from billingctl.services.sync import cancel_subscription
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("AUTHORIZED")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    if meanwhile == "cancelled":
+        cancel_subscription(world.c, co["subscription_id"], "customer asked", "ops")
+    else:
+        users.freeze(world.c, "user_a", "chargeback suspected", "ops")
+    world.c.clock.advance(world.c.settings.renewal_authorized_max_minutes * 60 + 1)
+    run_renewals(world.c)
+    run_renewals(world.c)
+    [charge] = renewal_charges(world)
+    assert world.sandbox.store.get("payment", charge["id"])["status"] == "CANCELLED"
+    assert world.purchases(charge["id"]) == 0 and world.credits() == 2000
+    assert attempts(world)[-1][0] != "pending"
+
+
 def test_an_aged_in_flight_charge_is_never_charged_twice_even_when_capture_fails(world):
     subscribed(world)
     month_passes(world)
