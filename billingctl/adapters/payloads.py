@@ -295,6 +295,8 @@ class Subscription(Open):
 class LineItem(Open):
     entity_id: LongId | None = None
     entity_type: Text | None = None
+    date_from: UnixTime | None = None  # the term the line bills
+    date_to: UnixTime | None = None
 
 
 class LinkedPayment(Open):
@@ -326,6 +328,12 @@ class Invoice(Open):
     @property
     def item_price_id(self) -> str | None:
         return self.line_items[0].entity_id if self.line_items else None
+
+    @property
+    def term(self) -> tuple | None:
+        """(date_from, date_to) of the term its plan line bills; None when the copy does not say."""
+        line = self.line_items[0] if self.line_items else None
+        return (line.date_from, line.date_to) if line is not None and line.date_from and line.date_to else None
 
 
 class LinkedInvoice(Open):

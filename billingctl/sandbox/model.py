@@ -258,8 +258,10 @@ class Sandbox:
                    "status": "payment_due", "total": price["price"], "amount_paid": 0, "amount_due": price["price"],
                    "currency_code": price["currency_code"], "paid_at": None, "date": self.now(),
                    "updated_at": self.now(),
+                   # the term the plan line bills, as the provider's line items say (date_from, date_to)
                    "line_items": [{"entity_type": "plan_item_price", "entity_id": price["id"],
-                                   "amount": price["price"], "object": "line_item"}],
+                                   "amount": price["price"], "date_from": sub.get("current_term_start"),
+                                   "date_to": sub.get("current_term_end"), "object": "line_item"}],
                    "linked_payments": [], "object": "invoice", "recurring": True, "price_type": "tax_exclusive",
                    "exchange_rate": 1.0, "deleted": False, "sub_total": price["price"], "write_off_amount": 0,
                    "credits_applied": 0, "amount_adjusted": 0, "base_currency_code": price["currency_code"]}

@@ -102,16 +102,57 @@ def _second_subscription(container, invoice: dict, holder: str) -> str:
     (decision 110), so this invoice is not charged, and one alert asks a person to cancel one of them
     (decision 186). The holder is the one paid last (`Subscriptions.plan_holder`), so its renewals go on."""
     sub_id, user_id = invoice["subscription_id"], invoice["customer_id"]
+    return _not_charged(
+        container, invoice, "second_subscription",
+        f"{user_id} holds {invoice['item_price_id'] or 'one plan'} on two live subscriptions: {holder}, paid "
+        f"last, renews; invoice {invoice['id']} of {sub_id} is not charged. Cancel {sub_id} (billingctl "
+        f"subscriptions cancel {sub_id} --reason R --yes) and void the invoice at the provider, or cancel "
+        f"{holder} if the customer keeps {sub_id}", f"second-subscription:{sub_id}", holder=holder)
+
+
+def _not_charged(container, invoice: dict, outcome: str, text: str, key: str, **fields) -> str:
+    """An invoice the renewal job will not charge, said once to a person (the alert's key dedupes it)."""
     with container.uow() as uow:
-        alerts.raise_alert(
-            uow, container.clock,
-            f"{user_id} holds {invoice['item_price_id'] or 'one plan'} on two live subscriptions: {holder}, paid "
-            f"last, renews; invoice {invoice['id']} of {sub_id} is not charged. Cancel {sub_id} (billingctl "
-            f"subscriptions cancel {sub_id} --reason R --yes) and void the invoice at the provider, or cancel "
-            f"{holder} if the customer keeps {sub_id}", f"second-subscription:{sub_id}",
-            subscription_id=sub_id, holder=holder, invoice_id=invoice["id"], user_id=user_id)
+        alerts.raise_alert(uow, container.clock, text, key, subscription_id=invoice["subscription_id"],
+                           invoice_id=invoice["id"], user_id=invoice["customer_id"], **fields)
         uow.commit()
-    return "second_subscription"
+    return outcome
+
+
+def _overlapped(term: tuple | None, current_term_end) -> bool:
+    """By our copy, the invoice bills a term the subscription's current term overlaps without being it
+    (decision 191). The current term's own invoice (same end), a copy of ours behind the provider's renewal
+    (a later end), and an earlier term that ended before the current one began (arrears of an unbroken
+    subscription) do not overlap it."""
+    if term is None or current_term_end is None:
+        return False
+    date_from, date_to = term
+    end = int(current_term_end.timestamp())
+    return end - (date_to - date_from) < date_to < end
+
+
+def _superseded(container, term: tuple, sub_id: str) -> bool:
+    """The provider's word, asked only when our copy says the terms overlap (a copy behind a term-end change
+    at the provider would say so too): its current term began inside the invoice's term, so a
+    reactivation restarted it and charging both would have the customer pay twice for the days they
+    share. The copy read is applied, so a stale one is asked about once."""
+    from billingctl.services.sync import apply_remote_subscription
+
+    remote = container.provider.get_subscription(sub_id)
+    apply_remote_subscription(container, remote, "renewals")
+    start = remote.current_term_start
+    return remote.status in ("active", "non_renewing") and start is not None and term[0] < start < term[1]
+
+
+def _superseded_term(container, invoice: dict, local: dict) -> str:
+    """Not charged, with one alert: the provider keeps the old term's invoice payment_due (it collects no
+    unpaid invoice on a reactivation), so a person voids it or writes it off there."""
+    sub_id, user_id = invoice["subscription_id"], invoice["customer_id"]
+    return _not_charged(
+        container, invoice, "superseded_term",
+        f"invoice {invoice['id']} of {sub_id} ({user_id}) bills a term the subscription's current term, up to "
+        f"{local['current_term_end']:%Y-%m-%d}, overlaps: it was reactivated with a new term. The new term is "
+        f"charged; this invoice is not. Void it or write it off at the provider", f"superseded-term:{invoice['id']}")
 
 
 def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
@@ -149,6 +190,9 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         return "not_due"
     if holder is not None and holder != sub_id:  # a charge in flight is read first, above
         return "second_subscription" if dry_run else _second_subscription(container, invoice, holder)
+    term = Invoice.read(remote).term
+    if _overlapped(term, local["current_term_end"]) and _superseded(container, term, sub_id):
+        return "superseded_term" if dry_run else _superseded_term(container, invoice, local)
     if frozen is not None:
         return "skipped_frozen"
     if in_dispute:

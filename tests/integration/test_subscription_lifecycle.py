@@ -845,6 +845,41 @@ def test_a_subscription_support_reactivates_beside_the_one_the_customer_bought_a
     assert [world.sandbox.invoice(p["orderId"])["subscription_id"] for p in renewed] == [second["subscription_id"]]
 
 
+def test_a_term_cut_short_by_a_cancel_is_never_charged_beside_the_new_term_support_reactivated(world):
+    """Decision 191: the renewal was declined, the customer cancelled, and support later reactivated the
+    subscription at the provider's console: a new term from then, invoiced at once. The old term's invoice
+    stays payment_due there (the provider does not collect unpaid invoices on a reactivation). Before, the
+    renewal job charged both: the customer paid twice for the days the two terms share. Now an invoice
+    whose term the subscription's current term overlaps without being it is not charged, with one alert
+    asking a person to void or write it off; the new term's invoice is charged once."""
+    from billingctl.services import events
+    from billingctl.services.renewals import run_renewals
+    from billingctl.services.sync import cancel_subscription
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.decline_customer("user_a", True)
+    assert run_renewals(world.c)["outcomes"] == {"declined": 1}
+    [old] = [i for i in world.sandbox.store.all("invoice") if i["status"] == "payment_due"]
+    cancel_subscription(world.c, co["subscription_id"], "customer asked", "ops")
+    world.sandbox.decline_customer("user_a", False)
+    advance_with_sandbox(world.c, 3 * 86400)
+    new = world.sandbox.reactivate(co["subscription_id"])["invoice"]
+    events.poll(world.c)
+    outcomes = {}
+    for _ in range(3):
+        advance_with_sandbox(world.c, 86400)
+        for outcome, n in run_renewals(world.c)["outcomes"].items():
+            outcomes[outcome] = outcomes.get(outcome, 0) + n
+    assert outcomes == {"succeeded": 1, "superseded_term": 3}, outcomes
+    charged = [p["orderId"] for p in world.sandbox.store.all("payment") if p["status"] == "SETTLED"]
+    assert charged == [co["order_id"], new["id"]]
+    assert world.sandbox.invoice(old["id"])["status"] == "payment_due"
+    assert _chat_count(world, f"superseded-term:{old['id']}") == 1
+    assert world.credits() == 4000
+
+
 def test_a_cheque_held_for_review_is_named_with_the_invoice_it_paid(world):
     """Decision 187 (found by the exploration): finance entered a cheque on a frozen customer's renewal
     invoice; the payment waits for a person (needs_review) and nothing is credited, so reconcile names the

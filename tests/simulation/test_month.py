@@ -16,6 +16,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import timedelta
+from itertools import pairwise
 from pathlib import Path
 
 import pytest
@@ -601,6 +602,22 @@ class Model:
                            and invoice["subscription_id"] in subs and invoice["date"] >= since}
                 if len(charged) > 1:
                     found.append(f"one plan billed on two subscriptions after support reactivated one: {key}")
+        # No day of a subscription is paid twice: the terms (the provider's line items) of the invoices our
+        # kept charges paid do not overlap (decision 191: a reactivation's new term beside the old one's).
+        paid_terms: dict[str, list[tuple[int, int, str]]] = {}
+        for txn in sandbox.store.all("transaction"):
+            if txn.get("type") != "payment" or txn.get("reference_number") not in kept_charges - held:
+                continue
+            for link in txn.get("linked_invoices") or []:
+                invoice = sandbox.store.get("invoice", link["invoice_id"])
+                line = (invoice or {}).get("line_items", [{}])[0]
+                if line.get("date_from") and line.get("date_to"):
+                    paid_terms.setdefault(invoice["subscription_id"], []).append(
+                        (line["date_from"], line["date_to"], invoice["id"]))
+        for sub_id, terms in paid_terms.items():
+            terms = sorted(set(terms))
+            found += [f"days of {sub_id} paid twice: {a[2]} and {b[2]}" for a, b in pairwise(terms)
+                      if b[0] < a[1]]
         # A term the provider holds as paid is credited once: of the payments on one of its invoices, at most
         # one that the orchestrator did not refund in full stands credited in our ledger.
         kept = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) < p["amount"]}
