@@ -305,11 +305,15 @@ class Sandbox:
         self._save_subscription(sub)
         return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
 
-    def cancel(self, subscription_id: str) -> dict:
+    def cancel(self, subscription_id: str, cancel_reason: str | None = None) -> dict:
+        """A cancel now (the API's, or the console's). `cancel_reason` is the provider's own, set only when it
+        cancels by itself: "not_paid" after its dunning (or its offline-invoice cancel rule)."""
         sub = self.subscription(subscription_id)
         if sub["status"] == "cancelled":
             raise SandboxError(400, "Subscription is already cancelled", "invalid_state_for_request")
         sub.update(status="cancelled", cancelled_at=self.now())
+        if cancel_reason is not None:
+            sub["cancel_reason"] = cancel_reason
         self._save_subscription(sub)
         self.emit("subscription_cancelled", {"subscription": sub})
         return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
@@ -342,19 +346,27 @@ class Sandbox:
 
     def reactivate(self, subscription_id: str) -> dict:
         """Support reactivates a cancelled subscription at the provider's console (a general reactivation,
-        no reactivate_from): active again with a new term from now, invoiced at once (the invoice is the
-        response's and the `subscription_reactivated` event's). Only a cancelled one, like the provider."""
+        no reactivate_from). Only a cancelled one, like the provider. Out of term: active again with a new
+        term from now, invoiced at once (the invoice is the response's and the `subscription_reactivated`
+        event's). In term (the provider cancelled it for non-payment and its term has not ended): the term
+        is kept and no invoice is made; the unpaid one is not collected by the reactivation."""
         sub = self.subscription(subscription_id)
         if sub["status"] != "cancelled":
             raise SandboxError(400, f"The subscription is in {sub['status']} state. Only cancelled subscriptions "
                                "can be reactivated", "invalid_state_for_request")
         now = self.now()
-        sub.update(status="active", current_term_start=now, current_term_end=now + TERM_SECONDS, activated_at=now)
+        in_term = sub.get("cancel_reason") == "not_paid" and (sub.get("current_term_end") or 0) > now
+        if not in_term:
+            sub.update(current_term_start=now, current_term_end=now + TERM_SECONDS, activated_at=now)
+        sub["status"] = "active"
         sub.pop("cancelled_at", None)
+        sub.pop("cancel_reason", None)
         self._save_subscription(sub)
-        invoice = self._new_invoice(sub, self.item_price(sub["subscription_items"][0]["item_price_id"]))
-        self.emit("subscription_reactivated", {"subscription": sub, "invoice": invoice})
-        return {"subscription": sub, "customer": self.customer(sub["customer_id"]), "invoice": invoice}
+        invoice = None if in_term else self._new_invoice(
+            sub, self.item_price(sub["subscription_items"][0]["item_price_id"]))
+        self.emit("subscription_reactivated", {"subscription": sub, **({"invoice": invoice} if invoice else {})})
+        return {"subscription": sub, "customer": self.customer(sub["customer_id"]),
+                **({"invoice": invoice} if invoice else {})}
 
     def void_invoice(self, invoice_id: str) -> dict:
         invoice = self.invoice(invoice_id)

@@ -182,6 +182,21 @@ def test_the_sdk_reactivates_only_a_cancelled_subscription_and_gets_its_new_term
     kinds = [e.event.event_type for e in sdk.Event.list({"occurred_at": {"after": 0},
                                                           "sort_by": {"asc": "occurred_at"}}).list]
     assert "subscription_reactivated" in kinds[-2:]  # with its invoice_generated
+    assert [(li.date_from, li.date_to) for li in again.invoice.line_items] == [
+        (again.subscription.current_term_start, again.subscription.current_term_end)]  # the term it bills
+
+
+def test_the_sdk_reactivates_in_term_a_subscription_the_provider_cancelled_for_non_payment(sdk, served):
+    """Decision 191: cancelled by the provider itself for non-payment and reactivated within its term, a
+    subscription keeps its term and gets no invoice; the response has none."""
+    sdk.Customer.create({"id": "a2", "auto_collection": "off"})
+    sub = sdk.Subscription.create_with_items("a2", {"subscription_items": [{"item_price_id": PLAN}]}).subscription
+    served.sandbox.cancel(sub.id, cancel_reason="not_paid")  # the provider's own, never the API's
+    assert sdk.Subscription.retrieve(sub.id).subscription.cancel_reason == "not_paid"
+    again = sdk.Subscription.reactivate(sub.id, {})
+    assert again.subscription.status == "active" and again.invoice is None
+    assert (again.subscription.current_term_start, again.subscription.current_term_end) == \
+        (sub.current_term_start, sub.current_term_end)
 
 
 def test_the_sdk_gets_the_refusal_of_a_backdated_start_and_the_documented_invoice_status(sdk, served):

@@ -880,6 +880,38 @@ def test_a_term_cut_short_by_a_cancel_is_never_charged_beside_the_new_term_suppo
     assert world.credits() == 4000
 
 
+def test_a_subscription_the_provider_cancelled_for_non_payment_and_support_reactivated_in_term_is_charged_once(
+        world):
+    """Decision 191, the provider's in-term reactivation: the provider cancelled the subscription itself for
+    non-payment and support reactivated it within its term. The term is kept and no invoice is made; the
+    unpaid one is the current term's, so the renewal job charges it, once, and nothing else."""
+    from billingctl.services import events
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.decline_customer("user_a", True)
+    assert run_renewals(world.c)["outcomes"] == {"declined": 1}
+    [old] = [i for i in world.sandbox.store.all("invoice") if i["status"] == "payment_due"]
+    world.sandbox.cancel(co["subscription_id"], cancel_reason="not_paid")
+    events.poll(world.c)
+    world.sandbox.decline_customer("user_a", False)
+    advance_with_sandbox(world.c, 2 * 86400)
+    assert run_renewals(world.c)["outcomes"] == {"not_a_renewal": 1}
+    reactivated = world.sandbox.reactivate(co["subscription_id"])
+    assert "invoice" not in reactivated
+    events.poll(world.c)
+    outcomes = {}
+    for _ in range(3):
+        advance_with_sandbox(world.c, 86400)
+        for outcome, n in run_renewals(world.c)["outcomes"].items():
+            outcomes[outcome] = outcomes.get(outcome, 0) + n
+    assert outcomes == {"succeeded": 1}, outcomes
+    assert world.sandbox.invoice(old["id"])["status"] == "paid" and len(world.sandbox.store.all("invoice")) == 2
+    assert world.credits() == 4000
+
+
 def test_a_cheque_held_for_review_is_named_with_the_invoice_it_paid(world):
     """Decision 187 (found by the exploration): finance entered a cheque on a frozen customer's renewal
     invoice; the payment waits for a person (needs_review) and nothing is credited, so reconcile names the

@@ -147,7 +147,8 @@ class Exploration(RuleBasedStateMachine):
     @rule(action=st.sampled_from(["abandon", "pay_late", "cancel_at_provider", "declines", "outage",
                                   "freeze", "dispute", "expire_card", "charges_in_flight", "finish_charges",
                                   "cancel_by_operator", "pause_at_provider", "resume_at_provider", "remove_payment",
-                                  "write_off", "reactivate_at_provider", "hang_charge"]),
+                                  "write_off", "reactivate_at_provider", "hang_charge",
+                                  "cancel_unpaid_at_provider"]),
           seed=st.integers(0, 2**32))
     def world(self, action, seed):
         self.step(seed, f"world: {action}")

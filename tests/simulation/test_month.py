@@ -157,6 +157,17 @@ class Model:
     def resume_at_provider(self) -> None:
         self._at_the_providers_console(("paused",), self.sandbox.resume, "resume")
 
+    def cancel_unpaid_at_provider(self) -> None:
+        """The provider cancels by itself a subscription whose invoice stays unpaid (`not_paid`, its dunning
+        or offline-invoice rule); support may then reactivate it within its term (decision 191)."""
+        unpaid = {i["subscription_id"] for i in self.sandbox.store.all("invoice")
+                  if i["status"] in PAYABLE_INVOICE_STATUSES}
+        subs = [s for s in self.sandbox.store.all("subscription") if s["status"] == "active" and s["id"] in unpaid]
+        if subs:
+            sub = self.rng.choice(subs)
+            self.sandbox.cancel(sub["id"], cancel_reason="not_paid")
+            self.note(f"the provider cancels {sub['id']} for non-payment")
+
     def reactivate_at_provider(self) -> None:
         """Support reactivates a cancelled subscription at the provider's console (decision 186)."""
         if sub := self._at_the_providers_console(("cancelled",), self.sandbox.reactivate, "reactivate"):
