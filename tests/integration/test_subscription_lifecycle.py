@@ -845,6 +845,31 @@ def test_a_subscription_support_reactivates_beside_the_one_the_customer_bought_a
     assert [world.sandbox.invoice(p["orderId"])["subscription_id"] for p in renewed] == [second["subscription_id"]]
 
 
+def _renewal_declined(world):
+    """A subscription whose renewal was declined once: its checkout and the renewal invoice left due."""
+    from billingctl.services.renewals import run_renewals
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.decline_customer("user_a", True)
+    assert run_renewals(world.c)["outcomes"] == {"declined": 1}
+    [old] = [i for i in world.sandbox.store.all("invoice") if i["status"] == "payment_due"]
+    return co, old
+
+
+def _renewal_days(world, days):
+    """The renewal job's outcomes, summed over `days` days with a tick each."""
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    outcomes = {}
+    for _ in range(days):
+        advance_with_sandbox(world.c, 86400)
+        for outcome, n in run_renewals(world.c)["outcomes"].items():
+            outcomes[outcome] = outcomes.get(outcome, 0) + n
+    return outcomes
+
+
 def test_a_term_cut_short_by_a_cancel_is_never_charged_beside_the_new_term_support_reactivated(world):
     """Decision 191: the renewal was declined, the customer cancelled, and support later reactivated the
     subscription at the provider's console: a new term from then, invoiced at once. The old term's invoice
@@ -853,25 +878,16 @@ def test_a_term_cut_short_by_a_cancel_is_never_charged_beside_the_new_term_suppo
     whose term the subscription's current term overlaps without being it is not charged, with one alert
     asking a person to void or write it off; the new term's invoice is charged once."""
     from billingctl.services import events
-    from billingctl.services.renewals import run_renewals
     from billingctl.services.sync import cancel_subscription
     from tests.conftest import advance_with_sandbox
 
-    co = subscribed(world)
-    month_passes(world)
-    world.sandbox.decline_customer("user_a", True)
-    assert run_renewals(world.c)["outcomes"] == {"declined": 1}
-    [old] = [i for i in world.sandbox.store.all("invoice") if i["status"] == "payment_due"]
+    co, old = _renewal_declined(world)
     cancel_subscription(world.c, co["subscription_id"], "customer asked", "ops")
     world.sandbox.decline_customer("user_a", False)
     advance_with_sandbox(world.c, 3 * 86400)
     new = world.sandbox.reactivate(co["subscription_id"])["invoice"]
     events.poll(world.c)
-    outcomes = {}
-    for _ in range(3):
-        advance_with_sandbox(world.c, 86400)
-        for outcome, n in run_renewals(world.c)["outcomes"].items():
-            outcomes[outcome] = outcomes.get(outcome, 0) + n
+    outcomes = _renewal_days(world, 3)
     assert outcomes == {"succeeded": 1, "superseded_term": 3}, outcomes
     charged = [p["orderId"] for p in world.sandbox.store.all("payment") if p["status"] == "SETTLED"]
     assert charged == [co["order_id"], new["id"]]
@@ -889,11 +905,7 @@ def test_a_subscription_the_provider_cancelled_for_non_payment_and_support_react
     from billingctl.services.renewals import run_renewals
     from tests.conftest import advance_with_sandbox
 
-    co = subscribed(world)
-    month_passes(world)
-    world.sandbox.decline_customer("user_a", True)
-    assert run_renewals(world.c)["outcomes"] == {"declined": 1}
-    [old] = [i for i in world.sandbox.store.all("invoice") if i["status"] == "payment_due"]
+    co, old = _renewal_declined(world)
     world.sandbox.cancel(co["subscription_id"], cancel_reason="not_paid")
     events.poll(world.c)
     world.sandbox.decline_customer("user_a", False)
@@ -902,11 +914,7 @@ def test_a_subscription_the_provider_cancelled_for_non_payment_and_support_react
     reactivated = world.sandbox.reactivate(co["subscription_id"])
     assert "invoice" not in reactivated
     events.poll(world.c)
-    outcomes = {}
-    for _ in range(3):
-        advance_with_sandbox(world.c, 86400)
-        for outcome, n in run_renewals(world.c)["outcomes"].items():
-            outcomes[outcome] = outcomes.get(outcome, 0) + n
+    outcomes = _renewal_days(world, 3)
     assert outcomes == {"succeeded": 1}, outcomes
     assert world.sandbox.invoice(old["id"])["status"] == "paid" and len(world.sandbox.store.all("invoice")) == 2
     assert world.credits() == 4000
