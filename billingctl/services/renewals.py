@@ -131,15 +131,20 @@ def _overlapped(term: tuple | None, current_term_end) -> bool:
     return end - (date_to - date_from) < date_to < end
 
 
-def _superseded(container, term: tuple, sub_id: str) -> bool:
+def _superseded(container, term: tuple, invoice: dict, dry_run: bool = False) -> bool:
     """The provider's word, asked only when our copy says the terms overlap (a copy behind a term-end change
     at the provider would say so too): its current term began inside the invoice's term, so a
     reactivation restarted it and charging both would have the customer pay twice for the days they
-    share. The copy read is applied, so a stale one is asked about once."""
+    share. The copy read is applied (not by a dry run), so a stale one is asked about once; once it has said so
+    (its alert is queued), it is not asked again each tick."""
     from billingctl.services.sync import apply_remote_subscription
 
-    remote = container.provider.get_subscription(sub_id)
-    apply_remote_subscription(container, remote, "renewals")
+    with container.uow(autocommit=True) as uow:
+        if uow.outbox.queued(_superseded_key(invoice)):
+            return True
+    remote = container.provider.get_subscription(invoice["subscription_id"])
+    if not dry_run:  # a dry run writes nothing, not even a fresher copy
+        apply_remote_subscription(container, remote, "renewals")
     start = remote.current_term_start
     return remote.status in ("active", "non_renewing") and start is not None and term[0] < start < term[1]
 
@@ -152,7 +157,11 @@ def _superseded_term(container, invoice: dict, local: dict) -> str:
         container, invoice, "superseded_term",
         f"invoice {invoice['id']} of {sub_id} ({user_id}) bills a term the subscription's current term, up to "
         f"{local['current_term_end']:%Y-%m-%d}, overlaps: it was reactivated with a new term. The new term is "
-        f"charged; this invoice is not. Void it or write it off at the provider", f"superseded-term:{invoice['id']}")
+        f"charged; this invoice is not. Void it or write it off at the provider", _superseded_key(invoice))
+
+
+def _superseded_key(invoice: dict) -> str:
+    return f"superseded-term:{invoice['id']}"
 
 
 def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
@@ -191,7 +200,7 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
     if holder is not None and holder != sub_id:  # a charge in flight is read first, above
         return "second_subscription" if dry_run else _second_subscription(container, invoice, holder)
     term = Invoice.read(remote).term
-    if _overlapped(term, local["current_term_end"]) and _superseded(container, term, sub_id):
+    if _overlapped(term, local["current_term_end"]) and _superseded(container, term, invoice, dry_run):
         return "superseded_term" if dry_run else _superseded_term(container, invoice, local)
     if frozen is not None:
         return "skipped_frozen"

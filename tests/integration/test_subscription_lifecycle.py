@@ -887,8 +887,12 @@ def test_a_term_cut_short_by_a_cancel_is_never_charged_beside_the_new_term_suppo
     advance_with_sandbox(world.c, 3 * 86400)
     new = world.sandbox.reactivate(co["subscription_id"])["invoice"]
     events.poll(world.c)
+    reads = world.sandbox.store.count_requests("provider", "GET", f"/subscriptions/{co['subscription_id']}")
     outcomes = _renewal_days(world, 3)
     assert outcomes == {"succeeded": 1, "superseded_term": 3}, outcomes
+    # the provider is asked once, not every tick
+    assert world.sandbox.store.count_requests("provider", "GET", f"/subscriptions/{co['subscription_id']}") == \
+        reads + 1
     charged = [p["orderId"] for p in world.sandbox.store.all("payment") if p["status"] == "SETTLED"]
     assert charged == [co["order_id"], new["id"]]
     assert world.sandbox.invoice(old["id"])["status"] == "payment_due"

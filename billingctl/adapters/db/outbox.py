@@ -21,6 +21,11 @@ class Outbox(Repository):
         """Queue one message (`services.alerts.outbox_row`); False when its dedupe key was already queued."""
         return insert_ignore(self.uow, alert_outbox, row, ["dedupe_key"])
 
+    def queued(self, dedupe_key: str) -> bool:
+        """Whether a message with this dedupe key was ever queued."""
+        return self.execute(select(alert_outbox.c.id).where(alert_outbox.c.dedupe_key == dedupe_key)
+                            .limit(1)).first() is not None
+
     def newest_created(self, key_prefix: str):
         """When the newest message whose dedupe key starts with this prefix was queued (None: never)."""
         return self.execute(select(func.max(alert_outbox.c.created_at))
