@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from billingctl.cli.context import command, get_ctx, noun
+from billingctl.cli.context import command, exit_if_partial, get_ctx, noun
 
 app = noun("Users: credits, lane locks, frozen state.")
 
@@ -30,8 +30,10 @@ def users_freeze(user_id: str, reason: str = typer.Option(..., "--reason"),
     cli = get_ctx()
     if not yes and not cli.dry_run:
         raise Refused("freeze is destructive: add --yes (or --dry-run)")
-    cli.output.result(freeze(cli.container, user_id, reason, cli.actor, void_invoices=void_invoices, notify=notify,
-                             dry_run=cli.dry_run))
+    result = freeze(cli.container, user_id, reason, cli.actor, void_invoices=void_invoices, notify=notify,
+                    dry_run=cli.dry_run)
+    cli.output.result(result)
+    exit_if_partial(result)  # a void the provider refused
 
 
 @command(app, "unfreeze")

@@ -369,9 +369,17 @@ class Sandbox:
                 **({"invoice": invoice} if invoice else {})}
 
     def void_invoice(self, invoice_id: str) -> dict:
+        """The provider's prerequisites: a payable invoice (payment_due, posted, not_paid) with no payment
+        linked to it (a successful or in-progress one must be removed first) and nothing adjusted."""
         invoice = self.invoice(invoice_id)
-        if invoice["status"] == "paid":
-            raise SandboxError(400, "A paid invoice cannot be voided", "invalid_state_for_request")
+        if invoice["status"] not in ("payment_due", "posted", "not_paid"):
+            raise SandboxError(400, f"The invoice is in {invoice['status']} state. Only payment_due, posted and "
+                               "not_paid invoices can be voided", "invalid_state_for_request")
+        if any(p.get("txn_status") in ("success", "in_progress") for p in invoice.get("linked_payments") or []):
+            raise SandboxError(400, "The invoice has payments linked to it. Remove them before voiding the invoice",
+                               "invalid_state_for_request")
+        if int(invoice.get("amount_adjusted") or 0):
+            raise SandboxError(400, "The invoice has adjustments. It cannot be voided", "invalid_state_for_request")
         invoice.update(status="voided", voided_at=self.now())
         self._save_invoice(invoice)
         return {"invoice": invoice}

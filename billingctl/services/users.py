@@ -75,7 +75,12 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
                 "user_id": user_id, "message": "Payments on your account are on hold. Please contact support."},
                 f"freeze:{user_id}")
             uow.commit()
-    return {"user_id": user_id, "frozen": True, "changed": not already, "voided": voided, "void_failed": failed}
+    from billingctl.domain.batch import BatchResult
+
+    # A void the provider refused (a payment linked to the invoice, decision 192) is a partial failure:
+    # the freeze stands, the invoice still owes, and the CLI exits 5 naming it.
+    return BatchResult({"user_id": user_id, "frozen": True, "changed": not already, "voided": voided,
+                        "void_failed": failed}, done=len(voided), failed=len(failed), errors=failed)
 
 
 def unfreeze(container, user_id: str, reason: str, actor: str, dry_run: bool = False) -> dict:

@@ -250,3 +250,21 @@ def test_a_rate_limited_batch_says_one_warning_per_item_above_the_bar(container,
     assert len([w for w in warnings if "invoice" in w or "renewal" in w]) == 2, text  # one per invoice
     assert all(w.startswith("warning: renewal") for w in warnings), warnings  # never onto the bar's line
     assert "call failed" not in text  # the client's own failure line stays at INFO (the job's log)
+
+
+def test_a_freeze_whose_void_the_provider_refuses_exits_5_and_names_the_invoice(container, env):
+    """Decision 192: the provider refuses to void an invoice a cheque paid in part (a payment is linked to
+    it). Before, `users freeze --void-invoices` reported the refusal inside a document that exited 0, so a
+    runbook took the freeze for complete; now it is a partial failure (exit 5) naming the invoice."""
+    co = create_checkout(container, "user_cheque", "credits-pro-USD-monthly")
+    container.sandbox.pay(co["order_id"])
+    container.sandbox.change_term_end(co["subscription_id"], container.sandbox.now() - 1)
+    [invoice] = container.sandbox.renew_due()
+    container.sandbox.record_payment(invoice["id"], 300, "cheque-1", payment_method="check")
+    done = billingctl(["--json", "users", "freeze", "user_cheque", "--reason", "chargeback", "--void-invoices",
+                       "--yes"], env)
+    assert done.returncode == 5, done.stderr
+    result = json.loads(done.stdout)
+    assert result["frozen"] is True and result["voided"] == []
+    assert [f["invoice_id"] for f in result["void_failed"]] == [invoice["id"]]
+    assert container.sandbox.invoice(invoice["id"])["status"] == "payment_due"

@@ -170,6 +170,22 @@ def test_the_sdk_writes_off_an_unpaid_invoice_as_the_provider_documents(sdk, ser
     assert refused(lambda: sdk.Invoice.write_off(invoice_id, {})) == (400, "invalid_state_for_request")
 
 
+def test_the_sdk_is_refused_a_void_of_an_invoice_paid_in_part_or_voided_already(sdk, served):
+    """Decision 192: the provider voids only a payable invoice with no payment linked to it (one must be
+    removed first). Before, the sandbox voided an invoice a cheque had paid in part, which the provider
+    refuses, so freeze --void-invoices and a person's void looked as if they had worked."""
+    sdk.Customer.create({"id": "v1", "auto_collection": "off"})
+    invoice = sdk.Subscription.create_with_items("v1", {"subscription_items": [{"item_price_id": PLAN}]}).invoice
+    sdk.Invoice.record_payment(invoice.id, {"transaction": {"amount": 300, "payment_method": "check",
+                                                            "reference_number": "cheque-1"}})
+    assert sdk.Invoice.retrieve(invoice.id).invoice.status == "payment_due"  # 699 still due
+    assert refused(lambda: sdk.Invoice.void_invoice(invoice.id)) == (400, "invalid_state_for_request")
+    txn = sdk.Invoice.retrieve(invoice.id).invoice.linked_payments[0].txn_id
+    sdk.Invoice.remove_payment(invoice.id, {"transaction": {"id": txn}})
+    assert sdk.Invoice.void_invoice(invoice.id).invoice.status == "voided"
+    assert refused(lambda: sdk.Invoice.void_invoice(invoice.id)) == (400, "invalid_state_for_request")
+
+
 def test_the_sdk_reactivates_only_a_cancelled_subscription_and_gets_its_new_terms_invoice(sdk, served):
     """Decision 186: a general reactivation starts a new term from now, invoiced at once."""
     sdk.Customer.create({"id": "a1", "auto_collection": "off"})

@@ -238,10 +238,14 @@ class Model:
                 self.note(f"operator refunds {payment_id}: refused ({exc.code}: {exc.message[:80]}); again tomorrow")
                 waiting.append((invoice_id, txn_id, payment_id))
                 continue
+            voids = ""
             if invoice["status"] in PAYABLE_INVOICE_STATUSES:
-                self.sandbox.void_invoice(invoice_id)
-            self.note(f"operator refunds {payment_id}" + (", finance voids " + invoice_id
-                                                          if invoice["status"] in PAYABLE_INVOICE_STATUSES else ""))
+                try:
+                    self.sandbox.void_invoice(invoice_id)
+                    voids = f", finance voids {invoice_id}"
+                except SandboxError as exc:  # another payment (a cheque for part) is linked to it
+                    voids = f", finance cannot void {invoice_id} ({str(exc)[:60]})"
+            self.note(f"operator refunds {payment_id}{voids}")
         self.removed = waiting
 
     def refund(self) -> None:
