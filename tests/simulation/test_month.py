@@ -588,7 +588,10 @@ class Model:
                   for p in sandbox.payments() if p["id"] in self.hung and p["status"] in ("PENDING", "AUTHORIZED")
                   and sandbox.now() - p["date"] > limit]
         charges = {p["id"] for p in sandbox.store.all("payment")}
-        given_back = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) >= p["amount"]}
+        # refunded in full, or charged back (a lost dispute returned the money; decision 184's removal then
+        # leaves its invoice owing, rightly)
+        given_back = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) >= p["amount"]} | \
+            charged_back
         unanswered = self.removals_unanswered()  # alerted; the person tries again tomorrow
         for row in purchases.values():  # what we recorded, the provider holds as paid (a cheque for part of an
             # invoice, entered there, is a purchase for the books that credits nothing and leaves the rest due;
