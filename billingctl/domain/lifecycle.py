@@ -229,6 +229,7 @@ ORPHAN = Lifecycle(
 # reported paused) is written all the same, because it is the provider's, and counted and alerted: our
 # copy missed a step or the provider did something we did not model. An undocumented status is refused.
 SUBSCRIPTION_STATUSES = ("future", "in_trial", "active", "non_renewing", "paused", "cancelled", "transferred")
+RENEWING = ("active", "non_renewing")  # a subscription whose renewal invoices the renewal job charges
 SUBSCRIPTION = Lifecycle(
     name="subscription",
     states=SUBSCRIPTION_STATUSES,

@@ -146,7 +146,7 @@ def _superseded(container, term: tuple, invoice: dict, dry_run: bool = False) ->
     if not dry_run:  # a dry run writes nothing, not even a fresher copy
         apply_remote_subscription(container, remote, "renewals")
     start = remote.current_term_start
-    return remote.status in ("active", "non_renewing") and start is not None and term[0] < start < term[1]
+    return remote.status in lifecycle.RENEWING and start is not None and term[0] < start < term[1]
 
 
 def _superseded_term(container, invoice: dict, local: dict) -> str:
@@ -193,7 +193,7 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         return "in_flight" if dry_run else _resolve_in_flight(container, invoice, last, history)
     if any(h["status"] in FINAL for h in history):
         return "closed"
-    if local is None or local["status"] not in ("active", "non_renewing"):
+    if local is None or local["status"] not in lifecycle.RENEWING:
         return "not_a_renewal"
     if last is not None and last["next_attempt_at"] is not None and last["next_attempt_at"] > now:
         return "not_due"
@@ -434,7 +434,7 @@ def _no_longer_owed(container, invoice: dict) -> str | None:
         local = uow.subscriptions.get(invoice.get("subscription_id")) if invoice.get("subscription_id") else None
         frozen = uow.users.frozen_at(invoice.get("customer_id"))
         copy = uow.invoices.get(invoice["id"])
-    if local is not None and local["status"] not in ("active", "non_renewing"):
+    if local is not None and local["status"] not in lifecycle.RENEWING:
         return f"subscription {local['status']}"
     if frozen is not None:
         return "customer frozen"
