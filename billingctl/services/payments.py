@@ -428,6 +428,11 @@ def dunning_step(container, uow, invoice: dict, status: str, resolves: dict | No
     uow.dunning.add(invoice_id=invoice_id, subscription_id=invoice.get("subscription_id"),
                     user_id=invoice.get("customer_id") or invoice.get("user_id"), created_at=now, status=status,
                     **values)
+    if status in lifecycle.RETRYABLE and (paid := uow.books.paid_by(invoice_id)) is not None:
+        # A charge that ended unpaid on an invoice another payment pays (a cheque entered at the provider
+        # while it was in flight, whose record left the dunning to it): the dunning ends by that payment
+        # (decision 193), so nothing retries and reconcile's `dunning_unfinished` names nothing.
+        dunning_step(container, uow, invoice, "succeeded", payment_id=paid.transaction_id, amount=paid.amount)
     return True
 
 
@@ -894,11 +899,12 @@ def _start_at_provider(container, subscription_id: str) -> tuple[Subscription, I
 
 def _started_copy(container, subscription_id: str) -> Subscription:
     """The provider's copy of a subscription that was started: cancelled since raises CancelledAtProvider,
-    and a status that is neither started nor cancelled (still future, paused) cannot be activated."""
+    and one still future cannot be activated. A paused one was started: its copy is taken as it is (a
+    payment of its unpaid invoice, a cheque, activates nothing; decision 193)."""
     remote = container.provider.get_subscription(subscription_id)
     if remote.status == "cancelled":
         raise CancelledAtProvider(remote)
-    if remote.status not in STARTED:
+    if remote.status not in (*STARTED, "paused"):
         raise e.ExternalError(f"the provider holds {subscription_id} {remote.status}: it cannot be activated",
                               dependency="subscription_provider")
     return remote

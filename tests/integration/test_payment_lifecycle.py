@@ -142,6 +142,40 @@ def test_a_charge_pending_past_its_age_limit_is_cancelled_although_its_subscript
     assert len(renewal_charges(world)) == 1  # and never a new charge for a cancelled subscription
 
 
+@pytest.mark.parametrize("end", ["age limit", "processor declines"])
+def test_a_charge_in_flight_that_ends_unpaid_after_a_cheque_paid_its_invoice_ends_the_dunning_paid(world, end):
+    """Decision 193, found by the exploration: a renewal charge was PENDING when finance entered the
+    customer's cheque on its invoice. Recording the cheque left the dunning to the charge in flight ("its
+    own end will come"), and that end was a decline: the attempts ended on `declined`, the invoice paid,
+    and reconcile named `dunning_unfinished` every day. An attempt that ends unpaid on an invoice a standing
+    purchase pays now ends the dunning `succeeded`, by that purchase."""
+    from billingctl.services.events import poll
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    invoice = due_invoice(world, co)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0078", payment_method="check")
+    poll(world.c)
+    [charge] = renewal_charges(world)
+    if end == "age limit":
+        advance_with_sandbox(world.c, int(world.c.settings.renewal_in_flight_max_hours * 3600) + 1)
+        run_renewals(world.c)
+    else:
+        world.sandbox.finish_payment(charge["id"], settle=False)
+        advance_with_sandbox(world.c, 61)
+        run_renewals(world.c)  # its sweep reads how the charge ended
+    assert world.sandbox.store.get("payment", charge["id"])["status"] in ("CANCELLED", "DECLINED")
+    assert attempts(world)[-1][0] == "succeeded" and attempts(world)[-2][0] == "declined"
+    assert world.credits() == 2000 + 2000  # the checkout's term and the cheque's, once
+    advance_with_sandbox(world.c, 3600)
+    assert reconcile(world.c)["violations"] == []
+    assert len(renewal_charges(world)) == 1  # and never charged again
+
+
 def test_a_charge_still_settling_past_its_age_limit_is_escalated_once_a_day(world):
     subscribed(world)
     month_passes(world)

@@ -312,14 +312,31 @@ def _started_then_held_by_the_provider_as(world, status: str) -> str:
     return sub
 
 
-def test_activating_a_started_subscription_paused_at_the_provider_is_refused_and_stays_visible(one_try_world):
-    """A started subscription the provider holds paused cannot be activated: the activation fails with the
-    provider's status named, is counted, and the local copy keeps the error for `health` (decision 101)."""
+def test_activating_a_started_subscription_paused_at_the_provider_takes_its_copy_and_leaves_nothing_pending(
+        one_try_world):
+    """A started subscription the provider holds paused was started: activation sends no start, takes the
+    provider's copy (paused; the local future -> paused is the provider's, counted and alerted as a step
+    the table does not know) and leaves nothing pending (decision 193; decision 101 left it pending with
+    its error, asked the provider again on every activations run, and reconcile named it every day)."""
     world = one_try_world
     sub = _started_then_held_by_the_provider_as(world, "paused")
+    assert activate_subscription(world.c, sub) == {"subscription_id": sub, "outcome": "already_active",
+                                                   "status": "paused"}
+    with world.c.uow() as uow:
+        local = uow.subscriptions.get(sub)
+    assert (local["status"], local["activation_pending_since"], local["activation_error"]) == ("paused", None, None)
+    assert world.c.metrics.sample("billing_activation_errors_total") == 0
+
+
+def test_activating_a_started_subscription_the_provider_holds_future_is_refused_and_stays_visible(one_try_world):
+    """A subscription the provider holds future although its first invoice was assigned (a copy restored
+    there) cannot be activated by a read: the activation fails with the provider's status named, is
+    counted, and the local copy keeps the error for `health` (decision 101)."""
+    world = one_try_world
+    sub = _started_then_held_by_the_provider_as(world, "future")
     with pytest.raises(e.ExternalError) as raised:
         activate_subscription(world.c, sub)
-    assert raised.value.message == f"the provider holds {sub} paused: it cannot be activated"
+    assert raised.value.message == f"the provider holds {sub} future: it cannot be activated"
     assert raised.value.details == {"dependency": "subscription_provider"}
     with world.c.uow() as uow:
         local = uow.subscriptions.get(sub)

@@ -204,6 +204,37 @@ def test_a_term_paid_at_the_provider_in_two_parts_is_credited_once_and_never_pos
     assert co["subscription_id"]
 
 
+def test_a_cheque_on_the_invoice_of_a_subscription_support_paused_is_credited_and_activates_nothing(world):
+    """Decision 193, found by the exploration: support paused a subscription whose renewal invoice was
+    unpaid, and finance entered the customer's cheque on that invoice. The cheque was credited, and the
+    subscription was marked for activation because it was not active: the activation refused a paused
+    subscription ("cannot be activated"), every activations run asked the provider again, and reconcile
+    named it `paid_not_active` every day. A paused subscription is a started one: its payment takes the
+    provider's copy (paused) and leaves nothing pending."""
+    from billingctl.services.events import poll
+    from billingctl.services.payments import pending_activations, retry_pending
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    invoice = world.sandbox.renew_due()[0]
+    world.sandbox.pause(co["subscription_id"])
+    world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0077", payment_method="check")
+    poll(world.c)
+    retry_pending(world.c)
+    assert world.credits() == 2000 + 2000  # the checkout's term and the cheque's, once
+    assert pending_activations(world.c) == []
+    with world.c.uow() as uow:
+        assert uow.subscriptions.get(co["subscription_id"])["status"] == "paused"
+    reads = world.sandbox.store.count_requests("provider", "GET", "/subscriptions/")
+    retry_pending(world.c)
+    assert world.sandbox.store.count_requests("provider", "GET", "/subscriptions/") == reads  # asks no more
+    advance_with_sandbox(world.c, 3600)
+    poll(world.c)
+    assert reconcile(world.c)["violations"] == []
+
+
 def card_payment_waiting_for_its_record(world) -> tuple[dict, dict]:
     """A checkout paid by card and credited while the provider refused every record: (the orchestrator's
     payment, its provider invoice, payable); the provider is back."""

@@ -245,6 +245,13 @@ class Books(Repository):
         if self.uow.dialect == "postgresql":
             self.execute(text("SET LOCAL jit = off"))
 
+    def paid_by(self, invoice_id: str):
+        """The standing purchase whose granted term pays an invoice (transaction_id, amount), the first
+        recorded; None when none does. The purchases reconcile's `dunning_unfinished` reads."""
+        live = _live_grants([invoice_id]).subquery()
+        return self.execute(select(live.c.transaction_id, purchase.c.amount).join(
+            purchase, purchase.c.transaction_id == live.c.transaction_id).order_by(purchase.c.id).limit(1)).first()
+
     def violations(self, now, limits: Limits, limit: int, since=None):
         """(check, violation, at) for each violation of each check of our own books (at most `limit` rows
         are read per check; a grouped check reads its rows in the order of its groups). `at`: when the
