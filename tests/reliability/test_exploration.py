@@ -301,11 +301,27 @@ class Exploration(RuleBasedStateMachine):
             JOBS[job](self.c)
         except e.BillingError:
             pass  # visible (exit 4/5); the next run resumes
+        self.m.catch_hung()
 
     @rule(seconds=st.sampled_from(SPANS))
     def time_passes(self, seconds):
         self.step(0, f"{seconds} s pass")
         self.m.advance(seconds)
+
+    @precondition(lambda self: any(s["status"] == "active" for s in self.m.sandbox.store.all("subscription")))
+    @rule(seed=st.integers(0, 2**32), processor=st.sampled_from(["answers", "PENDING", "AUTHORIZED"]))
+    def a_renewal_falls_due(self, seed, processor):
+        """Time runs to the end of a live subscription's term and the jobs run, as a tick does. PENDING or
+        AUTHORIZED: the processor leaves the renewal charge they start so for ever, and only our age limit
+        ends it (decisions 189 and 190). Through `time_passes` alone a renewal fell due in few histories,
+        and a hung charge in none of 1,058 (2026-11-27)."""
+        rng = self.step(seed, f"a renewal falls due; its processor {processor}")
+        sub = rng.choice([s for s in self.m.sandbox.store.all("subscription") if s["status"] == "active"])
+        if processor != "answers":
+            self.m.hang_the_next_charge(processor)
+        self.m.note(f"  {sub['id']}'s term ends")
+        self.m.advance(max(sub["current_term_end"] - self.m.sandbox.now(), 0) + 61)
+        self.m.jobs()
 
     @rule(skew=st.sampled_from(SKEWS))
     def our_clock_drifts(self, skew):
