@@ -168,6 +168,14 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
     invoice = _target(Invoice.read(remote))
     now = container.clock.now()
     sub_id, user_id = invoice.get("subscription_id"), invoice.get("customer_id")
+    with container.uow(autocommit=True) as uow:
+        history = _history(uow, invoice["id"])
+    last = history[-1] if history else None
+    if last is not None and last["status"] == "pending" and last["resolved_at"] is None:
+        # A charge is in flight for this invoice: never a second one; read how it ended before anything else
+        # about the invoice, whatever became of it or its subscription meanwhile (a cheque paid part of it,
+        # an operator cancelled it): the sweep skips every invoice the tick listed (decisions 189, 194).
+        return "in_flight" if dry_run else _resolve_in_flight(container, invoice, last, history)
     with container.uow() as uow:
         standing = uow.purchases.invoice_standing(invoice["id"], sub_id)
         if standing.removed:  # finance removed our payment from it at the provider: a person's (decision 184)
@@ -182,15 +190,9 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         if standing.waiting:
             return "activation_pending"  # a paid checkout whose first invoice is being assigned
         local = uow.subscriptions.get(sub_id)
-        history = _history(uow, invoice["id"])
         frozen = uow.users.frozen_at(user_id)
         in_dispute = fraud_signals.disputed(uow, user_id)
         holder = uow.subscriptions.plan_holder(user_id, local["item_price_id"]) if local is not None else None
-    last = history[-1] if history else None
-    if last is not None and last["status"] == "pending" and last["resolved_at"] is None:
-        # A charge is in flight for this invoice: never a second one; read how it ended, whatever became of
-        # its subscription meanwhile (the sweep skips every invoice the tick listed; decision 189).
-        return "in_flight" if dry_run else _resolve_in_flight(container, invoice, last, history)
     if any(h["status"] in FINAL for h in history):
         return "closed"
     if local is None or local["status"] not in lifecycle.RENEWING:

@@ -176,6 +176,29 @@ def test_a_charge_in_flight_that_ends_unpaid_after_a_cheque_paid_its_invoice_end
     assert len(renewal_charges(world)) == 1  # and never charged again
 
 
+def test_a_charge_pending_past_its_age_limit_is_cancelled_although_a_cheque_paid_part_of_its_invoice(world):
+    """Decision 194, found by the exploration: a renewal charge hung PENDING and finance entered a cheque for
+    a quarter of its invoice at the provider. The invoice still owes, so the tick lists it, and answered
+    `already_paid` (a purchase stands on the invoice: the cheque's, for the books) before reading the
+    charge in flight; the sweep skips every invoice the tick listed, so the charge stayed in flight for
+    ever, free to settle weeks later. A charge in flight is read before anything else about its invoice."""
+    from billingctl.services.events import poll
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    invoice = due_invoice(world, co)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    world.sandbox.record_payment(invoice["id"], invoice["amount_due"] // 4, "cheque 0079", payment_method="check")
+    poll(world.c)
+    advance_with_sandbox(world.c, int(world.c.settings.renewal_in_flight_max_hours * 3600) + 1)
+    run_renewals(world.c)
+    [charge] = renewal_charges(world)
+    assert world.sandbox.store.get("payment", charge["id"])["status"] == "CANCELLED"
+    assert attempts(world)[:2] == [("pending", "PENDING"), ("declined", "CANCELLED")]
+
+
 def test_a_charge_still_settling_past_its_age_limit_is_escalated_once_a_day(world):
     subscribed(world)
     month_passes(world)
