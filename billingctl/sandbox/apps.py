@@ -289,7 +289,12 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
 
     @app.post(f"{prefix}/subscriptions/<sub_id>/cancel_for_items")
     def cancel(sub_id):
-        return idempotent(lambda: sandbox.cancel(sub_id))
+        end_of_term = form("end_of_term", required=False) == "true"
+        return idempotent(lambda: sandbox.cancel(sub_id, end_of_term=end_of_term))
+
+    @app.post(f"{prefix}/subscriptions/<sub_id>/remove_scheduled_cancellation")
+    def remove_scheduled_cancellation(sub_id):  # support's action; our client never calls it
+        return idempotent(lambda: sandbox.remove_scheduled_cancellation(sub_id))
 
     @app.post(f"{prefix}/subscriptions/<sub_id>/reactivate")
     def reactivate(sub_id):  # support's action; our client never calls it

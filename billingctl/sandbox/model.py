@@ -270,9 +270,15 @@ class Sandbox:
         return invoice
 
     def renew_due(self) -> list[dict]:
-        """Active subscriptions whose term ended renew: a new term and a renewal invoice, payment_due."""
+        """Active subscriptions whose term ended renew: a new term and a renewal invoice, payment_due.
+        Non-renewing ones whose term ended are cancelled instead, at the term's end."""
         invoices = []
         now = self.now()
+        for sub in self.store.page("subscription", [("status", "=", "non_renewing")], None, 0, 1 << 62)[0]:
+            if sub["status"] == "non_renewing" and sub.get("current_term_end") and sub["current_term_end"] <= now:
+                sub.update(status="cancelled", cancelled_at=sub["current_term_end"])
+                self._save_subscription(sub)
+                self.emit("subscription_cancelled", {"subscription": sub})
         # Only the active ones are read (the status index): a provider with a long history renews as fast.
         for sub in self.store.page("subscription", [("status", "=", "active")], None, 0, 1 << 62)[0]:
             if sub["status"] != "active" or not sub.get("current_term_end") or sub["current_term_end"] > now:
@@ -305,12 +311,22 @@ class Sandbox:
         self._save_subscription(sub)
         return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
 
-    def cancel(self, subscription_id: str, cancel_reason: str | None = None) -> dict:
-        """A cancel now (the API's, or the console's). `cancel_reason` is the provider's own, set only when it
-        cancels by itself: "not_paid" after its dunning (or its offline-invoice cancel rule)."""
+    def cancel(self, subscription_id: str, cancel_reason: str | None = None, end_of_term: bool = False) -> dict:
+        """A cancel now (the API's default, or the console's). `cancel_reason` is the provider's own, set only
+        when it cancels by itself: "not_paid" after its dunning (or its offline-invoice cancel rule).
+        `end_of_term` (support's scheduled cancel; our client never sends it): an active subscription becomes
+        non_renewing, `cancelled_at` its term's end, when renew_due cancels it instead of renewing it."""
         sub = self.subscription(subscription_id)
         if sub["status"] == "cancelled":
             raise SandboxError(400, "Subscription is already cancelled", "invalid_state_for_request")
+        if end_of_term:
+            if sub["status"] not in ("in_trial", "active", "non_renewing"):
+                raise SandboxError(400, f"The subscription is in {sub['status']} state. Only a subscription with a "
+                                   "running term can be cancelled at its end", "invalid_state_for_request")
+            sub.update(status="non_renewing", cancelled_at=sub["current_term_end"])
+            self._save_subscription(sub)
+            self.emit("subscription_cancellation_scheduled", {"subscription": sub})
+            return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
         sub.update(status="cancelled", cancelled_at=self.now())
         if cancel_reason is not None:
             sub["cancel_reason"] = cancel_reason
@@ -318,30 +334,38 @@ class Sandbox:
         self.emit("subscription_cancelled", {"subscription": sub})
         return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
 
+    def remove_scheduled_cancellation(self, subscription_id: str) -> dict:
+        """A cancel scheduled for the term's end is taken back: non_renewing becomes active and renews."""
+        return self._console_step(subscription_id, ("non_renewing",), "Only a non_renewing subscription has a "
+                                  "scheduled cancellation", "active", "subscription_scheduled_cancellation_removed",
+                                  drop=("cancelled_at",))
+
     def pause(self, subscription_id: str) -> dict:
         """Support pauses a subscription at the provider's console (pause_option immediately). Like the real
         provider, only an active or non-renewing one: a paused one renews no more (renew_due reads active
         ones) until it is resumed."""
-        sub = self.subscription(subscription_id)
-        if sub["status"] not in ("active", "non_renewing"):
-            raise SandboxError(400, f"The subscription is in {sub['status']} state. Only active and non_renewing "
-                               "subscriptions can be paused", "invalid_state_for_request")
-        sub.update(status="paused", pause_date=self.now())
-        self._save_subscription(sub)
-        self.emit("subscription_paused", {"subscription": sub})
-        return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
+        return self._console_step(subscription_id, ("active", "non_renewing"), "Only active and non_renewing "
+                                  "subscriptions can be paused", "paused", "subscription_paused", pause_date=self.now())
 
     def resume(self, subscription_id: str) -> dict:
         """A paused subscription resumed (resume_option immediately): active again; a term that ended while
         it was paused renews at the next renew_due, which invoices it."""
+        return self._console_step(subscription_id, ("paused",), "Only paused subscriptions can be resumed", "active",
+                                  "subscription_resumed", drop=("pause_date",))
+
+    def _console_step(self, subscription_id: str, allowed: tuple[str, ...], refusal: str, status: str, event: str,
+                      drop: tuple[str, ...] = (), **values) -> dict:
+        """One step of a subscription at the provider: refused (invalid_state_for_request) from a status
+        outside `allowed`; else the new status and values, the `drop`ped fields removed, saved, its event."""
         sub = self.subscription(subscription_id)
-        if sub["status"] != "paused":
-            raise SandboxError(400, f"The subscription is in {sub['status']} state. Only paused subscriptions "
-                               "can be resumed", "invalid_state_for_request")
-        sub["status"] = "active"
-        sub.pop("pause_date", None)
+        if sub["status"] not in allowed:
+            raise SandboxError(400, f"The subscription is in {sub['status']} state. {refusal}",
+                               "invalid_state_for_request")
+        sub.update(status=status, **values)
+        for key in drop:
+            sub.pop(key, None)
         self._save_subscription(sub)
-        self.emit("subscription_resumed", {"subscription": sub})
+        self.emit(event, {"subscription": sub})
         return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
 
     def reactivate(self, subscription_id: str) -> dict:

@@ -215,6 +215,28 @@ def test_the_sdk_reactivates_in_term_a_subscription_the_provider_cancelled_for_n
         (sub.current_term_start, sub.current_term_end)
 
 
+def test_the_sdk_schedules_a_cancel_at_the_term_end_and_takes_it_back(sdk, served):
+    """Support's cancel at the term's end (`end_of_term`): non_renewing, cancelled when the term ends instead
+    of renewed; a scheduled cancellation is taken back only from non_renewing. The default cancel is now."""
+    sdk.Customer.create({"id": "a3", "auto_collection": "off"})
+    sub = sdk.Subscription.create_with_items("a3", {"subscription_items": [{"item_price_id": PLAN}]}).subscription
+    assert refused(lambda: sdk.Subscription.remove_scheduled_cancellation(sub.id, {})) == \
+        (400, "invalid_state_for_request")
+    scheduled = sdk.Subscription.cancel_for_items(sub.id, {"end_of_term": True}).subscription
+    assert (scheduled.status, scheduled.cancelled_at) == ("non_renewing", sub.current_term_end)
+    assert sdk.Subscription.remove_scheduled_cancellation(sub.id, {}).subscription.status == "active"
+    sdk.Subscription.cancel_for_items(sub.id, {"end_of_term": True})
+    invoices = len(sdk.Invoice.list({"subscription_id": {"is": sub.id}}).list)
+    served.sandbox.store.advance_clock(sub.current_term_end - time.time() + 60)
+    assert len(sdk.Invoice.list({"subscription_id": {"is": sub.id}}).list) == invoices  # cancelled, not renewed
+    ended = sdk.Subscription.retrieve(sub.id).subscription
+    assert (ended.status, ended.cancelled_at) == ("cancelled", sub.current_term_end)
+    kinds = [e.event.event_type for e in sdk.Event.list({"occurred_at": {"after": 0},
+                                                          "sort_by": {"asc": "occurred_at"}}).list]
+    assert kinds.count("subscription_cancellation_scheduled") == 2 and kinds[-1] == "subscription_cancelled"
+    assert "subscription_scheduled_cancellation_removed" in kinds
+
+
 def test_the_sdk_gets_the_refusal_of_a_backdated_start_and_the_documented_invoice_status(sdk, served):
     from chargebee.models.invoice.operations import Invoice
 

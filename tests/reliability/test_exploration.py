@@ -53,6 +53,7 @@ JOBS = {"poll": events.poll, "orphans": orphans.run_orphans, "activations": paym
         "renewals": renewals.run_renewals, "cleanup": checkout.cleanup_expired, "deliver": alerts.deliver_outbox,
         "sync-all": lambda c: sync_all(c, None)}
 SPANS = (16, 61, 15 * 60, 4 * 3600, 86400, 31 * 86400)  # a renewal falls due after a month
+RUNNING = ("active", "non_renewing")  # a term that ends: renewed, or cancelled when support scheduled it
 SKEWS = (-90, -7, 0, 7, 90)  # seconds our clock runs ahead of the sandbox's (negative: behind)
 FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, "refused_refunds": 0,
            "excesses_returned": 0, "payments_removed": 0, "charges_hung": 0, "hung_charges_ended": 0}
@@ -148,7 +149,8 @@ class Exploration(RuleBasedStateMachine):
                                   "freeze", "dispute", "expire_card", "charges_in_flight", "finish_charges",
                                   "cancel_by_operator", "pause_at_provider", "resume_at_provider", "remove_payment",
                                   "write_off", "reactivate_at_provider", "hang_charge",
-                                  "cancel_unpaid_at_provider"]),
+                                  "cancel_unpaid_at_provider", "cancel_at_term_end_at_provider",
+                                  "remove_scheduled_cancellation_at_provider"]),
           seed=st.integers(0, 2**32))
     def world(self, action, seed):
         self.step(seed, f"world: {action}")
@@ -308,7 +310,7 @@ class Exploration(RuleBasedStateMachine):
         self.step(0, f"{seconds} s pass")
         self.m.advance(seconds)
 
-    @precondition(lambda self: any(s["status"] == "active" for s in self.m.sandbox.store.all("subscription")))
+    @precondition(lambda self: any(s["status"] in RUNNING for s in self.m.sandbox.store.all("subscription")))
     @rule(seed=st.integers(0, 2**32), processor=st.sampled_from(["answers", "PENDING", "AUTHORIZED"]))
     def a_renewal_falls_due(self, seed, processor):
         """Time runs to the end of a live subscription's term and the jobs run, as a tick does. PENDING or
@@ -316,7 +318,7 @@ class Exploration(RuleBasedStateMachine):
         ends it (decisions 189 and 190). Through `time_passes` alone a renewal fell due in few histories,
         and a hung charge in none of 1,058 (2026-11-27)."""
         rng = self.step(seed, f"a renewal falls due; its processor {processor}")
-        sub = rng.choice([s for s in self.m.sandbox.store.all("subscription") if s["status"] == "active"])
+        sub = rng.choice([s for s in self.m.sandbox.store.all("subscription") if s["status"] in RUNNING])
         if processor != "answers":
             self.m.hang_the_next_charge(processor)
         self.m.note(f"  {sub['id']}'s term ends")

@@ -154,6 +154,16 @@ class Model:
         """Support pauses a live subscription at the provider's console (a customer's holiday)."""
         self._at_the_providers_console(("active", "non_renewing"), self.sandbox.pause, "pause")
 
+    def cancel_at_term_end_at_provider(self) -> None:
+        """Support schedules a cancel at the term's end (non_renewing): the provider cancels it then, no
+        renewal; support may take it back before."""
+        self._at_the_providers_console(("active",), lambda s: self.sandbox.cancel(s, end_of_term=True),
+                                       "cancel at term end")
+
+    def remove_scheduled_cancellation_at_provider(self) -> None:
+        self._at_the_providers_console(("non_renewing",), self.sandbox.remove_scheduled_cancellation,
+                                       "take back the scheduled cancel")
+
     def resume_at_provider(self) -> None:
         self._at_the_providers_console(("paused",), self.sandbox.resume, "resume")
 
@@ -408,7 +418,8 @@ class Model:
                 (self.cancel_at_provider, 1), (self.declines, 1), (self.outage, 1), (self.freeze, 0.3),
                 (self.dispute, 0.5), (self.expire_card, 0.3), (self.charges_in_flight, 0.5),
                 (self.finish_charges, 2), (self.cancel_by_operator, 0.5),
-                (self.hang_charge, 0.2)]
+                (self.hang_charge, 0.2), (self.cancel_at_term_end_at_provider, 0.2),
+                (self.remove_scheduled_cancellation_at_provider, 0.1)]
 
     def day(self) -> None:
         actions, weights = zip(*self.actions(), strict=True)
