@@ -235,6 +235,38 @@ def test_a_cheque_on_the_invoice_of_a_subscription_support_paused_is_credited_an
     assert reconcile(world.c)["violations"] == []
 
 
+def test_what_a_cheque_for_part_of_a_renewal_invoice_leaves_due_is_charged_once(world):
+    """Decision 195, found while reading decision 194's crossing: finance entered a cheque for a quarter of a
+    renewal invoice. The cheque is a purchase for the books that credits nothing (the term is not paid,
+    decision 112), and the renewal job answered `already_paid` for any purchase on the invoice: the rest
+    was never charged, the invoice stayed payment_due for ever and nothing named it (reconcile reads the
+    terms granted). A purchase that paid no term does not pay the invoice: the renewal job charges what
+    is due, once, and that charge credits the term."""
+    from billingctl.services.events import poll
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    invoice = world.sandbox.renew_due()[0]
+    quarter = invoice["amount_due"] // 4
+    world.sandbox.record_payment(invoice["id"], quarter, "cheque 0080", payment_method="check")
+    poll(world.c)
+    assert world.credits() == 2000  # the cheque paid no term yet
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    charges = [p for p in world.sandbox.store.all("payment") if p["orderId"] == invoice["id"]]
+    assert [p["amount"] for p in charges] == [invoice["amount_due"] - quarter]  # what is due, not the total
+    assert world.sandbox.invoice(invoice["id"])["status"] == "paid"
+    assert world.credits() == 2000 + 2000  # the term, once
+    advance_with_sandbox(world.c, 3600)
+    poll(world.c)
+    assert run_renewals(world.c)["outcomes"] == {}  # nothing due: never charged twice
+    assert reconcile(world.c)["violations"] == []
+    assert not [k for k in _chat_keys(world) if k.startswith("payment-removed:")]  # before: a false one
+    assert co["subscription_id"]
+
+
 def card_payment_waiting_for_its_record(world) -> tuple[dict, dict]:
     """A checkout paid by card and credited while the provider refused every record: (the orchestrator's
     payment, its provider invoice, payable); the provider is back."""

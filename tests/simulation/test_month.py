@@ -592,6 +592,9 @@ class Model:
             if p["processor"].get("amountRefunded", 0) < p["amount"] and p["id"] not in held:
                 live.setdefault(p["orderId"], []).append(p["id"])
         found += [f"{key}: {chat[key]} alerts" for key in sorted(self.removal_alerts) if chat[key] != 1]
+        # and no removal is named that nobody made (a cheque for part of an invoice was, decision 195)
+        found += [f"{key}: alerted, but no payment was removed" for key in sorted(chat)
+                  if key.startswith("payment-removed:") and key not in self.removal_alerts]
         held_twice = Counter()  # of each of our payments, what the provider holds: applied, and unused (excess)
         for txn in sandbox.store.all("transaction"):
             if txn.get("type") == "payment" and txn.get("reference_number") in {p["id"] for p in settled}:

@@ -60,13 +60,16 @@ class Purchases(Repository):
         provider's copy owes again what a payment of ours stood recorded on (`removed`, decision 184): one statement,
         so one snapshot. Activation writes the purchase's and the checkout's invoice in one transaction;
         separate reads could straddle that commit and see none of the three (decision 158)."""
+        # A cheque for part of the invoice, entered at the provider, is a purchase for the books that pays no
+        # term (decision 112): the invoice still owes the rest, which the renewal job charges (decision 195).
+        pays = or_(purchase.c.processor.is_not(None), purchase.c.credits > 0)
         return self.execute(select(
             exists().where(checkout_session.c.invoice_id == invoice_id).label("checkout"),
-            exists().where(purchase.c.invoice_id == invoice_id).label("paid"),
+            exists().where(purchase.c.invoice_id == invoice_id, pays).label("paid"),
             exists().where(purchase.c.subscription_id == subscription_id,
                            purchase.c.invoice_id.is_(None)).label("waiting"),
             exists().where(purchase.c.invoice_id == invoice_id, purchase.c.provider_recorded_at.is_not(None),
-                           purchase.c.closed_at.is_(None), invoice.c.id == purchase.c.invoice_id,
+                           purchase.c.closed_at.is_(None), pays, invoice.c.id == purchase.c.invoice_id,
                            invoice.c.status.in_(INVOICE_PAYABLE)).label("removed"))).one()
 
     def reported_on(self, invoice_id: str) -> list:
