@@ -84,6 +84,7 @@ class Model:
     # provider and no person has answered yet (decision 184), and the alerts each removal owes.
     removed: list[tuple[str, str, str]] = field(default_factory=list)
     removal_alerts: set[str] = field(default_factory=set)
+    removals_made: set[str] = field(default_factory=set)  # the alert key of every removal, by the world's books
     reactivated: dict[str, int] = field(default_factory=dict)  # subscription -> when support reactivated it
     # Renewal charges the processor never finishes (decision 189): the world leaves them in flight, so only
     # our renewal job's age limit ends them (a PENDING one cancelled, an AUTHORIZED one captured).
@@ -210,6 +211,7 @@ class Model:
             self.note(f"finance removes {payment_id} from {invoice_id}: refused ({exc.api_error_code})")
             return
         self.removed.append((invoice_id, txn_id, payment_id))
+        self.removals_made.add(f"payment-removed:{payment_id}:{invoice_id}")
         with self.c.uow() as uow:  # a payment of ours stood recorded on it: a person is told
             self.removal_alerts |= {f"payment-removed:{pid}:{invoice_id}" for pid, _ in
                                     uow.purchases.reported_on(invoice_id)}
@@ -593,8 +595,8 @@ class Model:
                 live.setdefault(p["orderId"], []).append(p["id"])
         found += [f"{key}: {chat[key]} alerts" for key in sorted(self.removal_alerts) if chat[key] != 1]
         # and no removal is named that nobody made (a cheque for part of an invoice was, decision 195)
-        found += [f"{key}: alerted, but no payment was removed" for key in sorted(chat)
-                  if key.startswith("payment-removed:") and key not in self.removal_alerts]
+        found += [f"{key}: alerted, but no payment was removed" for key in sorted(chat) if key.startswith(
+            "payment-removed:") and key not in self.removal_alerts | self.removals_made]
         held_twice = Counter()  # of each of our payments, what the provider holds: applied, and unused (excess)
         for txn in sandbox.store.all("transaction"):
             if txn.get("type") == "payment" and txn.get("reference_number") in {p["id"] for p in settled}:
