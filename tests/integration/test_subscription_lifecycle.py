@@ -764,6 +764,26 @@ def test_a_payment_removed_from_its_invoice_refunded_and_its_invoice_voided_leav
     assert reconcile(world.c, full=True)["violations"] == []
 
 
+def test_a_cheque_for_part_of_an_invoice_a_removal_left_owing_is_never_named_removed(world):
+    """Decision 196, found by the exploration: finance removed our payment from its invoice, then entered a
+    cheque for a quarter of what it owed. The renewal job's alert for the removal named every purchase
+    recorded on the invoice, the cheque too: a person was told a cheque still on the invoice had been
+    removed. A cheque for part of an invoice pays no term (decision 195) and is never named so."""
+    from billingctl.services import events
+    from billingctl.services.payments import record_payment
+    from billingctl.services.renewals import run_renewals
+
+    co, invoice, payment = world.renewal_charged_unseen()
+    assert record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
+    world.sandbox.remove_payment(invoice["id"], world.sandbox.store.get("transaction_by_ref", payment["id"])["id"])
+    due = world.sandbox.invoice(invoice["id"])["amount_due"]
+    world.sandbox.record_payment(invoice["id"], due // 4, "cheque 0081", payment_method="check")
+    events.poll(world.c)
+    assert run_renewals(world.c)["outcomes"] == {"payment_removed": 1}
+    assert [k for k in _chat_keys(world) if k.startswith("payment-removed:")] == [
+        f"payment-removed:{payment['id']}:{invoice['id']}"]
+
+
 def test_a_payment_removed_before_its_paid_copy_reached_us_is_named_by_the_renewal_job(world):
     """Decision 184, webhooks out of order: the removal's copy (payment_due, newer) arrives before the
     payment's own event, whose paid copy is then older and dropped, so no paid-to-payable step is ever seen

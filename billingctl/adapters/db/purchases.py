@@ -38,6 +38,14 @@ def finished(engine, payment_id: str, order_id: str | None = None) -> dict:
     return on_driver(_finished_statement()).first(engine, {"payment_id": str(payment_id), "order_id": order_id or ""})
 
 
+def _pays_its_invoice():
+    """A purchase that pays its invoice: a payment of ours (its processor named), or one entered at the
+    provider that completed the term (credited). A cheque for part of the invoice is a purchase for the books
+    that pays no term (decision 112): the invoice still owes the rest, which the renewal job charges
+    (decision 195), and it is never named as a payment a removal took off the invoice (decision 196)."""
+    return or_(purchase.c.processor.is_not(None), purchase.c.credits > 0)
+
+
 class Purchases(Repository):
     def add(self, values: dict) -> bool:
         """The purchase of one payment; False when that payment already has one."""
@@ -60,9 +68,7 @@ class Purchases(Repository):
         provider's copy owes again what a payment of ours stood recorded on (`removed`, decision 184): one statement,
         so one snapshot. Activation writes the purchase's and the checkout's invoice in one transaction;
         separate reads could straddle that commit and see none of the three (decision 158)."""
-        # A cheque for part of the invoice, entered at the provider, is a purchase for the books that pays no
-        # term (decision 112): the invoice still owes the rest, which the renewal job charges (decision 195).
-        pays = or_(purchase.c.processor.is_not(None), purchase.c.credits > 0)
+        pays = _pays_its_invoice()
         return self.execute(select(
             exists().where(checkout_session.c.invoice_id == invoice_id).label("checkout"),
             exists().where(purchase.c.invoice_id == invoice_id, pays).label("paid"),
@@ -73,10 +79,11 @@ class Purchases(Repository):
                            invoice.c.status.in_(INVOICE_PAYABLE)).label("removed"))).one()
 
     def reported_on(self, invoice_id: str) -> list:
-        """The purchases that stand recorded on an invoice at the provider (recorded there, not closed)."""
+        """The purchases that stand recorded on an invoice at the provider and pay it (recorded there, not
+        closed, not a cheque for part of it)."""
         return self.execute(select(purchase.c.transaction_id, purchase.c.user_id).where(
             purchase.c.invoice_id == invoice_id, purchase.c.provider_recorded_at.is_not(None),
-            purchase.c.closed_at.is_(None)).order_by(purchase.c.id)).all()
+            purchase.c.closed_at.is_(None), _pays_its_invoice()).order_by(purchase.c.id)).all()
 
     def paying_subscription(self, subscription_id: str) -> str | None:
         """The payment id of the (first) purchase recorded for a subscription."""
