@@ -32,6 +32,7 @@ log = logging.getLogger("billingctl.renewals")
 COUNTED = ("declined", "failed")
 FINAL = lifecycle.DUNNING.final
 IN_FLIGHT = lifecycle.IN_FLIGHT  # orchestrator statuses of a charge still in flight: neither paid nor declined
+VOIDABLE = ("PENDING", "AUTHORIZED")  # in flight and not yet moving money: the orchestrator voids it
 
 
 def run_renewals(container, dry_run: bool = False, progress=None) -> dict:
@@ -400,9 +401,16 @@ def _resolve_in_flight(container, invoice, last, history) -> str:
 
 
 def _past_age_limit(container, invoice, last, payment: dict) -> dict:
-    """The payment after the action its age calls for (unchanged while it is within its limit)."""
+    """The payment after the action its age calls for (unchanged while it is within its limit). A charge
+    that can still be voided for an invoice nobody owes any more is voided whatever its age (decision 197)."""
     settings, status = container.settings, payment.status
     age = container.clock.now() - last["created_at"]
+    if status in VOIDABLE:
+        settled = _invoice_settled(_owed(container, invoice), payment.id)
+        if settled is not None:
+            log.warning("renewal charge in flight for an invoice nobody owes any more: cancelling",
+                        extra={"invoice_id": invoice["id"], "payment_id": payment.id, "why": settled})
+            return container.orchestrator.cancel_payment(payment.id, reason=f"renewal charge: {settled}")
     if status == "AUTHORIZED" and age > timedelta(minutes=settings.renewal_authorized_max_minutes):
         unowed = _no_longer_owed(container, invoice)
         if unowed is not None:  # voided at no cost, rather than captured and given back (decision 190)
@@ -428,17 +436,35 @@ def _past_age_limit(container, invoice, last, payment: dict) -> dict:
     return payment
 
 
+def _owed(container, invoice: dict) -> dict:
+    """What says whether an invoice's term is still owed, from our copies (no provider call): its
+    subscription, whether its customer is frozen, our copy of the invoice, the standing purchase that pays it."""
+    with container.uow(autocommit=True) as uow:
+        sub_id = invoice.get("subscription_id")
+        return {"local": uow.subscriptions.get(sub_id) if sub_id else None,
+                "frozen": uow.users.frozen_at(invoice.get("customer_id")),
+                "copy": uow.invoices.get(invoice["id"]), "paid_by": uow.books.paid_by(invoice["id"])}
+
+
+def _invoice_settled(owed: dict, payment_id: str) -> str | None:
+    """Why nobody owes the invoice a charge in flight is for any more: another payment pays it (a cheque
+    entered at the provider, a payment of ours), or it was voided. None while it may still be owed."""
+    if owed["paid_by"] is not None and owed["paid_by"].transaction_id != payment_id:
+        return f"invoice paid by {owed['paid_by'].transaction_id}"
+    if owed["copy"] is not None and owed["copy"]["status"] == "voided":
+        return "invoice voided"
+    return None
+
+
 def _no_longer_owed(container, invoice: dict) -> str | None:
     """Why the term an authorization was taken for is no longer owed, from our copies (no provider call):
     its subscription no longer live (cancelled, paused), its customer frozen, or its invoice no longer
     payable (voided, written off, paid otherwise). None while it is owed."""
-    with container.uow(autocommit=True) as uow:
-        local = uow.subscriptions.get(invoice.get("subscription_id")) if invoice.get("subscription_id") else None
-        frozen = uow.users.frozen_at(invoice.get("customer_id"))
-        copy = uow.invoices.get(invoice["id"])
+    owed = _owed(container, invoice)
+    local, copy = owed["local"], owed["copy"]
     if local is not None and local["status"] not in lifecycle.RENEWING:
         return f"subscription {local['status']}"
-    if frozen is not None:
+    if owed["frozen"] is not None:
         return "customer frozen"
     if copy is not None and copy["status"] is not None and copy["status"] not in lifecycle.INVOICE_PAYABLE:
         return f"invoice {copy['status']}"

@@ -176,6 +176,35 @@ def test_a_charge_in_flight_that_ends_unpaid_after_a_cheque_paid_its_invoice_end
     assert len(renewal_charges(world)) == 1  # and never charged again
 
 
+@pytest.mark.parametrize("hangs", ["PENDING", "AUTHORIZED"])
+def test_a_charge_in_flight_for_an_invoice_a_cheque_paid_in_full_is_cancelled_at_once(world, hangs):
+    """Decision 197, found by the exploration: a renewal charge hung in flight and finance entered the
+    customer's cheque for the whole invoice. The charge was left to its age limit (a day when PENDING),
+    free to settle meanwhile and charge the term twice, and reconcile named `dunning_unfinished` (the
+    invoice paid, the attempts ending on pending) until then. Nobody owes the invoice any more: the next
+    tick voids the charge at once, and the dunning ends paid by the cheque."""
+    from billingctl.services.events import poll
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    invoice = due_invoice(world, co)
+    world.sandbox.async_charges(hangs)
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0080", payment_method="check")
+    poll(world.c)
+    advance_with_sandbox(world.c, 61)  # well within the charge's age limit
+    run_renewals(world.c)
+    [charge] = renewal_charges(world)
+    assert world.sandbox.store.get("payment", charge["id"])["status"] == "CANCELLED"
+    assert attempts(world)[-2:] == [("declined", "CANCELLED"), ("succeeded", None)]
+    assert world.credits() == 2000 + 2000  # the checkout's term and the cheque's, once
+    advance_with_sandbox(world.c, 3600)
+    assert reconcile(world.c)["violations"] == []
+    assert len(renewal_charges(world)) == 1  # and never charged again
+
+
 def test_a_charge_pending_past_its_age_limit_is_cancelled_although_a_cheque_paid_part_of_its_invoice(world):
     """Decision 194, found by the exploration: a renewal charge hung PENDING and finance entered a cheque for
     a quarter of its invoice at the provider. The invoice still owes, so the tick lists it, and answered
