@@ -320,13 +320,9 @@ class Sandbox:
         if sub["status"] == "cancelled":
             raise SandboxError(400, "Subscription is already cancelled", "invalid_state_for_request")
         if end_of_term:
-            if sub["status"] not in ("in_trial", "active", "non_renewing"):
-                raise SandboxError(400, f"The subscription is in {sub['status']} state. Only a subscription with a "
-                                   "running term can be cancelled at its end", "invalid_state_for_request")
-            sub.update(status="non_renewing", cancelled_at=sub["current_term_end"])
-            self._save_subscription(sub)
-            self.emit("subscription_cancellation_scheduled", {"subscription": sub})
-            return {"subscription": sub, "customer": self.customer(sub["customer_id"])}
+            return self._console_step(subscription_id, ("in_trial", "active", "non_renewing"), "Only a subscription "
+                                      "with a running term can be cancelled at its end", "non_renewing",
+                                      "subscription_cancellation_scheduled", cancelled_at=sub["current_term_end"])
         sub.update(status="cancelled", cancelled_at=self.now())
         if cancel_reason is not None:
             sub["cancel_reason"] = cancel_reason
