@@ -405,14 +405,14 @@ def _past_age_limit(container, invoice, last, payment: dict) -> dict:
     that can still be voided for an invoice nobody owes any more is voided whatever its age (decision 197)."""
     settings, status = container.settings, payment.status
     age = container.clock.now() - last["created_at"]
-    if status in VOIDABLE:
-        settled = _invoice_settled(_owed(container, invoice), payment.id)
-        if settled is not None:
-            log.warning("renewal charge in flight for an invoice nobody owes any more: cancelling",
-                        extra={"invoice_id": invoice["id"], "payment_id": payment.id, "why": settled})
-            return container.orchestrator.cancel_payment(payment.id, reason=f"renewal charge: {settled}")
+    owed = _owed(container, invoice) if status in VOIDABLE else None
+    settled = _invoice_settled(owed, payment.id) if owed is not None else None
+    if settled is not None:
+        log.warning("renewal charge in flight for an invoice nobody owes any more: cancelling",
+                    extra={"invoice_id": invoice["id"], "payment_id": payment.id, "why": settled})
+        return container.orchestrator.cancel_payment(payment.id, reason=f"renewal charge: {settled}")
     if status == "AUTHORIZED" and age > timedelta(minutes=settings.renewal_authorized_max_minutes):
-        unowed = _no_longer_owed(container, invoice)
+        unowed = _no_longer_owed(owed)
         if unowed is not None:  # voided at no cost, rather than captured and given back (decision 190)
             log.warning("renewal authorization left uncaptured past its limit for a term no longer owed: "
                         "cancelling", extra={"invoice_id": invoice["id"], "payment_id": payment.id, "why": unowed})
@@ -456,11 +456,10 @@ def _invoice_settled(owed: dict, payment_id: str) -> str | None:
     return None
 
 
-def _no_longer_owed(container, invoice: dict) -> str | None:
-    """Why the term an authorization was taken for is no longer owed, from our copies (no provider call):
-    its subscription no longer live (cancelled, paused), its customer frozen, or its invoice no longer
-    payable (voided, written off, paid otherwise). None while it is owed."""
-    owed = _owed(container, invoice)
+def _no_longer_owed(owed: dict) -> str | None:
+    """Why the term an authorization was taken for is no longer owed, by `_owed`'s copies: its subscription
+    no longer live (cancelled, paused), its customer frozen, or its invoice no longer payable (voided,
+    written off, paid otherwise). None while it is owed."""
     local, copy = owed["local"], owed["copy"]
     if local is not None and local["status"] not in lifecycle.RENEWING:
         return f"subscription {local['status']}"
