@@ -1030,3 +1030,28 @@ def test_a_cheque_held_for_review_is_named_with_the_invoice_it_paid(world):
     [named] = [v for v in reconcile(world.c, full=True)["violations"] if v["check"] == "invoice_credits_not_one_term"]
     assert named["invoice_id"] == invoice["id"] and named["payment_ids"] == [txn]
     assert named["detail"].endswith(f"its payment {txn} is held for review")
+
+
+def test_a_cheque_a_person_marked_handled_is_no_longer_named_held(world):
+    """Decision 198, found by the exploration: the person who held decision 187's cheque marked it handled
+    (`orphans resolve T --mark-handled --reason R`, audited). Reconcile still named the paid invoice every
+    day, saying the cheque "is held for review": a queue nobody held it in any more, and a violation nobody
+    could end. A person's answer ends it, as it ends a purchase parked with a person (decision 129); a
+    cheque still waiting is named as before."""
+    from billingctl.services import events, orphans
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.users import freeze
+    from tests.conftest import advance_with_sandbox
+
+    subscribed(world)
+    month_passes(world)
+    [invoice] = world.sandbox.renew_due()
+    freeze(world.c, "user_a", "chargeback suspected", "ops")
+    txn = world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0043",
+                                       payment_method="check")["transaction"]["id"]
+    events.poll(world.c)
+    orphans.resolve(world.c, txn, "mark-handled", "returned the cheque to the customer", "ops")
+    advance_with_sandbox(world.c, 2 * 3600)
+    assert reconcile(world.c, full=True)["violations"] == []
+    with world.c.uow() as uow:
+        assert uow.orphans.status(txn) == "resolved"

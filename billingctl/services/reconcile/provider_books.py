@@ -9,6 +9,7 @@ from datetime import timedelta
 from billingctl.adapters.db.books import BILLED
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
+from billingctl.domain.lifecycle import REVIEW_HUMAN, REVIEW_OPEN, REVIEW_REFUNDED
 from billingctl.services.reconcile.orchestrator_books import _pages
 from billingctl.services.reconcile.rules import GRACE, REFUND_WINDOW
 
@@ -49,9 +50,9 @@ def _check_transactions(container, since, add) -> None:
 
 def _check_invoices(container, now, since, add) -> None:
     """Each invoice the provider holds as paid carries exactly one term's credits (none: paid and nobody
-    credited; two: a term credited twice), unless every purchase on it was refunded or it was written off
-    with nothing paid; and no standing purchase sits on an invoice the provider does not hold as paid
-    (voided, or its payment removed)."""
+    credited; two: a term credited twice), unless every purchase on it was refunded, it was written off
+    with nothing paid, or a person answered for each of its payments; and no standing purchase sits on an
+    invoice the provider does not hold as paid (voided, or its payment removed)."""
     for page in _pages(container.provider.list_invoices(updated_after=since)):
         with container.uow() as uow:
             standing = uow.books.grants_on([i.id for i in page])
@@ -64,8 +65,9 @@ def _check_invoices(container, now, since, add) -> None:
             # Written off (paid with nothing paid, decision 185): no term to credit; two would still be named.
             paid_in_money = invoice.amount_paid is None or invoice.amount_paid > 0
             if invoice.status == "paid" and settled_long_ago and (invoice.total or 0) > 0:
-                if len(grants) > 1 or (not grants and not purchases and paid_in_money):
-                    held = [] if grants else _held_for_review(container, invoice)
+                uncredited = not grants and not purchases and paid_in_money
+                answered, held = _reviews(container, invoice) if uncredited else (False, [])  # read only then
+                if len(grants) > 1 or (uncredited and not answered):
                     add("invoice_credits_not_one_term", {
                         **ids, "payment_ids": grants or held,
                         "detail": f"paid at the provider, {len(grants)} terms of credits stand on it"
@@ -79,12 +81,16 @@ def _check_invoices(container, now, since, add) -> None:
                         "detail": f"credited by us, {invoice.status} at the provider"}, at=at)
 
 
-def _held_for_review(container, invoice) -> list[str]:
-    """The payments of a paid invoice nobody credited that wait in the review queue (a payment entered at the
-    provider for a customer frozen meanwhile, its id the provider's transaction's): named with the
-    violation, so the person who holds them sees what it waits on (decision 187)."""
+def _reviews(container, invoice) -> tuple[bool, list[str]]:
+    """Of a paid invoice nobody credited: whether a person answered for every one of its payments (each
+    one's review ended by a person's resolve or a refund, decision 198), and those that wait in the review
+    queue (a payment entered at the provider for a customer frozen meanwhile, its id the provider's
+    transaction's), named with the violation so the person who holds them sees what it waits on (decision
+    187)."""
     with container.uow() as uow:
-        return [p.txn_id for p in invoice.linked_payments if p.txn_id and uow.orphans.status(p.txn_id) is not None]
+        reviews = {p.txn_id: uow.orphans.status(p.txn_id) for p in invoice.linked_payments if p.txn_id}
+    answered = bool(reviews) and all(status in REVIEW_REFUNDED for status in reviews.values())
+    return answered, [txn for txn, status in reviews.items() if status in (*REVIEW_OPEN, *REVIEW_HUMAN)]
 
 
 def _check_subscriptions(container, span, add, progress) -> int:
