@@ -1007,15 +1007,11 @@ def test_a_subscription_the_provider_cancelled_for_non_payment_and_support_react
     assert world.credits() == 4000
 
 
-def test_a_cheque_held_for_review_is_named_with_the_invoice_it_paid(world):
-    """Decision 187 (found by the exploration): finance entered a cheque on a frozen customer's renewal
-    invoice; the payment waits for a person (needs_review) and nothing is credited, so reconcile names the
-    paid invoice nobody credited. It named no payment, so neither the person holding the cheque nor a
-    runbook could tell what the invoice waits on; it now names the held payment."""
+def _a_cheque_held_for_review(world) -> tuple[dict, str]:
+    """Finance enters a cheque on a frozen customer's renewal invoice; the event poll reads it. The invoice
+    and the cheque's transaction id."""
     from billingctl.services import events
-    from billingctl.services.reconcile import reconcile
     from billingctl.services.users import freeze
-    from tests.conftest import advance_with_sandbox
 
     subscribed(world)
     month_passes(world)
@@ -1024,6 +1020,18 @@ def test_a_cheque_held_for_review_is_named_with_the_invoice_it_paid(world):
     txn = world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0042",
                                        payment_method="check")["transaction"]["id"]
     events.poll(world.c)
+    return invoice, txn
+
+
+def test_a_cheque_held_for_review_is_named_with_the_invoice_it_paid(world):
+    """Decision 187 (found by the exploration): finance entered a cheque on a frozen customer's renewal
+    invoice; the payment waits for a person (needs_review) and nothing is credited, so reconcile names the
+    paid invoice nobody credited. It named no payment, so neither the person holding the cheque nor a
+    runbook could tell what the invoice waits on; it now names the held payment."""
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    invoice, txn = _a_cheque_held_for_review(world)
     with world.c.uow() as uow:
         assert uow.orphans.status(txn) == "needs_review"
     advance_with_sandbox(world.c, 2 * 3600)
@@ -1038,18 +1046,11 @@ def test_a_cheque_a_person_marked_handled_is_no_longer_named_held(world):
     day, saying the cheque "is held for review": a queue nobody held it in any more, and a violation nobody
     could end. A person's answer ends it, as it ends a purchase parked with a person (decision 129); a
     cheque still waiting is named as before."""
-    from billingctl.services import events, orphans
+    from billingctl.services import orphans
     from billingctl.services.reconcile import reconcile
-    from billingctl.services.users import freeze
     from tests.conftest import advance_with_sandbox
 
-    subscribed(world)
-    month_passes(world)
-    [invoice] = world.sandbox.renew_due()
-    freeze(world.c, "user_a", "chargeback suspected", "ops")
-    txn = world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0043",
-                                       payment_method="check")["transaction"]["id"]
-    events.poll(world.c)
+    _, txn = _a_cheque_held_for_review(world)
     orphans.resolve(world.c, txn, "mark-handled", "returned the cheque to the customer", "ops")
     advance_with_sandbox(world.c, 2 * 3600)
     assert reconcile(world.c, full=True)["violations"] == []
