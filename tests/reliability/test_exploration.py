@@ -148,7 +148,7 @@ class Exploration(RuleBasedStateMachine):
     @rule(action=st.sampled_from(["abandon", "pay_late", "cancel_at_provider", "declines", "outage",
                                   "freeze", "dispute", "expire_card", "charges_in_flight", "finish_charges",
                                   "cancel_by_operator", "pause_at_provider", "resume_at_provider",
-                                  "write_off", "reactivate_at_provider", "hang_charge",
+                                  "write_off", "void_unpaid", "reactivate_at_provider", "hang_charge",
                                   "cancel_unpaid_at_provider", "cancel_at_term_end_at_provider",
                                   "remove_scheduled_cancellation_at_provider"]),
           seed=st.integers(0, 2**32))
@@ -336,6 +336,7 @@ class Exploration(RuleBasedStateMachine):
     def our_clock_drifts(self, skew):
         self.step(0, f"our clock {skew:+} s from the sandbox's")
         self.c.clock.advance(skew - self.m.skew)
+        self.m.stepped_back += max(self.m.skew - skew, 0)
         self.m.skew = skew
 
     # ---- the books -----------------------------------------------------------------------------------------

@@ -80,6 +80,9 @@ class Model:
     # Seconds our clock runs ahead of the sandbox's (negative: behind): the provider's clock is not ours
     # (issue 35 defect 4), and a checkout paid while they disagree must still activate.
     skew: float = 0
+    # How far our clock stepped back since the jobs last settled: the breakers measure their cool-down on
+    # our clock, so an open one stays open that much longer (decision 199); settling waits it out.
+    stepped_back: float = 0
     # (invoice, provider transaction, our payment) of each payment finance removed from its invoice at the
     # provider and no person has answered yet (decision 184), and the alerts each removal owes.
     removed: list[tuple[str, str, str]] = field(default_factory=list)
@@ -225,6 +228,20 @@ class Model:
             invoice = self.rng.choice(due)
             self.sandbox.write_off(invoice["id"])
             self.note(f"finance writes off {invoice['id']}")
+
+    def void_unpaid(self) -> None:
+        """Finance voids an unpaid invoice at the provider's console, whatever is in flight for it at the
+        orchestrator (the provider refuses one with a payment linked to it: a cheque for part of it)."""
+        due = [i for i in self.sandbox.store.all("invoice") if i["status"] in PAYABLE_INVOICE_STATUSES]
+        if not due:
+            return
+        invoice = self.rng.choice(due)
+        try:
+            self.sandbox.void_invoice(invoice["id"])
+        except SandboxError as exc:
+            self.note(f"finance voids {invoice['id']}: refused ({exc.api_error_code})")
+            return
+        self.note(f"finance voids {invoice['id']}")
 
     def answer_removals(self) -> None:
         """The person the payment-removed alert names puts the payment back on its invoice at the provider;
@@ -483,9 +500,10 @@ class Model:
         self.sandbox.release_webhooks(order="forward")
         # Minutes, then a quarter of an hour: an event that failed during an outage is re-driven after its
         # back-off (2 minutes, doubled per attempt), which three minutes did not reach.
-        for span in (61, 61, 61, 300, 600):
+        for span in (61 + self.stepped_back, 61, 61, 300, 600):
             self.advance(span)
             self.jobs(quiet=True)
+        self.stepped_back = 0
         if self.removed:  # told by then, the person acts; the jobs read what they did
             self.answer_removals()
             for span in (61, 61, 300):
