@@ -147,6 +147,7 @@ DUNNING = Lifecycle(
     stale_news=False,
 )
 IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")  # orchestrator statuses of a charge not yet ended
+VOIDABLE = ("PENDING", "AUTHORIZED")  # in flight and not yet moving money: the orchestrator still voids it
 
 
 # ---- the dispute (Primer's DISPUTE.OPENED and DISPUTE.STATUS notifications) -------------------------------

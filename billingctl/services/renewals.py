@@ -32,7 +32,7 @@ log = logging.getLogger("billingctl.renewals")
 COUNTED = ("declined", "failed")
 FINAL = lifecycle.DUNNING.final
 IN_FLIGHT = lifecycle.IN_FLIGHT  # orchestrator statuses of a charge still in flight: neither paid nor declined
-VOIDABLE = ("PENDING", "AUTHORIZED")  # in flight and not yet moving money: the orchestrator voids it
+VOIDABLE = lifecycle.VOIDABLE
 
 
 def run_renewals(container, dry_run: bool = False, progress=None) -> dict:
@@ -405,13 +405,14 @@ def _past_age_limit(container, invoice, last, payment: dict) -> dict:
     that can still be voided for an invoice nobody owes any more is voided whatever its age (decision 197)."""
     settings, status = container.settings, payment.status
     age = container.clock.now() - last["created_at"]
-    owed = _owed(container, invoice) if status in VOIDABLE else None
+    uncaptured = status == "AUTHORIZED" and age > timedelta(minutes=settings.renewal_authorized_max_minutes)
+    owed = _owed(container, invoice, term=uncaptured) if status in VOIDABLE else None
     settled = _invoice_settled(owed, payment.id) if owed is not None else None
     if settled is not None:
         log.warning("renewal charge in flight for an invoice nobody owes any more: cancelling",
                     extra={"invoice_id": invoice["id"], "payment_id": payment.id, "why": settled})
         return container.orchestrator.cancel_payment(payment.id, reason=f"renewal charge: {settled}")
-    if status == "AUTHORIZED" and age > timedelta(minutes=settings.renewal_authorized_max_minutes):
+    if uncaptured:
         unowed = _no_longer_owed(owed)
         if unowed is not None:  # voided at no cost, rather than captured and given back (decision 190)
             log.warning("renewal authorization left uncaptured past its limit for a term no longer owed: "
@@ -436,14 +437,17 @@ def _past_age_limit(container, invoice, last, payment: dict) -> dict:
     return payment
 
 
-def _owed(container, invoice: dict) -> dict:
-    """What says whether an invoice's term is still owed, from our copies (no provider call): its
-    subscription, whether its customer is frozen, our copy of the invoice, the standing purchase that pays it."""
+def _owed(container, invoice: dict, term: bool = False) -> dict:
+    """What says whether an invoice is still owed, from our copies (no provider call): our copy of the
+    invoice and the standing purchase that pays it; with `term` (decision 190's uncaptured authorization),
+    also its subscription and whether its customer is frozen."""
     with container.uow(autocommit=True) as uow:
-        sub_id = invoice.get("subscription_id")
-        return {"local": uow.subscriptions.get(sub_id) if sub_id else None,
-                "frozen": uow.users.frozen_at(invoice.get("customer_id")),
-                "copy": uow.invoices.get(invoice["id"]), "paid_by": uow.books.paid_by(invoice["id"])}
+        owed = {"copy": uow.invoices.get(invoice["id"]), "paid_by": uow.books.paid_by(invoice["id"])}
+        if term:
+            sub_id = invoice.get("subscription_id")
+            owed.update(local=uow.subscriptions.get(sub_id) if sub_id else None,
+                        frozen=uow.users.frozen_at(invoice.get("customer_id")))
+        return owed
 
 
 def _invoice_settled(owed: dict, payment_id: str) -> str | None:
