@@ -390,7 +390,9 @@ class Sandbox:
 
     def void_invoice(self, invoice_id: str) -> dict:
         """The provider's prerequisites: a payable invoice (payment_due, posted, not_paid) with no payment
-        linked to it (a successful or in-progress one must be removed first) and nothing adjusted."""
+        linked to it (a successful or in-progress one must be removed first) and nothing adjusted. Like the
+        provider (its `invoice_updated` is "triggered when you make the following changes to the invoice -
+        void, delete, ...") the void sends the voided invoice as `invoice_updated` (decision 200)."""
         invoice = self.invoice(invoice_id)
         if invoice["status"] not in ("payment_due", "posted", "not_paid"):
             raise SandboxError(400, f"The invoice is in {invoice['status']} state. Only payment_due, posted and "
@@ -402,6 +404,7 @@ class Sandbox:
             raise SandboxError(400, "The invoice has adjustments. It cannot be voided", "invalid_state_for_request")
         invoice.update(status="voided", voided_at=self.now())
         self._save_invoice(invoice)
+        self.emit("invoice_updated", {"invoice": invoice})
         return {"invoice": invoice}
 
     def record_payment(self, invoice_id: str, amount: int, reference_number: str,

@@ -183,9 +183,10 @@ def test_a_charge_in_flight_for_an_invoice_nobody_owes_any_more_is_cancelled_at_
     customer's cheque for the whole invoice (or voided it). The charge was left to its age limit (a day when
     PENDING), free to settle meanwhile and charge the term twice, and reconcile named `dunning_unfinished`
     (the invoice paid, the attempts ending on pending) until then. Nobody owes the invoice any more: the
-    next tick voids the charge at once; the dunning ends paid by the cheque."""
+    next tick voids the charge at once; the dunning ends paid by the cheque. A void at the console reaches
+    us as the provider's `invoice_updated` (decision 200; before it the sandbox sent none, and the charge
+    waited for its age limit)."""
     from billingctl.services.events import poll
-    from billingctl.services.invoices import apply_copy
     from billingctl.services.reconcile import reconcile
     from tests.conftest import advance_with_sandbox
 
@@ -196,8 +197,8 @@ def test_a_charge_in_flight_for_an_invoice_nobody_owes_any_more_is_cancelled_at_
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}
     if settled_by == "cheque":
         world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0080", payment_method="check")
-    else:  # the provider's void sends no event: our copy learns it from a read of the invoice
-        apply_copy(world.c, world.sandbox.void_invoice(invoice["id"])["invoice"])
+    else:  # finance voids it at the provider's console: our copy learns it from its invoice_updated (decision 200)
+        world.sandbox.void_invoice(invoice["id"])
     poll(world.c)
     advance_with_sandbox(world.c, 61)  # well within the charge's age limit
     run_renewals(world.c)

@@ -184,6 +184,10 @@ def test_the_sdk_is_refused_a_void_of_an_invoice_paid_in_part_or_voided_already(
     sdk.Invoice.remove_payment(invoice.id, {"transaction": {"id": txn}})
     assert sdk.Invoice.void_invoice(invoice.id).invoice.status == "voided"
     assert refused(lambda: sdk.Invoice.void_invoice(invoice.id)) == (400, "invalid_state_for_request")
+    # The void is sent, as the provider sends it (decision 200): invoice_updated with the voided invoice.
+    last = sdk.Event.list({"occurred_at": {"after": 0}, "sort_by": {"asc": "occurred_at"}}).list[-1].event
+    assert (last.event_type, last.content["invoice"]["id"], last.content["invoice"]["status"]) == \
+        ("invoice_updated", invoice.id, "voided")
 
 
 def test_the_sdk_reactivates_only_a_cancelled_subscription_and_gets_its_new_terms_invoice(sdk, served):
