@@ -320,6 +320,7 @@ class Invoice(Open):
     paid_at: UnixTime | None = None
     updated_at: UnixTime | None = None
     resource_version: int | None = None
+    deleted: bool | None = None  # finance deleted it at the provider (`invoice_deleted`): owed by nobody
     line_items: list[LineItem] = Field(default_factory=list)
     linked_payments: list[LinkedPayment] = Field(default_factory=list)
 

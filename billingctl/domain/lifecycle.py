@@ -257,7 +257,9 @@ SUBSCRIPTION = Lifecycle(
 # pending invoice is still open for charges; closing it posts it (payment_due or not_paid when collection
 # fails, paid when collected). A paid invoice becomes payable again when its payment is removed (a
 # transaction voided or deleted, a chargeback recorded); only an unpaid invoice can be voided, and a voided
-# invoice stays voided. Applied like the subscription: provider copies in resource_version order.
+# invoice stays voided. Applied like the subscription: provider copies in resource_version order. A deleted
+# invoice (only one with no payment linked and nothing adjusted) keeps its status: its `deleted` flag is kept
+# beside it (`invoice.deleted_at`), and nobody owes it (decision 201).
 INVOICE_STATUSES = ("pending", "posted", "payment_due", "not_paid", "voided", "paid")
 INVOICE_PAYABLE = ("payment_due", "not_paid", "posted")  # an invoice the provider takes a payment on
 INVOICE = Lifecycle(

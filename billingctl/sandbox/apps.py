@@ -312,13 +312,18 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     @app.get(f"{prefix}/invoices")
     def list_invoices():
         sandbox.renew_due()  # renewals materialize lazily, on the sandbox's clock
+        deleted = [] if request.args.get("include_deleted") == "true" else [("deleted", "is not", 1)]
         return page("invoice", "invoice", equals("status", "status", INVOICE_STATUSES)
-                    + equals("subscription_id", "subscription_id") + after("updated_at"),
+                    + equals("subscription_id", "subscription_id") + after("updated_at") + deleted,
                     sort_key(None, ("date", "updated_at")))
 
     @app.post(f"{prefix}/invoices/<invoice_id>/void")
     def void(invoice_id):
         return idempotent(lambda: sandbox.void_invoice(invoice_id))
+
+    @app.post(f"{prefix}/invoices/<invoice_id>/delete")
+    def delete_invoice(invoice_id):  # finance's action; our client never calls it
+        return idempotent(lambda: sandbox.delete_invoice(invoice_id))
 
     @app.post(f"{prefix}/invoices/<invoice_id>/record_payment")
     def record_payment(invoice_id):

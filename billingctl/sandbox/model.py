@@ -153,8 +153,9 @@ class Sandbox:
         return found
 
     def invoice(self, invoice_id: str) -> dict:
+        """A deleted invoice is not found (the provider lists it only with include_deleted)."""
         found = self.store.get("invoice", invoice_id)
-        if found is None:
+        if found is None or found.get("deleted"):
             raise SandboxError(404, f"Invoice {invoice_id} not found", "resource_not_found")
         return found
 
@@ -405,6 +406,23 @@ class Sandbox:
         invoice.update(status="voided", voided_at=self.now())
         self._save_invoice(invoice)
         self.emit("invoice_updated", {"invoice": invoice})
+        return {"invoice": invoice}
+
+    def delete_invoice(self, invoice_id: str) -> dict:
+        """Finance deletes an invoice (the provider's delete, a console action here; its reference says to void
+        instead, but deleting is allowed). The provider's prerequisites: no payment linked to it (a successful
+        or in-progress one must be removed first) and nothing adjusted. The invoice keeps its status, is
+        marked `deleted`, is no longer found (a list shows it only with include_deleted) and is sent as
+        `invoice_deleted` (decision 201)."""
+        invoice = self.invoice(invoice_id)
+        if any(p.get("txn_status") in ("success", "in_progress") for p in invoice.get("linked_payments") or []):
+            raise SandboxError(400, "The invoice has payments linked to it. Remove them before deleting the invoice",
+                               "invalid_state_for_request")
+        if int(invoice.get("amount_adjusted") or 0) or invoice.get("adjustment_credit_notes"):
+            raise SandboxError(400, "The invoice has adjustments. It cannot be deleted", "invalid_state_for_request")
+        invoice["deleted"] = True
+        self._save_invoice(invoice)
+        self.emit("invoice_deleted", {"invoice": invoice})
         return {"invoice": invoice}
 
     def record_payment(self, invoice_id: str, amount: int, reference_number: str,

@@ -194,12 +194,14 @@ def _finished_duplicate(container, payment: Payment) -> tuple[dict | None, dict 
 
 def _confirm_after(uow, facts: PaymentFacts, now) -> datetime | None:
     """Until when a renewal's payment waits for the provider to confirm the workflow's record on its
-    invoice; None (no wait) for anything else, and for an invoice we hold voided: that record is refused,
-    and the follow-up that learns it refunds the payment (decision 113) without a quarter-hour's delay."""
+    invoice; None (no wait) for anything else, and for an invoice we hold voided or deleted: that record is
+    refused, and the follow-up that learns it refunds the payment (decisions 113, 201) without a
+    quarter-hour's delay."""
     if not facts.renewal or facts.provider_side:
         return None
     local = uow.invoices.get(facts.invoice_id)
-    return None if local is not None and local["status"] == "voided" else now + WORKFLOW_CONFIRMATION
+    return None if local is not None and (local["status"] == "voided" or local["deleted_at"] is not None) \
+        else now + WORKFLOW_CONFIRMATION
 
 
 def _is_checkout_payment(payment: Payment) -> bool:
@@ -561,7 +563,7 @@ def _complete_followups(container, subscription_id: str) -> dict:
         pending = uow.purchases.unreported(subscription_id, container.clock.now())
     for row in pending:
         reported = report_to_provider(container, row) if row["invoice_id"] else False
-        if reported in (VOIDED, PAID_ELSEWHERE, WRITTEN_OFF):  # refunded: its period is not this payment's
+        if reported in (VOIDED, DELETED, PAID_ELSEWHERE, WRITTEN_OFF):  # refunded: its period is not this payment's
             result["refunded_unpaid_period"] = row["transaction_id"]
         elif not reported:
             result["provider_recorded"] = False
@@ -569,17 +571,17 @@ def _complete_followups(container, subscription_id: str) -> dict:
 
 
 VOIDED = "invoice_voided"
+DELETED = "invoice_deleted"
 PAID_ELSEWHERE = "invoice_paid_elsewhere"
 WRITTEN_OFF = "invoice_written_off"
 
 
 def report_to_provider(container, row) -> bool | str:
     """Record one purchase on its provider invoice (reference = the orchestrator payment id). True when
-    the invoice is paid afterwards; VOIDED when the invoice was voided meanwhile, PAID_ELSEWHERE when another
-    payment paid it meanwhile, WRITTEN_OFF when finance wrote it off meanwhile (the payment is then refunded,
-    decisions 113, 179, 185); one paid in part meanwhile
-    gets the rest, and the excess is refunded first (decision 180); a refusal the provider does not explain
-    stays pending."""
+    the invoice is paid afterwards; VOIDED (DELETED) when the invoice was voided (deleted) meanwhile,
+    PAID_ELSEWHERE when another payment paid it meanwhile, WRITTEN_OFF when finance wrote it off meanwhile
+    (the payment is then refunded, decisions 113, 201, 179, 185); one paid in part meanwhile gets the rest,
+    and the excess is refunded first (decision 180); a refusal the provider does not explain stays pending."""
     amount = int(row["amount"] or 0) - int(row["returned_excess"] or 0)
     if row["returned_excess"]:
         try:  # before the record that ends the follow-up: a run cut short between them refunds it next time
@@ -624,6 +626,13 @@ def report_to_provider(container, row) -> bool | str:
         log.info("invoice already paid at the provider", extra={"invoice_id": row["invoice_id"],
                                                                 "payment_id": row["transaction_id"]})
         recorded_at = parse_time(copy.paid_at)
+    except e.ExternalNotFound as exc:
+        if _deleted(container, row["invoice_id"]):  # finance deleted it at the provider (decision 201)
+            refund_for_deleted_invoice(container, row)
+            return DELETED
+        log.warning("recording at the provider failed; will retry: %s", exc.message,
+                    extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
+        return False
     except e.BillingError as exc:  # down, not found yet, breaker open: retried later
         log.warning("recording at the provider failed; will retry: %s", exc.message,
                     extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
@@ -697,6 +706,25 @@ def refund_for_voided_invoice(container, row) -> None:
                           f"Payment {row['transaction_id']} settled for voided invoice {row['invoice_id']} - "
                           "refunded, credits reversed", f"voided-invoice:{row['transaction_id']}",
                           "payment settled for a voided invoice: refunded")
+
+
+def _deleted(container, invoice_id: str) -> bool:
+    """Our copy says the provider deleted the invoice (its `invoice_deleted` reached us): a record the
+    provider answers "not found" for is not waited on. Before the event is read it is retried."""
+    with container.uow(autocommit=True) as uow:
+        local = uow.invoices.get(invoice_id)
+    return local is not None and local["deleted_at"] is not None
+
+
+def refund_for_deleted_invoice(container, row) -> None:
+    """A payment settled for a provider invoice finance deleted while the charge was in flight: like a void,
+    the deletion is the decision that the period is not collected there, so the payment is refunded in full
+    and the period stays uncredited (decision 201)."""
+    _refund_unpaid_period(container, row, DELETED, "invoice deleted",
+                          f"invoice {row['invoice_id']} was deleted at the provider",
+                          f"Payment {row['transaction_id']} settled for invoice {row['invoice_id']}, deleted at "
+                          "the provider meanwhile - refunded, credits reversed",
+                          f"deleted-invoice:{row['transaction_id']}", "payment settled for a deleted invoice: refunded")
 
 
 def refund_for_written_off_invoice(container, row) -> None:

@@ -452,11 +452,13 @@ def _owed(container, invoice: dict, term: bool = False) -> dict:
 
 def _invoice_settled(owed: dict, payment_id: str) -> str | None:
     """Why nobody owes the invoice a charge in flight is for any more: another payment pays it (a cheque
-    entered at the provider, a payment of ours), or it was voided. None while it may still be owed."""
+    entered at the provider, a payment of ours), or it was voided or deleted. None while it may still be owed."""
     if owed["paid_by"] is not None and owed["paid_by"].transaction_id != payment_id:
         return f"invoice paid by {owed['paid_by'].transaction_id}"
     if owed["copy"] is not None and owed["copy"]["status"] == "voided":
         return "invoice voided"
+    if owed["copy"] is not None and owed["copy"]["deleted_at"] is not None:
+        return "invoice deleted"
     return None
 
 

@@ -177,7 +177,7 @@ def test_a_charge_in_flight_that_ends_unpaid_after_a_cheque_paid_its_invoice_end
 
 
 @pytest.mark.parametrize("hangs", ["PENDING", "AUTHORIZED"])
-@pytest.mark.parametrize("settled_by", ["cheque", "void"])
+@pytest.mark.parametrize("settled_by", ["cheque", "void", "delete"])
 def test_a_charge_in_flight_for_an_invoice_nobody_owes_any_more_is_cancelled_at_once(world, hangs, settled_by):
     """Decision 197, found by the exploration: a renewal charge hung in flight and finance entered the
     customer's cheque for the whole invoice (or voided it). The charge was left to its age limit (a day when
@@ -185,7 +185,7 @@ def test_a_charge_in_flight_for_an_invoice_nobody_owes_any_more_is_cancelled_at_
     (the invoice paid, the attempts ending on pending) until then. Nobody owes the invoice any more: the
     next tick voids the charge at once; the dunning ends paid by the cheque. A void at the console reaches
     us as the provider's `invoice_updated` (decision 200; before it the sandbox sent none, and the charge
-    waited for its age limit)."""
+    waited for its age limit), a deletion as `invoice_deleted` (decision 201)."""
     from billingctl.services.events import poll
     from billingctl.services.reconcile import reconcile
     from tests.conftest import advance_with_sandbox
@@ -197,8 +197,10 @@ def test_a_charge_in_flight_for_an_invoice_nobody_owes_any_more_is_cancelled_at_
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}
     if settled_by == "cheque":
         world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0080", payment_method="check")
-    else:  # finance voids it at the provider's console: our copy learns it from its invoice_updated (decision 200)
+    elif settled_by == "void":  # at the provider's console: our copy learns it from its invoice_updated (decision 200)
         world.sandbox.void_invoice(invoice["id"])
+    else:  # deleted at the console: its invoice_deleted (decision 201)
+        world.sandbox.delete_invoice(invoice["id"])
     poll(world.c)
     advance_with_sandbox(world.c, 61)  # well within the charge's age limit
     run_renewals(world.c)

@@ -190,6 +190,30 @@ def test_the_sdk_is_refused_a_void_of_an_invoice_paid_in_part_or_voided_already(
         ("invoice_updated", invoice.id, "voided")
 
 
+def test_the_sdk_deletes_only_an_invoice_with_no_payment_linked_and_no_longer_finds_it(sdk, served):
+    """Decision 201: the provider deletes an invoice with no payment linked to it and nothing adjusted; a
+    deleted invoice is not found, listed only with include_deleted (its `deleted` flag set, its status kept),
+    and sent as invoice_deleted."""
+    sdk.Customer.create({"id": "d1", "auto_collection": "off"})
+    invoice = sdk.Subscription.create_with_items("d1", {"subscription_items": [{"item_price_id": PLAN}]}).invoice
+    sdk.Invoice.record_payment(invoice.id, {"transaction": {"amount": 300, "payment_method": "check",
+                                                            "reference_number": "cheque-2"}})
+    assert refused(lambda: sdk.Invoice.delete(invoice.id)) == (400, "invalid_state_for_request")
+    txn = sdk.Invoice.retrieve(invoice.id).invoice.linked_payments[0].txn_id
+    sdk.Invoice.remove_payment(invoice.id, {"transaction": {"id": txn}})
+    deleted = sdk.Invoice.delete(invoice.id).invoice
+    assert (deleted.deleted, deleted.status) == (True, "payment_due")
+    assert refused(lambda: sdk.Invoice.retrieve(invoice.id)) == (404, "resource_not_found")
+    assert refused(lambda: sdk.Invoice.delete(invoice.id)) == (404, "resource_not_found")
+    assert invoice.id not in [i.invoice.id for i in sdk.Invoice.list({"limit": 100}).list]
+    every = sdk.Invoice.list({"include_deleted": True, "limit": 100}).list
+    listed = [i.invoice for i in every if i.invoice.id == invoice.id]
+    assert [i.deleted for i in listed] == [True]
+    last = sdk.Event.list({"occurred_at": {"after": 0}, "sort_by": {"asc": "occurred_at"}}).list[-1].event
+    assert (last.event_type, last.content["invoice"]["id"], last.content["invoice"]["deleted"]) == \
+        ("invoice_deleted", invoice.id, True)
+
+
 def test_the_sdk_reactivates_only_a_cancelled_subscription_and_gets_its_new_terms_invoice(sdk, served):
     """Decision 186: a general reactivation starts a new term from now, invoiced at once."""
     sdk.Customer.create({"id": "a1", "auto_collection": "off"})

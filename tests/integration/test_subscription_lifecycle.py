@@ -448,6 +448,43 @@ def test_a_renewal_settling_on_an_invoice_voided_by_a_freeze_is_refunded_once_an
     assert reconcile(world.c)["violations"] == []
 
 
+def test_a_renewal_settling_on_an_invoice_finance_deleted_meanwhile_is_refunded_once(world):
+    """Decision 201: finance deleted a renewal invoice at the provider's console while its charge hung at the
+    processor, which then settled it (before our next tick could cancel it). The provider no longer finds
+    the invoice, and our record of the payment on it was retried every minute for ever, the customer charged
+    for a term nobody invoices. The deletion is the decision that the term is not collected: the payment is
+    refunded once, its credits reversed, its purchase closed, one alert."""
+    from billingctl.services import events, orphans
+    from billingctl.services.payments import retry_pending
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    [charge] = [p for p in world.sandbox.store.all("payment") if p["orderId"] != co["order_id"]]
+    world.sandbox.delete_invoice(charge["orderId"])
+    world.sandbox.finish_payment(charge["id"], settle=True)  # recorded from its notification, at once
+    events.poll(world.c)
+    advance_with_sandbox(world.c, 15 * 60)  # its wait for the workflow's record at the provider
+    for _ in range(3):
+        advance_with_sandbox(world.c, 60)
+        assert retry_pending(world.c).outcome.failed == 0
+        orphans.run_orphans(world.c)
+        run_renewals(world.c)
+    refunded = world.sandbox.store.get("payment", charge["id"])["processor"]["amountRefunded"]
+    assert refunded == charge["amount"]  # the payment went back to the customer, once
+    assert world.credits() == 2000  # the first term only
+    with world.c.uow() as uow:
+        assert uow.purchases.by_payment_id(charge["id"])["closed_reason"] == "invoice_deleted"
+        assert uow.invoices.get(charge["orderId"])["deleted_at"] is not None
+    assert [k for k in _chat_keys(world) if k.startswith("deleted-invoice:")] == [f"deleted-invoice:{charge['id']}"]
+    advance_with_sandbox(world.c, 3600)
+    assert reconcile(world.c)["violations"] == []
+
+
 # ---- defect 4: activation starts by the provider's clock ---------------------------------------------------
 
 # Behind by 4 minutes, not 5: the orchestrator's webhook must still be inside its 5-minute signature

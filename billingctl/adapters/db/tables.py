@@ -107,6 +107,7 @@ invoice = Table(
     _ts("created_at", nullable=False),
     # The provider's resource_version of the copy applied last (decision 117), like the subscription's.
     Column("provider_resource_version", BigInteger),
+    _ts("deleted_at"),  # the provider deleted it (its `deleted` flag): owed by nobody (decision 201)
 )
 
 transaction = Table(
