@@ -148,8 +148,8 @@ class Exploration(RuleBasedStateMachine):
     @rule(action=st.sampled_from(["abandon", "pay_late", "cancel_at_provider", "declines", "outage",
                                   "freeze", "dispute", "expire_card", "charges_in_flight", "finish_charges",
                                   "cancel_by_operator", "pause_at_provider", "resume_at_provider",
-                                  "write_off", "void_unpaid", "reactivate_at_provider", "hang_charge",
-                                  "cancel_unpaid_at_provider", "cancel_at_term_end_at_provider",
+                                  "write_off", "void_unpaid", "delete_unpaid", "reactivate_at_provider",
+                                  "hang_charge", "cancel_unpaid_at_provider", "cancel_at_term_end_at_provider",
                                   "remove_scheduled_cancellation_at_provider"]),
           seed=st.integers(0, 2**32))
     def world(self, action, seed):
@@ -183,7 +183,7 @@ class Exploration(RuleBasedStateMachine):
         """Finance records a cheque on an unpaid invoice at the provider's console: for what is due, or for
         a quarter of it (decision 180)."""
         rng = self.step(seed, "cheque at the provider" + ("" if part == 1 else f" for 1/{part} of what is due"))
-        due = [i for i in self.m.sandbox.store.all("invoice") if i["status"] in ("payment_due", "not_paid")]
+        due = [i for i in self.m.payable() if i["status"] in ("payment_due", "not_paid")]
         if due:
             invoice = rng.choice(due)
             self.m.sandbox.record_payment(invoice["id"], max(invoice["amount_due"] // part, 1),

@@ -174,8 +174,7 @@ class Model:
     def cancel_unpaid_at_provider(self) -> None:
         """The provider cancels by itself a subscription whose invoice stays unpaid (`not_paid`, its dunning
         or offline-invoice rule); support may then reactivate it within its term (decision 191)."""
-        unpaid = {i["subscription_id"] for i in self.sandbox.store.all("invoice")
-                  if i["status"] in PAYABLE_INVOICE_STATUSES}
+        unpaid = {i["subscription_id"] for i in self.payable()}
         subs = [s for s in self.sandbox.store.all("subscription") if s["status"] == "active" and s["id"] in unpaid]
         if subs:
             sub = self.rng.choice(subs)
@@ -223,25 +222,38 @@ class Model:
     def write_off(self) -> None:
         """Finance writes off an unpaid invoice at the provider's console, whatever is in flight for it at
         the orchestrator (decision 185)."""
-        due = [i for i in self.sandbox.store.all("invoice") if i["status"] in PAYABLE_INVOICE_STATUSES]
+        due = self.payable()
         if due:
             invoice = self.rng.choice(due)
             self.sandbox.write_off(invoice["id"])
             self.note(f"finance writes off {invoice['id']}")
 
+    def payable(self) -> list[dict]:
+        """The invoices the provider takes a payment on (a deleted one is no longer found there)."""
+        return [i for i in self.sandbox.store.all("invoice")
+                if i["status"] in PAYABLE_INVOICE_STATUSES and not i.get("deleted")]
+
     def void_unpaid(self) -> None:
         """Finance voids an unpaid invoice at the provider's console, whatever is in flight for it at the
         orchestrator (the provider refuses one with a payment linked to it: a cheque for part of it)."""
-        due = [i for i in self.sandbox.store.all("invoice") if i["status"] in PAYABLE_INVOICE_STATUSES]
+        self._unpaid_at_the_console(self.sandbox.void_invoice, "voids")
+
+    def delete_unpaid(self) -> None:
+        """Finance deletes an unpaid invoice at the provider's console instead of voiding it (decision 201),
+        whatever is in flight for it at the orchestrator; refused like a void."""
+        self._unpaid_at_the_console(self.sandbox.delete_invoice, "deletes")
+
+    def _unpaid_at_the_console(self, act, verb: str) -> None:
+        due = self.payable()
         if not due:
             return
         invoice = self.rng.choice(due)
         try:
-            self.sandbox.void_invoice(invoice["id"])
+            act(invoice["id"])
         except SandboxError as exc:
-            self.note(f"finance voids {invoice['id']}: refused ({exc.api_error_code})")
+            self.note(f"finance {verb} {invoice['id']}: refused ({exc.api_error_code})")
             return
-        self.note(f"finance voids {invoice['id']}")
+        self.note(f"finance {verb} {invoice['id']}")
 
     def answer_removals(self) -> None:
         """The person the payment-removed alert names puts the payment back on its invoice at the provider;
@@ -253,11 +265,12 @@ class Model:
         for invoice_id, txn_id, payment_id in self.removed:
             if payment_id in charged_back:
                 continue  # the dispute was lost: the money went back to the customer by the chargeback
-            invoice = self.sandbox.invoice(invoice_id)
+            invoice = self.sandbox.store.get("invoice", invoice_id)
+            owed = invoice["status"] in PAYABLE_INVOICE_STATUSES and not invoice.get("deleted")  # deleted: refund
             unused = int(self.sandbox.store.get("transaction", txn_id).get("amount_unused") or 0)
-            if invoice["status"] not in PAYABLE_INVOICE_STATUSES and unused == 0:
+            if not owed and unused == 0:
                 continue  # applied again already, or given back
-            if invoice["status"] in PAYABLE_INVOICE_STATUSES and unused >= invoice["amount_due"]:
+            if owed and unused >= invoice["amount_due"]:
                 self.sandbox.apply_payments(invoice_id, txn_id)
                 self.note(f"finance applies {payment_id} to {invoice_id} again")
                 continue
@@ -268,7 +281,7 @@ class Model:
                 waiting.append((invoice_id, txn_id, payment_id))
                 continue
             voids = ""
-            if invoice["status"] in PAYABLE_INVOICE_STATUSES:
+            if owed:
                 try:
                     self.sandbox.void_invoice(invoice_id)
                     voids = f", finance voids {invoice_id}"
@@ -647,7 +660,7 @@ class Model:
             # a payment refunded in full holds nothing: a person may void the invoice it was removed from)
             ours = (row.transaction_id in charges or row.credits) and row.transaction_id not in given_back
             if ours and row.invoice_id and row.provider_recorded_at and row.transaction_id not in unanswered and \
-                    sandbox.invoice(row.invoice_id)["status"] != "paid":
+                    sandbox.store.get("invoice", row.invoice_id)["status"] != "paid":
                 found.append(f"not paid at the provider: {row.invoice_id}")
         # One billed subscription per customer and plan at the provider (two tabs must not bill twice; a
         # paused one is billed again once it resumes).
