@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -81,19 +82,27 @@ class RateLimiter:
         self.max_wait = max_wait
         self.sleep = sleep
         self._memory = MovingWindowRateLimiter(MemoryStorage())
+        self._memory_lock = threading.Lock()
         self._limiter = self._memory
         if redis_url:
             self._limiter = MovingWindowRateLimiter(storage_from_string(redis_url, socket_timeout=2))
 
     def _call(self, op: str, *args, **kwargs):
+        if self._limiter is self._memory:
+            return self._in_process(op, *args, **kwargs)
         try:
             return getattr(self._limiter, op)(*args, **kwargs)
         except Exception as exc:
-            if self._limiter is self._memory:
-                raise
             warn_now_and_then(log, "limiter", "shared rate limiter unavailable, limiting in-process: %s",
                               type(exc).__name__)
             self.on_error("limiter")
+            return self._in_process(op, *args, **kwargs)
+
+    def _in_process(self, op: str, *args, **kwargs):
+        """`limits`' MemoryStorage (5.8) schedules its expiry timer outside any lock: two threads hitting it at
+        once may start one timer twice (alisaifee/limits#352, fixed after the last release), and a call or the
+        timer's thread dies. The limiter's in-process calls are serialized; each takes microseconds."""
+        with self._memory_lock:
             return getattr(self._memory, op)(*args, **kwargs)
 
     def _hit(self, kind: str) -> tuple[bool, RateLimitItemPerSecond, str]:

@@ -150,3 +150,35 @@ def test_the_floor_is_shared_by_every_process_of_the_key(redis_url):
         web.acquire()
     assert _spend(jobs, MONEY) == 8
     assert _spend(web, INTERACTIVE) == 1
+
+
+def test_threads_hitting_the_in_process_budget_at_once_start_no_expiry_timer_twice():
+    """The in-process budget (`limits`' MemoryStorage, 5.8) schedules its expiry timer unlocked: two threads
+    hitting it at once could start one timer twice, whose thread then died on a KeyError in `threading`
+    (an exploration run's web threads hit it; fixed upstream in alisaifee/limits#352, not released). Its
+    calls are serialized per limiter; pytest turns the dead thread's exception into this test's failure."""
+    import sys
+    import threading
+    import time
+
+    limiter = RateLimiter(limit=100_000, window_seconds=60, key="threads")
+    rounds, at_once = 300, threading.Barrier(8)
+
+    def hammer():
+        with budget(MONEY):
+            for _ in range(rounds):  # all at once, each round after the last round's timer has ended
+                at_once.wait(10)
+                limiter.acquire()
+                time.sleep(0.012)
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave between any two bytecodes, as on a loaded machine
+    try:
+        threads = [threading.Thread(target=hammer) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        sys.setswitchinterval(switching)
+    assert limiter._memory.get_window_stats(limiter.item, limiter.key).remaining == 100_000 - 8 * rounds
