@@ -56,7 +56,8 @@ SPANS = (16, 61, 15 * 60, 4 * 3600, 86400, 31 * 86400)  # a renewal falls due af
 RUNNING = ("active", "non_renewing")  # a term that ends: renewed, or cancelled when support scheduled it
 SKEWS = (-90, -7, 0, 7, 90)  # seconds our clock runs ahead of the sandbox's (negative: behind)
 FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, "refused_refunds": 0,
-           "excesses_returned": 0, "payments_removed": 0, "charges_hung": 0, "hung_charges_ended": 0}
+           "excesses_returned": 0, "payments_removed": 0, "charges_hung": 0, "hung_charges_ended": 0,
+           "invoices_voids": 0, "invoices_deletes": 0}
 CONTEXT: dict = {}
 
 
@@ -95,6 +96,9 @@ class Exploration(RuleBasedStateMachine):
                     purchase.c.returned_excess > 0)).scalar_one()
             FIGURES["payments_removed"] += sum(1 for line in self.m.trace if "finance removes" in line
                                                and "refused" not in line)
+            for verb in ("voids", "deletes"):
+                FIGURES[f"invoices_{verb}"] += sum(1 for line in self.m.trace if f"finance {verb} inv" in line
+                                                   and "refused" not in line)
             FIGURES["charges_hung"] += len(self.m.hung)
             FIGURES["hung_charges_ended"] += sum(1 for p in self.m.sandbox.payments() if p["id"] in self.m.hung
                                                  and p["status"] not in ("PENDING", "AUTHORIZED"))
@@ -148,8 +152,8 @@ class Exploration(RuleBasedStateMachine):
     @rule(action=st.sampled_from(["abandon", "pay_late", "cancel_at_provider", "declines", "outage",
                                   "freeze", "dispute", "expire_card", "charges_in_flight", "finish_charges",
                                   "cancel_by_operator", "pause_at_provider", "resume_at_provider",
-                                  "write_off", "void_unpaid", "delete_unpaid", "reactivate_at_provider",
-                                  "hang_charge", "cancel_unpaid_at_provider", "cancel_at_term_end_at_provider",
+                                  "write_off", "reactivate_at_provider", "hang_charge",
+                                  "cancel_unpaid_at_provider", "cancel_at_term_end_at_provider",
                                   "remove_scheduled_cancellation_at_provider"]),
           seed=st.integers(0, 2**32))
     def world(self, action, seed):
@@ -188,6 +192,14 @@ class Exploration(RuleBasedStateMachine):
             invoice = rng.choice(due)
             self.m.sandbox.record_payment(invoice["id"], max(invoice["amount_due"] // part, 1),
                                           f"cheque {rng.randint(1, 999)}")
+
+    @rule(seed=st.integers(0, 2**32), how=st.sampled_from(["void_unpaid", "delete_unpaid"]))
+    def finance_ends_an_unpaid_invoice(self, seed, how):
+        """Finance voids or deletes an unpaid invoice at the provider's console, whatever is in flight for it
+        (decisions 200, 201): a rule of its own, since as one world action in twenty no deletion was reached
+        in 310 histories."""
+        self.step(seed, f"world: {how}")
+        getattr(self.m, how)()
 
     @rule(seed=st.integers(0, 2**32))
     def finance_removes_a_payment(self, seed):
@@ -372,5 +384,6 @@ def test_histories_the_machine_chooses_keep_every_book(db_url, make_settings, tm
           f"({FIGURES['refused_refunds']} refused by the processor), {FIGURES['excesses_returned']} card payments "
           f"that paid the rest of an invoice paid in part at the provider, {FIGURES['payments_removed']} payments "
           f"finance removed from their invoice, {FIGURES['charges_hung']} renewal charges the processor never "
-          f"answered ({FIGURES['hung_charges_ended']} ended by our age limit)")
+          f"answered ({FIGURES['hung_charges_ended']} ended by our age limit), {FIGURES['invoices_voids']} "
+          f"unpaid invoices finance voided and {FIGURES['invoices_deletes']} it deleted")
     assert FIGURES["audits"] >= EXAMPLES
