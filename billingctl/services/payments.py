@@ -626,14 +626,10 @@ def report_to_provider(container, row) -> bool | str:
         log.info("invoice already paid at the provider", extra={"invoice_id": row["invoice_id"],
                                                                 "payment_id": row["transaction_id"]})
         recorded_at = parse_time(copy.paid_at)
-    except e.ExternalNotFound as exc:
-        if _deleted(container, row["invoice_id"]):  # finance deleted it at the provider (decision 201)
-            refund_for_deleted_invoice(container, row)
-            return DELETED
-        log.warning("recording at the provider failed; will retry: %s", exc.message,
-                    extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
-        return False
     except e.BillingError as exc:  # down, not found yet, breaker open: retried later
+        if isinstance(exc, e.ExternalNotFound) and _deleted(container, row["invoice_id"]):
+            refund_for_deleted_invoice(container, row)  # finance deleted it at the provider (decision 201)
+            return DELETED
         log.warning("recording at the provider failed; will retry: %s", exc.message,
                     extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
         return False
