@@ -217,13 +217,15 @@ def is_renewal_payment(payment: Payment) -> bool:
     return bool(order_id and subscription_id and order_id != subscription_id)
 
 
-def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool, bool, bool]:
+def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool, bool, bool, bool]:
     """(the subscription is cancelled, the user is frozen, the user already holds another live subscription
-    of the plan), each only while this payment has no purchase yet, and whether the user's row exists: one read."""
+    of the plan, a dispute on the payment was lost), each only while this payment has no purchase yet, and
+    whether the user's row exists: one read."""
     row = uow.purchases.gates(facts.payment_id, facts.subscription_id, facts.user_id, facts.item_price_id)
     bought = row["bought"]
     return (row["status"] == "cancelled" and not bought, row["frozen_at"] is not None and not bought,
-            bool(row["same_plan"] or row["paid_other"]) and not bought, bool(row["user_exists"]))
+            bool(row["same_plan"] or row["paid_other"]) and not bought, bool(row["charged_back"]) and not bought,
+            bool(row["user_exists"]))
 
 
 def _left_to_orphan_recovery(facts: PaymentFacts, message: str) -> dict:
@@ -232,12 +234,27 @@ def _left_to_orphan_recovery(facts: PaymentFacts, message: str) -> dict:
             "user_id": facts.user_id, "credits_applied": 0}
 
 
+def _hand_to_recovery(uow, now, facts: PaymentFacts, message: str) -> dict:
+    """Nothing credited: the payment's review row is opened in the caller's transaction, for orphan recovery."""
+    review.open_row(uow, now, payment_id=facts.payment_id, user_id=facts.user_id,
+                    subscription_id=facts.subscription_id, item_price_id=facts.item_price_id,
+                    amount=facts.amount, currency_code=facts.currency_code, settled_at=facts.settled_at)
+    uow.commit()
+    return _left_to_orphan_recovery(facts, message)
+
+
 def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment) -> dict:
     now = container.clock.now()
     with container.uow() as uow:
         # The gates first: they take the user's row, as the quota's reservation does before its own writes.
-        cancelled, frozen, same_plan, known = _unrecorded_gates(uow, facts)  # holds the user's row
+        cancelled, frozen, same_plan, charged_back, known = _unrecorded_gates(uow, facts)  # holds the user's row
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
+        if charged_back:
+            # A chargeback lost before this payment was recorded (its notification lost, the poller behind):
+            # the money went back to the customer, and the loss found no credits to take back. Nothing is
+            # credited or subscribed; orphan recovery ends its row `charged_back` (decision 203).
+            return _hand_to_recovery(uow, now, facts, "payment charged back before it was recorded; left to orphan "
+                                                      "recovery")
         if path == "orphan_recovery":  # recovery decided the rest; a freeze made meanwhile still holds
             if frozen:  # (decision 177): the attempt fails, and the next one holds the payment for a person
                 raise review.frozen_refusal(facts.user_id, facts.payment_id)
@@ -246,12 +263,8 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
             # A second checkout of a plan the customer already holds live, or a checkout paid twice (two
             # tabs of one payment form): the same-plan duplicate path of orphan recovery refunds it with one
             # alert; nothing is credited (a future subscription of its own is cancelled by the cleanup job).
-            review.open_row(uow, now, payment_id=facts.payment_id, user_id=facts.user_id,
-                            subscription_id=facts.subscription_id, item_price_id=facts.item_price_id,
-                            amount=facts.amount, currency_code=facts.currency_code, settled_at=facts.settled_at)
-            uow.commit()
-            return _left_to_orphan_recovery(facts, "second payment for a plan the customer already holds; left to "
-                                                   "orphan recovery to refund")
+            return _hand_to_recovery(uow, now, facts, "second payment for a plan the customer already holds; left "
+                                                      "to orphan recovery to refund")
         if cancelled and facts.invoice_id and is_renewal_payment(payment):
             # A renewal charge that settled after its subscription was cancelled (decision 107): it pays the
             # period of its own invoice, which the workflow already marked paid at the provider. Recorded

@@ -372,6 +372,35 @@ def test_a_lost_dispute_reverses_the_payments_credits_once_and_cancels_its_subsc
     assert renewal_charges(world) == [] and run_renewals(world.c)["outcomes"].get("succeeded") is None
 
 
+@pytest.mark.parametrize("status", ["LOST", "ACCEPTED"])
+def test_a_payment_charged_back_before_it_was_recorded_is_never_credited(world, status):
+    """Decision 203, found by the exploration: a checkout's settle notification was lost, then a chargeback
+    was lost (or accepted) on the payment before any poller recorded it. The loss found no purchase and
+    took back 0 credits; the settled-payments poller then recorded the payment and credited its term, for
+    money the chargeback had returned, and reconcile was clean (the provider was down, so the loss had not
+    yet cancelled the subscription). A payment charged back before it is recorded credits nothing: orphan
+    recovery ends it `charged_back`."""
+    from billingctl.services import orphans
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    co = world.checkout("user_a", PRO)
+    payment = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    kind = "DISPUTE" if status == "LOST" else "PREARBITRATION"
+    world.sandbox.store.add_fault("provider", "503", count=6)  # the loss cannot cancel the subscription yet
+    world.sandbox.dispute_status(payment["id"], status, kind=kind)
+    world.sandbox.store.clear_faults()
+    for _ in range(2):  # the settled-payments poller finds it, then recovery ends it
+        advance_with_sandbox(world.c, 600)
+        orphans.run_orphans(world.c)
+    assert world.credits() == 0 and purchases_of(world, payment["id"]) == []
+    row = review_row(world, payment["id"])
+    assert (row["status"], row["resolution"]) == ("resolved", "charged_back")
+    assert world.sandbox.store.get("payment", payment["id"]).get("refunds") in (None, [])  # nothing refunded
+    advance_with_sandbox(world.c, 3600)
+    assert reconcile(world.c)["violations"] == []
+
+
 def test_an_unknown_dispute_or_payment_notification_is_alerted_not_silently_acknowledged(world):
     from billingctl.services.webhook_events import dispatch
 

@@ -16,6 +16,7 @@ from billingctl.adapters.db.tables import (
     alert_outbox,
     checkout_session,
     credit_ledger,
+    dispute,
     invoice,
     orphan_recovery,
     purchase,
@@ -96,8 +97,8 @@ class Purchases(Repository):
 
     def gates(self, payment_id: str, subscription_id: str, user_id: str, item_price_id: str | None = None):
         """One read, holding the user's row: the subscription's status, the user's frozen_at, whether the
-        payment is bought, whether another subscription of the user holds the plan (`holds_its_plan`), and
-        whether the user's row exists."""
+        payment is bought, whether another subscription of the user holds the plan (`holds_its_plan`),
+        whether the user's row exists, and whether a dispute on the payment was lost."""
         return self.uow.first(on_driver(_gates_statement()), {
             "payment_id": str(payment_id), "subscription_id": str(subscription_id), "user_id": str(user_id),
             "item_price_id": item_price_id or ""})
@@ -308,8 +309,12 @@ def _gates_statement():
     paid_other = select(purchase.c.id).where(purchase.c.subscription_id == subscription_id,
                                              purchase.c.transaction_id != payment_id).exists()
     known = select(users.c.id).where(users.c.id == user_id).exists()
+    # A chargeback lost before the payment was recorded (its notification lost, a poller behind): decision 203.
+    charged_back = select(dispute.c.dispute_id).where(dispute.c.payment_id == payment_id,
+                                                      dispute.c.state == "lost").exists()
     return select(status.label("status"), frozen.label("frozen_at"), bought.label("bought"),
-                  same_plan.label("same_plan"), paid_other.label("paid_other"), known.label("user_exists"))
+                  same_plan.label("same_plan"), paid_other.label("paid_other"), known.label("user_exists"),
+                  charged_back.label("charged_back"))
 
 
 @lru_cache(maxsize=1)
