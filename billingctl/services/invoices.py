@@ -32,6 +32,8 @@ def save_copy(container, uow, remote: Invoice) -> str:
     fields = {"subscription_id": remote.subscription_id, "customer_id": remote.customer_id,
               "total_amount": remote.total, "currency_code": remote.currency_code, "status": status,
               "paid_at": parse_time(remote.paid_at)}
+    if remote.term is not None:  # the term its plan line bills; a copy that does not say keeps the one held
+        fields["term_start"], fields["term_end"] = (parse_time(t) for t in remote.term)
     if remote.deleted:  # deleted at the provider: it keeps its status and is owed by nobody (decision 201)
         fields["deleted_at"] = (local["deleted_at"] if local is not None else None) or container.clock.now()
     if local is None and uow.invoices.add({"id": invoice_id, "created_at": container.clock.now(),

@@ -18,6 +18,7 @@ from billingctl.adapters.payloads import Invoice
 from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
 from billingctl.domain.batch import BatchResult
+from billingctl.domain.clock import parse_time
 from billingctl.domain.instruments import stored_instrument, usable_card
 from billingctl.domain.quota import MERCHANT
 from billingctl.services import alerts, catalog, fraud_quota, fraud_signals
@@ -161,6 +162,24 @@ def _superseded_term(container, invoice: dict, local: dict) -> str:
         f"charged; this invoice is not. Void it or write it off at the provider", _superseded_key(invoice))
 
 
+def _overlaps_paid_term(container, invoice: dict, paid_invoice_id: str) -> str:
+    """Not charged, with one alert (decision 204): a kept payment of the subscription paid a term this
+    invoice's overlaps (support cancelled it mid-term and reactivated it at the provider, whose general
+    reactivation starts a new term and invoices all of it, with no proration). A person voids this invoice
+    and sets the term end back to the paid term's end there, or credits the days already paid."""
+    with container.uow(autocommit=True) as uow:
+        paid = uow.invoices.get(paid_invoice_id)
+    until = f" up to {paid['term_end']:%Y-%m-%d %H:%M} UTC" if paid is not None and paid["term_end"] else ""
+    sub_id, user_id = invoice["subscription_id"], invoice["customer_id"]
+    return _not_charged(
+        container, invoice, "overlaps_paid_term",
+        f"invoice {invoice['id']} of {sub_id} ({user_id}) bills a term that overlaps one a kept payment already "
+        f"paid (invoice {paid_invoice_id}{until}): it was reactivated at the provider inside a paid term. It is "
+        f"not charged. Void it and set the subscription's term end back to the paid term's end at the provider "
+        f"(the next term then renews from there), or credit the days already paid on it",
+        f"overlaps-paid-term:{invoice['id']}", paid_invoice_id=paid_invoice_id)
+
+
 def _superseded_key(invoice: dict) -> str:
     return f"superseded-term:{invoice['id']}"
 
@@ -177,8 +196,10 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         # about the invoice, whatever became of it or its subscription meanwhile (a cheque paid part of it,
         # an operator cancelled it): the sweep skips every invoice the tick listed (decisions 189, 194).
         return "in_flight" if dry_run else _resolve_in_flight(container, invoice, last, history)
+    term = Invoice.read(remote).term
     with container.uow() as uow:
-        standing = uow.purchases.invoice_standing(invoice["id"], sub_id)
+        standing = uow.purchases.invoice_standing(
+            invoice["id"], sub_id, tuple(parse_time(t) for t in term) if term is not None else None)
         if standing.removed:  # finance removed our payment from it at the provider: a person's (decision 184)
             if not dry_run:
                 owed_again(container, uow, invoice["id"], Invoice.read(remote).status)
@@ -202,9 +223,10 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         return "not_due"
     if holder is not None and holder != sub_id:  # a charge in flight is read first, above
         return "second_subscription" if dry_run else _second_subscription(container, invoice, holder)
-    term = Invoice.read(remote).term
     if _overlapped(term, local["current_term_end"]) and _superseded(container, term, invoice, dry_run):
         return "superseded_term" if dry_run else _superseded_term(container, invoice, local)
+    if standing.paid_overlap is not None:
+        return "overlaps_paid_term" if dry_run else _overlaps_paid_term(container, invoice, standing.paid_overlap)
     if frozen is not None:
         return "skipped_frozen"
     if in_dispute:

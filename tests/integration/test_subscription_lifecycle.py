@@ -1020,6 +1020,48 @@ def test_a_term_cut_short_by_a_cancel_is_never_charged_beside_the_new_term_suppo
     assert world.credits() == 4000
 
 
+def test_a_new_term_support_reactivated_inside_a_paid_term_is_not_charged_for_the_days_already_paid(world):
+    """Decision 204 (found by the exploration, reconcile clean): the checkout paid the first term, support
+    cancelled the subscription at the provider's console mid-term and later reactivated it there: a new
+    term from then, invoiced at once (the provider computes no proration for it). Before, the renewal job
+    charged that invoice: the customer paid twice for the days the paid term and the new one share. Now an
+    invoice whose term overlaps a term a kept payment of the subscription paid is not charged, with one
+    alert asking a person to void it and set the term end back (or to reactivate from the paid term); once
+    a person has, the next term renews from the paid term's end and is charged once."""
+    from billingctl.services import events
+    from billingctl.services.renewals import run_renewals
+    from billingctl.services.sync import sync_subscription
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    sub_id = co["subscription_id"]
+    [paid] = world.sandbox.store.all("invoice")
+    paid_to = paid["line_items"][0]["date_to"]
+    advance_with_sandbox(world.c, 5 * 86400)
+    world.sandbox.cancel(sub_id)  # support, at the provider's console
+    events.poll(world.c)
+    advance_with_sandbox(world.c, 5 * 86400)
+    new = world.sandbox.reactivate(sub_id)["invoice"]
+    events.poll(world.c)
+    assert run_renewals(world.c, dry_run=True)["outcomes"] == {"overlaps_paid_term": 1}
+    assert _renewal_days(world, 3) == {"overlaps_paid_term": 3}
+    charged = [p["orderId"] for p in world.sandbox.store.all("payment") if p["status"] == "SETTLED"]
+    assert charged == [co["order_id"]]
+    assert world.sandbox.invoice(new["id"])["status"] == "payment_due"
+    assert _chat_count(world, f"overlaps-paid-term:{new['id']}") == 1
+    assert world.credits() == 2000
+    # A person voids the reactivation's invoice and sets the term end back to the paid term's end.
+    world.sandbox.void_invoice(new["id"])
+    world.sandbox.change_term_end(sub_id, paid_to)
+    events.poll(world.c)
+    sync_subscription(world.c, sub_id)
+    advance_with_sandbox(world.c, paid_to - world.sandbox.now() + 3600)
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    assert world.credits() == 4000
+    renewal = [i for i in world.sandbox.store.all("invoice") if i["status"] == "paid" and i["id"] != paid["id"]]
+    assert [i["line_items"][0]["date_from"] for i in renewal] == [paid_to]
+
+
 def test_a_subscription_the_provider_cancelled_for_non_payment_and_support_reactivated_in_term_is_charged_once(
         world):
     """Decision 191, the provider's in-term reactivation: the provider cancelled the subscription itself for

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from sqlalchemy import and_, bindparam, case, exists, func, literal, or_, select, true, update
+from sqlalchemy import String, and_, bindparam, case, exists, func, literal, or_, select, true, update
 
 from billingctl.adapters.db.checkouts import order_matches
 from billingctl.adapters.db.repository import Repository
@@ -47,6 +47,22 @@ def _pays_its_invoice():
     return or_(purchase.c.processor.is_not(None), purchase.c.credits > 0)
 
 
+def _paid_overlap(invoice_id: str, subscription_id: str | None, term: tuple | None):
+    """The id of another invoice of the subscription whose term (our copy's) overlaps `term` and that a kept
+    payment pays: its purchase not closed, paying its invoice, its credits not all taken back by refunds or
+    a lost dispute. None when there is none, or when `term` is not known."""
+    if term is None or subscription_id is None:
+        return literal(None, String)
+    taken_back = -func.coalesce(select(func.sum(credit_ledger.c.amount)).where(
+        credit_ledger.c.payment_id == purchase.c.transaction_id,
+        credit_ledger.c.reason.in_(REVERSALS)).scalar_subquery(), 0)
+    return select(invoice.c.id).where(
+        invoice.c.subscription_id == subscription_id, invoice.c.id != invoice_id,
+        invoice.c.term_start < term[1], invoice.c.term_end > term[0],
+        purchase.c.invoice_id == invoice.c.id, purchase.c.closed_at.is_(None), _pays_its_invoice(),
+        or_(purchase.c.credits == 0, taken_back < purchase.c.credits)).order_by(invoice.c.id).limit(1).scalar_subquery()
+
+
 class Purchases(Repository):
     def add(self, values: dict) -> bool:
         """The purchase of one payment; False when that payment already has one."""
@@ -63,14 +79,17 @@ class Purchases(Repository):
         return self.execute(select(purchase.c.transaction_id).where(purchase.c.invoice_id == invoice_id)
                             .order_by(purchase.c.id)).scalar()
 
-    def invoice_standing(self, invoice_id: str, subscription_id: str | None):
+    def invoice_standing(self, invoice_id: str, subscription_id: str | None, term: tuple | None = None):
         """Whether an invoice is a checkout's (`checkout`), is paid by a recorded payment (`paid`), or its
-        subscription has a paid checkout still waiting for its first invoice (`waiting`), and whether the
-        provider's copy owes again what a payment of ours stood recorded on (`removed`, decision 184): one statement,
-        so one snapshot. Activation writes the purchase's and the checkout's invoice in one transaction;
-        separate reads could straddle that commit and see none of the three (decision 158)."""
+        subscription has a paid checkout still waiting for its first invoice (`waiting`), whether the
+        provider's copy owes again what a payment of ours stood recorded on (`removed`, decision 184), and
+        another invoice of the subscription, paid by a kept payment, whose term overlaps `term` (datetimes
+        from, to) (`paid_overlap`, decision 204): one statement, so one snapshot. Activation writes the
+        purchase's and the checkout's invoice in one transaction; separate reads could straddle that commit
+        and see none of the three (decision 158)."""
         pays = _pays_its_invoice()
         return self.execute(select(
+            _paid_overlap(invoice_id, subscription_id, term).label("paid_overlap"),
             exists().where(checkout_session.c.invoice_id == invoice_id).label("checkout"),
             exists().where(purchase.c.invoice_id == invoice_id, pays).label("paid"),
             exists().where(purchase.c.subscription_id == subscription_id,

@@ -108,6 +108,9 @@ invoice = Table(
     # The provider's resource_version of the copy applied last (decision 117), like the subscription's.
     Column("provider_resource_version", BigInteger),
     _ts("deleted_at"),  # the provider deleted it (its `deleted` flag): owed by nobody (decision 201)
+    # The term its plan line bills (the provider's line_items[].date_from, date_to; decision 204).
+    _ts("term_start"),
+    _ts("term_end"),
 )
 
 transaction = Table(
