@@ -70,9 +70,9 @@ def run_demo(container, say=print, rich: bool = False) -> dict:
     out.line(f"settled-payments poller: {found}; event poll: {polled['events_processed']} events; {bo} credits="
              f"{show_user(container, bo)['credits']}, nsfw lock={show_user(container, bo)['nsfw_processor']}")
 
-    out.step(f"{bo}'s renewal comes due; the stored wallet is swapped for the vaulted card (NSFW)")
+    out.step(f"a month later {bo}'s renewal comes due; the stored wallet is swapped for the vaulted card (NSFW)")
     sandbox.add_instrument(bo, "PAYMENT_CARD")
-    sandbox.change_term_end(co_bo["subscription_id"], sandbox.now() - 1)  # the term ends now
+    sandbox.store.advance_clock(sandbox.subscription(co_bo["subscription_id"])["current_term_end"] - sandbox.now() + 1)
     renewals = run_renewals(container)
     outcomes = ", ".join(f"{k} {v}" for k, v in renewals["outcomes"].items())
     out.line(f"renewals: {outcomes}; {bo} credits={show_user(container, bo)['credits']} "

@@ -345,3 +345,16 @@ def assert_books_hold_at_every_moment(container) -> None:
     assert dupes == []
     assert all(int(balances[u]) == int(sums.get(u) or 0) for u in balances)
     assert over == []
+
+
+def term_runs_out(sandbox, subscription_id: str, container=None) -> None:
+    """Time passes at the provider until the subscription's term has ended, so its renewal falls due (and on
+    `container`'s manual clock with it). Cutting the term end to the past instead would shorten a term a
+    payment paid, and its renewal would overlap days already paid (decision 204)."""
+    seconds = sandbox.subscription(subscription_id)["current_term_end"] - sandbox.now() + 1
+    if container is not None and hasattr(container.clock, "set"):  # a manual clock moves with it
+        from tests.conftest import advance_with_sandbox
+
+        advance_with_sandbox(container, seconds)
+    else:
+        sandbox.store.advance_clock(seconds)

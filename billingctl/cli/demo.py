@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -16,6 +17,9 @@ def register(app: typer.Typer) -> None:
         from billingctl.cli.exitcodes import PARTIAL
         from billingctl.demo import run_demo
 
+        # The story lets a month pass on the embedded sandbox: every part of it (ours, the webhooks' app) reads
+        # the sandbox's clock, which is real time until the story moves it.
+        os.environ.setdefault("BILLING_CLOCK", "sandbox")
         cli = get_ctx()
         if not cli.log_level_given:
             # The story shows the expected warnings (lost webhooks, orphans) in its own words: no log lines

@@ -11,7 +11,7 @@ import pytest
 
 from billingctl.services.checkout import create_checkout
 from billingctl.services.users import freeze
-from tests.helpers import billingctl
+from tests.helpers import billingctl, term_runs_out
 
 pytestmark = pytest.mark.e2e
 
@@ -91,7 +91,8 @@ def test_dry_runs_make_the_real_checks_and_exit_like_the_real_run(container, env
     container.sandbox.pay(co["order_id"])
     other = create_checkout(container, "user_due", "credits-pro-USD-monthly")
     container.sandbox.pay(other["order_id"])
-    container.sandbox.change_term_end(other["subscription_id"], container.sandbox.now() - 1)
+    container.sandbox.cancel(co["subscription_id"])  # ...whose subscription renews no more
+    term_runs_out(container.sandbox, other["subscription_id"])
     container.sandbox.renew_due()  # ...and one real renewal due
     planned = json.loads(billingctl(["renewals", "run", "--dry-run", "--json"], env).stdout)
     assert planned["dry_run"] is True and planned["outcomes"] == {"would_charge": 1}
@@ -235,10 +236,10 @@ def test_a_rate_limited_batch_says_one_warning_per_item_above_the_bar(container,
     log lines were printed onto the progress bar's line. Each item now gives one concise warning."""
     import re
 
-    for user in ("user_rl_1", "user_rl_2"):
-        co = create_checkout(container, user, "credits-pro-USD-monthly")
+    paid = [create_checkout(container, user, "credits-pro-USD-monthly") for user in ("user_rl_1", "user_rl_2")]
+    for co in paid:
         container.sandbox.pay(co["order_id"])
-        container.sandbox.change_term_end(co["subscription_id"], container.sandbox.now() - 1)
+    term_runs_out(container.sandbox, paid[-1]["subscription_id"])
     container.sandbox.renew_due()
     container.sandbox.store.add_fault("orchestrator", "429", method="POST", path="/payments", count=-1,
                                       retry_after=0)
@@ -258,7 +259,7 @@ def test_a_freeze_whose_void_the_provider_refuses_exits_5_and_names_the_invoice(
     runbook took the freeze for complete; now it is a partial failure (exit 5) naming the invoice."""
     co = create_checkout(container, "user_cheque", "credits-pro-USD-monthly")
     container.sandbox.pay(co["order_id"])
-    container.sandbox.change_term_end(co["subscription_id"], container.sandbox.now() - 1)
+    term_runs_out(container.sandbox, co["subscription_id"])
     [invoice] = container.sandbox.renew_due()
     container.sandbox.record_payment(invoice["id"], 300, "cheque-1", payment_method="check")
     done = billingctl(["--json", "users", "freeze", "user_cheque", "--reason", "chargeback", "--void-invoices",

@@ -16,7 +16,7 @@ from billingctl.domain.errors import LeaseHeld
 from jobs import runner
 from jobs.schedule import BY_NAME, JOBS
 from jobs.units import render_crontab, render_units
-from tests.helpers import billingctl
+from tests.helpers import billingctl, term_runs_out
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]
@@ -169,7 +169,7 @@ def test_a_scheduled_job_logs_the_spec_info_markers(container, env):
     co = create_checkout(container, "user_w", "credits-pro-nsfw-USD-monthly")
     container.sandbox.pay(co["order_id"], method="PAYPAL")
     container.sandbox.add_instrument("user_w", "PAYMENT_CARD")
-    container.sandbox.change_term_end(co["subscription_id"], container.sandbox.now() - 1)
+    term_runs_out(container.sandbox, co["subscription_id"])
     quiet_env = {k: v for k, v in env.items() if k != "BILLING_LOG_LEVEL"}
     result = billingctl(["jobs", "run", "renewals"], quiet_env)
     assert result.returncode == 0, result.stderr

@@ -13,7 +13,7 @@ import pytest
 from billingctl.bootstrap import Container
 from billingctl.services.checkout import create_checkout
 from tests.e2e.runbooks import Runbook, alert_names, ids, scrape, table, value
-from tests.helpers import billingctl
+from tests.helpers import billingctl, term_runs_out
 
 pytestmark = pytest.mark.e2e
 
@@ -306,7 +306,7 @@ def test_runbook_PaymentsHeldForReview(ops):
     """A renewal charge is captured in part: held for review, nothing credited. The runbook finds it and
     refunds it; the review queue is empty and the next renewal is not held."""
     co, _ = ops.paid("user_held")
-    ops.sandbox.change_term_end(co["subscription_id"], ops.now() - 1)
+    term_runs_out(ops.sandbox, co["subscription_id"])
     ops.sandbox.renew_due()
     ops.cli("sandbox", "async-charges", "PARTIALLY_SETTLED")
     start = ops.scrape()
@@ -330,7 +330,7 @@ def test_runbook_PaymentsHeldForReview(ops):
     assert ids(ops.cli("orphans", "list", "--state", "needs_review").stdout, "pay_") == []
     assert ops.cli("--json", "orphans", "show", charge)["orphan"]["status"] == "resolved"
     co2, _ = ops.paid("user_held_2")
-    ops.sandbox.change_term_end(co2["subscription_id"], ops.now() - 1)
+    term_runs_out(ops.sandbox, co2["subscription_id"])
     ops.sandbox.renew_due()
     ops.cli("renewals", "run")
     assert value(ops.scrape(), "billing_payments_held_total") == value(fired, "billing_payments_held_total")
@@ -373,7 +373,7 @@ def test_runbook_RenewalChargeStuck(ops):
     """A renewal charge stays SETTLING at the processor for over a day; it finally settles at the
     orchestrator, its webhook lost. The runbook reads it and records it: nothing is in flight."""
     co, _ = ops.paid("user_stuck")
-    ops.sandbox.change_term_end(co["subscription_id"], ops.now() - 1)
+    term_runs_out(ops.sandbox, co["subscription_id"])
     ops.sandbox.renew_due()
     ops.cli("sandbox", "async-charges", "SETTLING")
     ops.cli("renewals", "run")

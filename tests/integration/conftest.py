@@ -7,6 +7,7 @@ from sqlalchemy import func, select
 from billingctl.adapters.db.tables import credit_ledger, purchase, users
 from billingctl.services.checkout import create_checkout
 from tests.conftest import advance_with_sandbox
+from tests.helpers import term_runs_out
 
 
 class World:
@@ -46,7 +47,7 @@ class World:
         what the event poller and the invoice scan exist for. Returns (checkout, invoice, payment)."""
         co = self.checkout(user_id, item_price_id)
         self.sandbox.pay(co["order_id"])  # webhook delivered: recorded, activated, first invoice paid
-        self.sandbox.change_term_end(co["subscription_id"], self.sandbox.now() - 1)
+        term_runs_out(self.sandbox, co["subscription_id"], self.c)
         invoice = self.sandbox.renew_due()[0]
         token = self.sandbox.instruments(user_id)[0]["token"]
         lane = self.sandbox.item_price(item_price_id)["metadata"]["lane"]
@@ -64,8 +65,13 @@ class World:
 
 
 @pytest.fixture
-def world(container):
-    return World(container)
+def world(make_settings, db_url):
+    """Our clock is the sandbox's (real time until a test moves it), so time passes for both together."""
+    from billingctl.bootstrap import Container
+
+    c = Container(make_settings(database_url=db_url, clock="sandbox"))
+    yield World(c)
+    c.close()
 
 
 @pytest.fixture

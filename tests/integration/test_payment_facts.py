@@ -9,6 +9,7 @@ import pytest
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
 from billingctl.services.payments import facts_from_payment
+from tests.helpers import term_runs_out
 
 pytestmark = pytest.mark.integration
 PRO = "credits-pro-USD-monthly"
@@ -49,7 +50,7 @@ def test_a_checkout_payment_is_completed_from_our_checkout_and_has_no_invoice_ye
 def test_a_renewal_payment_finds_its_subscription_from_the_invoice_and_its_plan_locally(world):
     co = world.checkout("user_r")
     world.sandbox.pay(co["order_id"])  # recorded and activated: the local subscription knows its plan
-    world.sandbox.change_term_end(co["subscription_id"], world.sandbox.now() - 1)
+    term_runs_out(world.sandbox, co["subscription_id"], world.c)
     invoice = world.sandbox.renew_due()[0]
     payment = {"id": "pay_r", "status": "SETTLED", "orderId": invoice["id"], "customerId": "user_r", "amount": 5}
     facts = facts_from_payment(world.c, payment)

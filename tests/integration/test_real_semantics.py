@@ -15,6 +15,7 @@ from billingctl.services import catalog, orphans
 from billingctl.services.checkout import checkout_status
 from billingctl.services.payments import pending_activations, record_payment, retry_pending
 from billingctl.services.renewals import run_renewals
+from tests.helpers import term_runs_out
 
 pytestmark = pytest.mark.integration
 PRO, NSFW = "credits-pro-USD-monthly", "credits-pro-nsfw-USD-monthly"
@@ -36,7 +37,7 @@ def renewal_in_flight(world, status):
     """A paid checkout whose renewal comes due, charged by one tick and answered `status` (not final)."""
     co = world.checkout()
     world.sandbox.pay(co["order_id"])
-    world.sandbox.change_term_end(co["subscription_id"], world.sandbox.now() - 1)
+    term_runs_out(world.sandbox, co["subscription_id"])
     invoice = world.sandbox.renew_due()[0]
     world.sandbox.async_charges(status)
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}

@@ -154,7 +154,7 @@ class Exploration(RuleBasedStateMachine):
                                   "cancel_by_operator", "pause_at_provider", "resume_at_provider",
                                   "write_off", "reactivate_at_provider", "hang_charge",
                                   "cancel_unpaid_at_provider", "cancel_at_term_end_at_provider",
-                                  "remove_scheduled_cancellation_at_provider"]),
+                                  "remove_scheduled_cancellation_at_provider", "change_term_end_at_provider"]),
           seed=st.integers(0, 2**32))
     def world(self, action, seed):
         self.step(seed, f"world: {action}")

@@ -50,7 +50,7 @@ def test_postgres_going_away_mid_job(make_settings, tmp_path):
     server.start()
     try:
         url = create_database(f"postgresql+psycopg://postgres@127.0.0.1:{server.port}/postgres", "billing_outage")
-        settings = make_settings(database_url=url)
+        settings = make_settings(database_url=url, clock="sandbox")  # a month passes for both clocks
         from billingctl.adapters.db.engine import make_engine
         from billingctl.adapters.db.migrate import upgrade
 
@@ -64,7 +64,8 @@ def test_postgres_going_away_mid_job(make_settings, tmp_path):
         c.close()
         # The job reads a slow page of events; the database stops while it waits.
         world.sandbox.store.add_fault("provider", "slow", path="/events", count=1, delay=3)
-        env = {"PATH": os.environ["PATH"], "BILLING_DATABASE_URL": url, "BILLING_SANDBOX_DB": settings.sandbox_db}
+        env = {"PATH": os.environ["PATH"], "BILLING_DATABASE_URL": url, "BILLING_SANDBOX_DB": settings.sandbox_db,
+               "BILLING_CLOCK": "sandbox"}
         job = subprocess.Popen([sys.executable, "-m", "billingctl", "jobs", "run", "poll"], env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         threading.Timer(1.0, server.halt).start()

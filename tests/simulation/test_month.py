@@ -186,6 +186,15 @@ class Model:
         if sub := self._at_the_providers_console(("cancelled",), self.sandbox.reactivate, "reactivate"):
             self.reactivated.setdefault(sub, self.sandbox.now())
 
+    def change_term_end_at_provider(self) -> None:
+        """Support moves a running term's end at the provider's console (no proration, no event): a day to
+        six weeks from now, shorter or longer than the term paid. A shortened paid term renews early, so
+        the next term's invoice overlaps days already paid and is not charged (decision 204)."""
+        days = self.rng.choice([1, 5, 20, 45])
+        self._at_the_providers_console(
+            ("active", "non_renewing"), lambda s: self.sandbox.change_term_end(s, self.sandbox.now() + days * 86400),
+            f"term end in {days} days")
+
     def _at_the_providers_console(self, statuses: tuple[str, ...], act, verb: str) -> str | None:
         subs = [s for s in self.sandbox.store.all("subscription") if s["status"] in statuses]
         if subs:
