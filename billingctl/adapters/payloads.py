@@ -315,6 +315,7 @@ class Invoice(Open):
     amount_due: int | None = None
     amount_paid: int | None = None
     write_off_amount: int | None = None
+    amount_adjusted: int | None = None  # adjustment credit notes on it: a person credited part of it
     currency_code: Currency | None = None
     date: UnixTime | None = None
     paid_at: UnixTime | None = None

@@ -338,6 +338,11 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     def write_off(invoice_id):  # finance's action; our client never calls it
         return idempotent(lambda: sandbox.write_off(invoice_id))
 
+    @app.post(f"{prefix}/credit_notes")
+    def create_credit_note():  # finance's action; our client never calls it
+        return idempotent(lambda: sandbox.create_credit_note(
+            form("reference_invoice_id"), int(form("total")), form("type"), form("create_reason_code", required=False)))
+
     @app.post(f"{prefix}/invoices/<invoice_id>/remove_payment")
     def remove_payment(invoice_id):  # finance's action; our client never calls it
         return idempotent(lambda: sandbox.remove_payment(invoice_id, form("transaction[id]")))

@@ -477,15 +477,43 @@ class Sandbox:
         if invoice["status"] not in PAYABLE_INVOICE_STATUSES:
             raise SandboxError(400, f"The invoice is in {invoice['status']} state. Only invoices with an amount "
                                "due can be written off", "invalid_state_for_request")
-        now, amount = self.now(), int(invoice["amount_due"])
-        note = {"id": self.store.next_id("cn"), "reference_invoice_id": invoice_id, "type": "adjustment",
-                "create_reason_code": "Write Off", "total": amount, "status": "adjusted", "date": now,
+        amount = int(invoice["amount_due"])
+        return self._adjust(invoice, amount, "Write Off", "write_off", adjusted=False, write_off_amount=amount)
+
+    def create_credit_note(self, reference_invoice_id: str, total: int, type_: str = "adjustment",
+                           create_reason_code: str | None = None) -> dict:
+        """An adjustment credit note on an invoice with an amount due (the provider's create-a-credit-note
+        with `type` adjustment; finance's console action, our client never calls it): the invoice's
+        amount_due falls by `total` and its amount_adjusted rises by it; an invoice adjusted to nothing
+        due is paid. Only `adjustment` notes on payable invoices, for at most the amount due, are modelled."""
+        if type_ != "adjustment":
+            raise SandboxError(400, "the sandbox models adjustment credit notes only", "param_wrong_value", "type")
+        invoice = self.invoice(reference_invoice_id)
+        if invoice["status"] not in PAYABLE_INVOICE_STATUSES:
+            raise SandboxError(400, f"The invoice is in {invoice['status']} state. An adjustment credit note can be "
+                               "created only for an invoice with an amount due", "invalid_state_for_request")
+        if not 0 < int(total) <= int(invoice["amount_due"]):
+            raise SandboxError(400, "total should be more than zero and at most the invoice's amount due",
+                               "param_wrong_value", "total")
+        return self._adjust(invoice, int(total), create_reason_code or "Other", "other")
+
+    def _adjust(self, invoice: dict, amount: int, reason: str, reason_code: str, adjusted: bool = True,
+                **values) -> dict:
+        """One adjustment credit note of `amount` on a payable invoice (`credit_note_created`,
+        `invoice_updated`): nothing left due makes it paid. A write-off counts as written off, not adjusted."""
+        now = self.now()
+        note = {"id": self.store.next_id("cn"), "reference_invoice_id": invoice["id"], "type": "adjustment",
+                "create_reason_code": reason, "total": amount, "status": "adjusted", "date": now,
                 "customer_id": invoice["customer_id"], "subscription_id": invoice["subscription_id"],
                 "currency_code": invoice["currency_code"], "object": "credit_note"}
         self.store.put("credit_note", note["id"], note)
-        invoice.update(status="paid", paid_at=now, amount_due=0, write_off_amount=amount,
-                       adjustment_credit_notes=[{"cn_id": note["id"], "cn_total": amount, "cn_status": "adjusted",
-                                                 "cn_reason_code": "write_off", "cn_date": now}])
+        due = int(invoice["amount_due"]) - amount
+        invoice.update(amount_due=due, amount_adjusted=int(invoice.get("amount_adjusted") or 0) + amount * adjusted,
+                       adjustment_credit_notes=[*(invoice.get("adjustment_credit_notes") or []), {
+                           "cn_id": note["id"], "cn_total": amount, "cn_status": "adjusted",
+                           "cn_reason_code": reason_code, "cn_date": now}], **values)
+        if due == 0:
+            invoice.update(status="paid", paid_at=now)
         self._save_invoice(invoice)
         self.emit("credit_note_created", {"credit_note": note})
         self.emit("invoice_updated", {"invoice": invoice})

@@ -176,7 +176,8 @@ def _overlaps_paid_term(container, invoice: dict, paid_invoice_id: str) -> str:
         f"invoice {invoice['id']} of {sub_id} ({user_id}) bills a term that overlaps one a kept payment already "
         f"paid (invoice {paid_invoice_id}{until}): it was reactivated at the provider inside a paid term. It is "
         f"not charged. Void it and set the subscription's term end back to the paid term's end at the provider "
-        f"(the next term then renews from there), or credit the days already paid on it",
+        f"(the next term then renews from there), or credit the days already paid on it there (an adjustment "
+        f"credit note): the rest is then charged",
         f"overlaps-paid-term:{invoice['id']}", paid_invoice_id=paid_invoice_id)
 
 
@@ -185,7 +186,8 @@ def _superseded_key(invoice: dict) -> str:
 
 
 def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
-    invoice = _target(Invoice.read(remote))
+    remote = Invoice.read(remote)  # typed already, or a copy as the provider sent it
+    invoice = _target(remote)
     now = container.clock.now()
     sub_id, user_id = invoice.get("subscription_id"), invoice.get("customer_id")
     with container.uow(autocommit=True) as uow:
@@ -196,13 +198,13 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         # about the invoice, whatever became of it or its subscription meanwhile (a cheque paid part of it,
         # an operator cancelled it): the sweep skips every invoice the tick listed (decisions 189, 194).
         return "in_flight" if dry_run else _resolve_in_flight(container, invoice, last, history)
-    term = Invoice.read(remote).term
+    term = remote.term
     with container.uow() as uow:
         standing = uow.purchases.invoice_standing(
             invoice["id"], sub_id, tuple(parse_time(t) for t in term) if term is not None else None)
         if standing.removed:  # finance removed our payment from it at the provider: a person's (decision 184)
             if not dry_run:
-                owed_again(container, uow, invoice["id"], Invoice.read(remote).status)
+                owed_again(container, uow, invoice["id"], remote.status)
                 uow.commit()
             return "payment_removed"
         if standing.checkout:
@@ -225,7 +227,7 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         return "second_subscription" if dry_run else _second_subscription(container, invoice, holder)
     if _overlapped(term, local["current_term_end"]) and _superseded(container, term, invoice, dry_run):
         return "superseded_term" if dry_run else _superseded_term(container, invoice, local)
-    if standing.paid_overlap is not None:
+    if standing.paid_overlap is not None and not remote.amount_adjusted:  # a person's credit ends it
         return "overlaps_paid_term" if dry_run else _overlaps_paid_term(container, invoice, standing.paid_overlap)
     if frozen is not None:
         return "skipped_frozen"

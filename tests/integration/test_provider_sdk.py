@@ -214,6 +214,31 @@ def test_the_sdk_deletes_only_an_invoice_with_no_payment_linked_and_no_longer_fi
         ("invoice_deleted", invoice.id, True)
 
 
+def test_the_sdk_credits_part_of_an_invoice_with_an_adjustment_credit_note(sdk, served):
+    """Decision 204: finance credits days already paid on an invoice (an adjustment credit note): its amount
+    due falls and its amount_adjusted rises by the note's total, sent as credit_note_created and
+    invoice_updated; a note for more than is due, or on an invoice with nothing due, is refused; a note for
+    all that is due leaves the invoice paid."""
+    sdk.Customer.create({"id": "cn1", "auto_collection": "off"})
+    invoice = sdk.Subscription.create_with_items("cn1", {"subscription_items": [{"item_price_id": PLAN}]}).invoice
+    note = lambda total: sdk.CreditNote.create({"reference_invoice_id": invoice.id, "total": total,  # noqa: E731
+                                                "type": "adjustment", "create_reason_code": "Other"})
+    assert refused(lambda: note(invoice.amount_due + 1)) == (400, "param_wrong_value")
+    first = note(300)
+    assert (first.credit_note.type, first.credit_note.total, first.credit_note.reference_invoice_id) == \
+        ("adjustment", 300, invoice.id)
+    adjusted = sdk.Invoice.retrieve(invoice.id).invoice
+    assert (adjusted.status, adjusted.amount_due, adjusted.amount_adjusted) == \
+        ("payment_due", invoice.amount_due - 300, 300)
+    events = [e.event for e in sdk.Event.list({"occurred_at": {"after": 0}, "sort_by": {"asc": "occurred_at"}}).list]
+    assert [e.event_type for e in events[-2:]] == ["credit_note_created", "invoice_updated"]
+    assert events[-1].content["invoice"]["amount_adjusted"] == 300
+    assert refused(lambda: sdk.Invoice.void_invoice(invoice.id)) == (400, "invalid_state_for_request")
+    note(adjusted.amount_due)
+    assert sdk.Invoice.retrieve(invoice.id).invoice.status == "paid"
+    assert refused(lambda: note(1)) == (400, "invalid_state_for_request")
+
+
 def test_the_sdk_reactivates_only_a_cancelled_subscription_and_gets_its_new_terms_invoice(sdk, served):
     """Decision 186: a general reactivation starts a new term from now, invoiced at once."""
     sdk.Customer.create({"id": "a1", "auto_collection": "off"})

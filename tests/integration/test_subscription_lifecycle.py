@@ -1020,29 +1020,38 @@ def test_a_term_cut_short_by_a_cancel_is_never_charged_beside_the_new_term_suppo
     assert world.credits() == 4000
 
 
+def _reactivated_inside_its_paid_term(world):
+    """The checkout paid the first term; support cancelled the subscription at the provider's console
+    mid-term and later reactivated it there: a new term from then, invoiced at once. The checkout, the paid
+    invoice and the new one."""
+    from billingctl.services import events
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    [paid] = world.sandbox.store.all("invoice")
+    advance_with_sandbox(world.c, 5 * 86400)
+    world.sandbox.cancel(co["subscription_id"])  # support, at the provider's console
+    events.poll(world.c)
+    advance_with_sandbox(world.c, 5 * 86400)
+    new = world.sandbox.reactivate(co["subscription_id"])["invoice"]
+    events.poll(world.c)
+    return co, paid, new
+
+
 def test_a_new_term_support_reactivated_inside_a_paid_term_is_not_charged_for_the_days_already_paid(world):
-    """Decision 204 (found by the exploration, reconcile clean): the checkout paid the first term, support
-    cancelled the subscription at the provider's console mid-term and later reactivated it there: a new
-    term from then, invoiced at once (the provider computes no proration for it). Before, the renewal job
-    charged that invoice: the customer paid twice for the days the paid term and the new one share. Now an
-    invoice whose term overlaps a term a kept payment of the subscription paid is not charged, with one
-    alert asking a person to void it and set the term end back (or to reactivate from the paid term); once
-    a person has, the next term renews from the paid term's end and is charged once."""
+    """Decision 204 (found by the exploration, reconcile clean): the provider's general reactivation starts a
+    new term and invoices all of it (it computes no proration for it). Before, the renewal job charged that
+    invoice: the customer paid twice for the days the paid term and the new one share. Now an invoice whose
+    term overlaps a term a kept payment of the subscription paid is not charged, with one alert asking a
+    person to void it and set the term end back (or to credit the shared days); once a person has, the next
+    term renews from the paid term's end and is charged once."""
     from billingctl.services import events
     from billingctl.services.renewals import run_renewals
     from billingctl.services.sync import sync_subscription
     from tests.conftest import advance_with_sandbox
 
-    co = subscribed(world)
-    sub_id = co["subscription_id"]
-    [paid] = world.sandbox.store.all("invoice")
-    paid_to = paid["line_items"][0]["date_to"]
-    advance_with_sandbox(world.c, 5 * 86400)
-    world.sandbox.cancel(sub_id)  # support, at the provider's console
-    events.poll(world.c)
-    advance_with_sandbox(world.c, 5 * 86400)
-    new = world.sandbox.reactivate(sub_id)["invoice"]
-    events.poll(world.c)
+    co, paid, new = _reactivated_inside_its_paid_term(world)
+    sub_id, paid_to = co["subscription_id"], paid["line_items"][0]["date_to"]
     assert run_renewals(world.c, dry_run=True)["outcomes"] == {"overlaps_paid_term": 1}
     assert _renewal_days(world, 3) == {"overlaps_paid_term": 3}
     charged = [p["orderId"] for p in world.sandbox.store.all("payment") if p["status"] == "SETTLED"]
@@ -1060,6 +1069,26 @@ def test_a_new_term_support_reactivated_inside_a_paid_term_is_not_charged_for_th
     assert world.credits() == 4000
     renewal = [i for i in world.sandbox.store.all("invoice") if i["status"] == "paid" and i["id"] != paid["id"]]
     assert [i["line_items"][0]["date_from"] for i in renewal] == [paid_to]
+
+
+def test_a_reactivated_term_whose_shared_days_a_person_credited_is_charged_the_rest_once(world):
+    """Decision 204, the other repair: a person credits the days the paid term already covers on the new
+    term's invoice (an adjustment credit note at the provider); the renewal job then charges what is left
+    due, once, and the term is credited."""
+    from billingctl.services import events
+    from billingctl.services.renewals import run_renewals
+
+    co, paid, new = _reactivated_inside_its_paid_term(world)
+    assert run_renewals(world.c)["outcomes"] == {"overlaps_paid_term": 1}
+    shared = paid["line_items"][0]["date_to"] - new["line_items"][0]["date_from"]
+    credit = new["total"] * shared // (new["line_items"][0]["date_to"] - new["line_items"][0]["date_from"])
+    world.sandbox.create_credit_note(new["id"], credit)
+    events.poll(world.c)
+    assert _renewal_days(world, 2) == {"succeeded": 1}
+    charges = [p for p in world.sandbox.store.all("payment") if p["orderId"] == new["id"] and p["status"] == "SETTLED"]
+    assert [p["amount"] for p in charges] == [new["total"] - credit]
+    assert world.sandbox.invoice(new["id"])["status"] == "paid"
+    assert world.credits() == 4000
 
 
 def test_a_subscription_the_provider_cancelled_for_non_payment_and_support_reactivated_in_term_is_charged_once(
