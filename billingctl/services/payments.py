@@ -576,7 +576,7 @@ def _complete_followups(container, subscription_id: str) -> dict:
         pending = uow.purchases.unreported(subscription_id, container.clock.now())
     for row in pending:
         reported = report_to_provider(container, row) if row["invoice_id"] else False
-        if reported in (VOIDED, DELETED, PAID_ELSEWHERE, WRITTEN_OFF):  # refunded: its period is not this payment's
+        if reported in UNPAID_PERIOD:  # refunded: its period is not this payment's
             result["refunded_unpaid_period"] = row["transaction_id"]
         elif not reported:
             result["provider_recorded"] = False
@@ -587,14 +587,17 @@ VOIDED = "invoice_voided"
 DELETED = "invoice_deleted"
 PAID_ELSEWHERE = "invoice_paid_elsewhere"
 WRITTEN_OFF = "invoice_written_off"
+CREDITED = "invoice_credited"
+UNPAID_PERIOD = (VOIDED, DELETED, PAID_ELSEWHERE, WRITTEN_OFF, CREDITED)  # ends that refund the payment
 
 
 def report_to_provider(container, row) -> bool | str:
     """Record one purchase on its provider invoice (reference = the orchestrator payment id). True when
     the invoice is paid afterwards; VOIDED (DELETED) when the invoice was voided (deleted) meanwhile,
-    PAID_ELSEWHERE when another payment paid it meanwhile, WRITTEN_OFF when finance wrote it off meanwhile
-    (the payment is then refunded, decisions 113, 201, 179, 185); one paid in part meanwhile gets the rest,
-    and the excess is refunded first (decision 180); a refusal the provider does not explain stays pending."""
+    PAID_ELSEWHERE when another payment paid it meanwhile, WRITTEN_OFF (CREDITED) when finance wrote it off
+    (credited it in full) meanwhile (the payment is then refunded, decisions 113, 201, 179, 185, 204); one
+    paid in part meanwhile gets the rest, and the excess is refunded first (decision 180); a refusal the
+    provider does not explain stays pending."""
     amount = int(row["amount"] or 0) - int(row["returned_excess"] or 0)
     if row["returned_excess"]:
         try:  # before the record that ends the follow-up: a run cut short between them refunds it next time
@@ -629,6 +632,9 @@ def report_to_provider(container, row) -> bool | str:
         if status == "paid" and not copy.linked_payments and int(copy.write_off_amount or 0) > 0:
             refund_for_written_off_invoice(container, row)
             return WRITTEN_OFF
+        if status == "paid" and not copy.linked_payments and int(copy.amount_adjusted or 0) > 0:
+            refund_for_credited_invoice(container, row)  # credited in full at the provider (decision 204)
+            return CREDITED
         if status != "paid":
             log.error("recording at the provider was refused; left pending: %s", exc.message,
                       extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"],
@@ -747,6 +753,18 @@ def refund_for_written_off_invoice(container, row) -> None:
                           "at the provider meanwhile - refunded, credits reversed",
                           f"written-off-invoice:{row['transaction_id']}",
                           "payment settled for a written-off invoice: refunded")
+
+
+def refund_for_credited_invoice(container, row) -> None:
+    """A payment settled for a provider invoice finance credited in full while the charge was in flight (an
+    adjustment credit note for all that was due, at the provider's console): like a write-off, nobody owes
+    the period any more, so the payment is refunded in full and the period stays uncredited (decision 204)."""
+    _refund_unpaid_period(container, row, CREDITED, "invoice credited",
+                          f"invoice {row['invoice_id']} was credited in full at the provider",
+                          f"Payment {row['transaction_id']} settled for invoice {row['invoice_id']}, credited in "
+                          "full at the provider meanwhile - refunded, credits reversed",
+                          f"credited-invoice:{row['transaction_id']}",
+                          "payment settled for an invoice credited in full: refunded")
 
 
 def refund_for_invoice_paid_elsewhere(container, row, paid_by: list[str]) -> None:

@@ -353,6 +353,33 @@ def test_a_card_payment_whose_invoice_a_cheque_paid_in_part_meanwhile_pays_the_r
     assert reconcile(world.c)["violations"] == []
 
 
+def test_a_card_payment_whose_invoice_finance_credited_in_part_meanwhile_pays_the_rest_and_returns_the_excess(
+        world):
+    """Decision 204 with decision 180: finance credited part of the invoice (an adjustment credit note) while
+    the card payment's record waited; the provider takes no more than the amount due, so the card payment
+    pays the rest and the credited part is refunded on the card, once, with one alert; the period's credits
+    stand."""
+    from billingctl.services.events import poll
+    from billingctl.services.payments import retry_pending
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    card, invoice = card_payment_waiting_for_its_record(world)
+    part = invoice["amount_due"] // 3
+    world.sandbox.create_credit_note(invoice["id"], part)
+    advance_with_sandbox(world.c, 60)
+    for job in (retry_pending, poll) * 2:
+        job(world.c)
+    assert world.sandbox.store.get("payment", card["id"])["processor"]["amountRefunded"] == part
+    document = world.sandbox.invoice(invoice["id"])
+    assert (document["status"], document["amount_due"], document["amount_adjusted"]) == ("paid", 0, part)
+    assert [p["applied_amount"] for p in document["linked_payments"]] == [invoice["amount_due"] - part]
+    assert world.credits("user_chq") == 2000
+    assert _chat_keys(world) == {f"invoice-part-paid:{card['id']}"}
+    advance_with_sandbox(world.c, 3600)
+    assert reconcile(world.c)["violations"] == []
+
+
 def test_an_excess_refund_the_processor_refused_before_the_rest_was_recorded_is_asked_for_again(world):
     """Decision 180 with decision 174: the excess's refund was asked for, the record of the rest failed, and
     the processor then refused the refund. The next run asks for it again under a new key (the old one
@@ -882,13 +909,15 @@ def test_a_payment_removed_from_an_invoice_an_operator_voids_before_we_read_the_
     assert reconcile(world.c, full=True)["violations"] == []
 
 
-def test_a_renewal_settling_on_an_invoice_finance_wrote_off_meanwhile_is_refunded_once(world):
+@pytest.mark.parametrize("forgiven", ["write_off", "credit_note"])
+def test_a_renewal_settling_on_an_invoice_finance_wrote_off_meanwhile_is_refunded_once(world, forgiven):
     """Decision 185: finance writes off a renewal invoice at the provider while our charge for it is in
     flight at the orchestrator (a write-off needs no payment in progress at the provider, and ours is not
     there). The invoice is paid with nothing paid. Before, our record was refused (paid) and, the copy
     naming no payment, taken for the workflow's record of ours: marked recorded and credited, while the
     customer paid a forgiven term and no provider transaction carried it. Now, as for a void, the payment
-    is refunded once with one alert, its credits reversed and its purchase closed."""
+    is refunded once with one alert, its credits reversed and its purchase closed. Decision 204: the same
+    for an invoice finance credited in full (an adjustment credit note for all that was due)."""
     from billingctl.services.payments import retry_pending
     from billingctl.services.reconcile import reconcile
     from billingctl.services.renewals import run_renewals
@@ -899,8 +928,14 @@ def test_a_renewal_settling_on_an_invoice_finance_wrote_off_meanwhile_is_refunde
     world.sandbox.async_charges("PENDING")
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}
     [charge] = [p for p in world.sandbox.store.all("payment") if p["orderId"] != co["order_id"]]
-    written = world.sandbox.write_off(charge["orderId"])["invoice"]
-    assert (written["status"], written["amount_paid"], written["write_off_amount"]) == ("paid", 0, charge["amount"])
+    if forgiven == "write_off":
+        written = world.sandbox.write_off(charge["orderId"])["invoice"]
+        assert (written["status"], written["amount_paid"], written["write_off_amount"]) == \
+            ("paid", 0, charge["amount"])
+    else:
+        credited = world.sandbox.create_credit_note(charge["orderId"], charge["amount"])["invoice"]
+        assert (credited["status"], credited["amount_paid"], credited["amount_adjusted"]) == \
+            ("paid", 0, charge["amount"])
     world.sandbox.finish_payment(charge["id"], settle=True)  # its webhook records it
     for _ in range(3):  # past the wait for the workflow's own record (which the paid invoice refused)
         advance_with_sandbox(world.c, 16 * 60)
@@ -910,8 +945,10 @@ def test_a_renewal_settling_on_an_invoice_finance_wrote_off_meanwhile_is_refunde
     assert paid["processor"]["amountRefunded"] == charge["amount"]  # given back, once
     assert world.credits() == 2000  # the first term only: the written-off period is not credited
     with world.c.uow() as uow:
-        assert uow.purchases.by_payment_id(charge["id"])["closed_reason"] == "invoice_written_off"
-    assert f"written-off-invoice:{charge['id']}" in _chat_keys(world)
+        assert uow.purchases.by_payment_id(charge["id"])["closed_reason"] == \
+            {"write_off": "invoice_written_off", "credit_note": "invoice_credited"}[forgiven]
+    assert f"{ {'write_off': 'written-off', 'credit_note': 'credited'}[forgiven]}-invoice:{charge['id']}" in \
+        _chat_keys(world)
     advance_with_sandbox(world.c, 2 * 3600)
     assert reconcile(world.c, full=True)["violations"] == []
 

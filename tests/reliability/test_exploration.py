@@ -57,7 +57,7 @@ RUNNING = ("active", "non_renewing")  # a term that ends: renewed, or cancelled 
 SKEWS = (-90, -7, 0, 7, 90)  # seconds our clock runs ahead of the sandbox's (negative: behind)
 FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, "refused_refunds": 0,
            "excesses_returned": 0, "payments_removed": 0, "charges_hung": 0, "hung_charges_ended": 0,
-           "invoices_voids": 0, "invoices_deletes": 0}
+           "invoices_voids": 0, "invoices_deletes": 0, "invoices_credits": 0}
 CONTEXT: dict = {}
 
 
@@ -96,7 +96,7 @@ class Exploration(RuleBasedStateMachine):
                     purchase.c.returned_excess > 0)).scalar_one()
             FIGURES["payments_removed"] += sum(1 for line in self.m.trace if "finance removes" in line
                                                and "refused" not in line)
-            for verb in ("voids", "deletes"):
+            for verb in ("voids", "deletes", "credits"):
                 FIGURES[f"invoices_{verb}"] += sum(1 for line in self.m.trace if f"finance {verb} inv" in line
                                                    and "refused" not in line)
             FIGURES["charges_hung"] += len(self.m.hung)
@@ -200,6 +200,13 @@ class Exploration(RuleBasedStateMachine):
         in 310 histories."""
         self.step(seed, f"world: {how}")
         getattr(self.m, how)()
+
+    @rule(seed=st.integers(0, 2**32), divisor=st.sampled_from([1, 3]))
+    def finance_credits_an_unpaid_invoice(self, seed, divisor):
+        """Finance credits all or a third of an unpaid invoice at the provider's console, whatever is in
+        flight for it (decision 204)."""
+        self.step(seed, f"world: credit 1/{divisor} of an unpaid invoice")
+        self.m.credit_unpaid(divisor)
 
     @rule(seed=st.integers(0, 2**32))
     def finance_removes_a_payment(self, seed):
@@ -385,5 +392,6 @@ def test_histories_the_machine_chooses_keep_every_book(db_url, make_settings, tm
           f"that paid the rest of an invoice paid in part at the provider, {FIGURES['payments_removed']} payments "
           f"finance removed from their invoice, {FIGURES['charges_hung']} renewal charges the processor never "
           f"answered ({FIGURES['hung_charges_ended']} ended by our age limit), {FIGURES['invoices_voids']} "
-          f"unpaid invoices finance voided and {FIGURES['invoices_deletes']} it deleted")
+          f"unpaid invoices finance voided, {FIGURES['invoices_deletes']} it deleted and "
+          f"{FIGURES['invoices_credits']} it credited")
     assert FIGURES["audits"] >= EXAMPLES

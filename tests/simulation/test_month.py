@@ -252,6 +252,14 @@ class Model:
         whatever is in flight for it at the orchestrator; refused like a void."""
         self._unpaid_at_the_console(self.sandbox.delete_invoice, "deletes")
 
+    def credit_unpaid(self, divisor: int = 1) -> None:
+        """Finance credits an unpaid invoice at the provider's console (an adjustment credit note for
+        1/`divisor` of what is due: days a customer already paid, a goodwill discount), whatever is in flight
+        for it at the orchestrator; all of it leaves the invoice paid with nothing paid (decision 204)."""
+        self._unpaid_at_the_console(
+            lambda i: self.sandbox.create_credit_note(i, max(1, int(self.sandbox.invoice(i)["amount_due"]) // divisor)),
+            "credits")
+
     def _unpaid_at_the_console(self, act, verb: str) -> None:
         due = self.payable()
         if not due:
