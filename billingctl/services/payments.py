@@ -93,8 +93,11 @@ def facts_from_payment(container, payment: Payment, checkout=_UNREAD) -> Payment
             subscription_id = subscription_id or row["subscription_id"]
             item_price_id = item_price_id or row["item_price_id"]
             user_id = user_id or row["user_id"]
-    if not subscription_id and invoice_id:
-        subscription_id = container.provider.get_invoice(invoice_id).subscription_id
+    if not subscription_id and invoice_id:  # our copy first: the provider finds no invoice finance deleted
+        with container.uow(autocommit=True) as reader:
+            copy = reader.invoices.get(invoice_id)
+        subscription_id = (copy["subscription_id"] if copy is not None else None) or \
+            container.provider.get_invoice(invoice_id).subscription_id
     if not subscription_id:
         raise e.InvalidInput(f"payment {payment.id} names no subscription or invoice")
     if not item_price_id:

@@ -58,6 +58,27 @@ def test_a_renewal_payment_finds_its_subscription_from_the_invoice_and_its_plan_
                                                                            PRO)
 
 
+def test_a_payment_naming_only_its_invoice_finds_the_subscription_in_our_copy_even_once_finance_deleted_it(world):
+    """A settled payment whose facts name an invoice but no subscription (one made outside our client) read
+    the invoice at the provider each time it was recorded; for an invoice finance deleted meanwhile that
+    read is "not found", so the payment was retried for ever instead of reaching decision 201's refund.
+    Our copy of the invoice names its subscription: it is read first, and the provider only without one."""
+    from billingctl.services import events
+
+    co = world.checkout("user_d")
+    world.sandbox.pay(co["order_id"])
+    term_runs_out(world.sandbox, co["subscription_id"], world.c)
+    invoice = world.sandbox.renew_due()[0]
+    events.poll(world.c)  # our copy of the renewal invoice
+    world.sandbox.delete_invoice(invoice["id"])
+    events.poll(world.c)
+    reads = world.sandbox.store.count_requests("provider", "GET", f"/invoices/{invoice['id']}")
+    payment = {"id": "pay_d", "status": "SETTLED", "orderId": invoice["id"], "customerId": "user_d", "amount": 5}
+    facts = facts_from_payment(world.c, payment)
+    assert (facts.subscription_id, facts.invoice_id) == (co["subscription_id"], invoice["id"])
+    assert world.sandbox.store.count_requests("provider", "GET", f"/invoices/{invoice['id']}") == reads
+
+
 def test_a_plan_unknown_locally_is_read_from_the_provider_with_its_customer(world):
     co = world.checkout("user_p")
     world.sandbox.pay(co["order_id"])
