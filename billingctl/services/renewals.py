@@ -165,7 +165,8 @@ def _superseded_term(container, invoice: dict, local: dict) -> str:
 def _overlaps_paid_term(container, invoice: dict, paid_invoice_id: str) -> str:
     """Not charged, with one alert (decision 204): a kept payment of the subscription paid a term this
     invoice's overlaps (support cancelled it mid-term and reactivated it at the provider, whose general
-    reactivation starts a new term and invoices all of it, with no proration). A person voids this invoice
+    reactivation starts a new term and invoices all of it, with no proration, or cut a paid term short
+    there). A person voids this invoice
     and sets the term end back to the paid term's end there, or credits the days already paid."""
     with container.uow(autocommit=True) as uow:
         paid = uow.invoices.get(paid_invoice_id)
@@ -174,7 +175,7 @@ def _overlaps_paid_term(container, invoice: dict, paid_invoice_id: str) -> str:
     return _not_charged(
         container, invoice, "overlaps_paid_term",
         f"invoice {invoice['id']} of {sub_id} ({user_id}) bills a term that overlaps one a kept payment already "
-        f"paid (invoice {paid_invoice_id}{until}): it was reactivated at the provider inside a paid term. It is "
+        f"paid (invoice {paid_invoice_id}{until}): reactivated, or its term end moved, at the provider. It is "
         f"not charged. Void it and set the subscription's term end back to the paid term's end at the provider "
         f"(the next term then renews from there), or credit the days already paid on it there (an adjustment "
         f"credit note): the rest is then charged",
