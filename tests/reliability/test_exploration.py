@@ -37,6 +37,7 @@ from sqlalchemy import func, select
 from billingctl.adapters.db.tables import purchase, subscription
 from billingctl.bootstrap import Container
 from billingctl.domain import errors as e
+from billingctl.domain import lifecycle
 from billingctl.domain.clock import ManualClock
 from billingctl.services import alerts, checkout, events, orphans, payments, renewals
 from billingctl.services.sync import sync_all
@@ -59,6 +60,51 @@ FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, 
            "excesses_returned": 0, "payments_removed": 0, "charges_hung": 0, "hung_charges_ended": 0,
            "invoices_voids": 0, "invoices_deletes": 0, "invoices_credits": 0}
 CONTEXT: dict = {}
+STEPS_SEEN: Counter = Counter()  # (lifecycle, from, to, step) of every step an aggregate was asked to take
+
+
+def _record_steps(monkeypatch) -> None:
+    """Every transition the code asks a table for, counted, so that the run can name the edges of each table
+    (domain.lifecycle) no history reached: the world lacks an action there, and a crossing may hide."""
+    step = lifecycle.Lifecycle.step
+
+    def counted(machine, source, target):
+        result = step(machine, source, target)
+        STEPS_SEEN[machine.name, source, target, result] += 1
+        return result
+
+    monkeypatch.setattr(lifecycle.Lifecycle, "step", counted)
+
+
+def _edges_report() -> list[str]:
+    """One line per table: how many of its edges between states the histories applied (a row's opening is
+    an insert some paths make without asking the table), the ones they never did, and any step outside the
+    table (each also counted and alerted by the code)."""
+    lines = []
+    for machine in lifecycle.LIFECYCLES:
+        edges = [(s, t) for s, targets in machine.edges.items() if s is not None for t in targets]
+        applied = {(s, t) for (name, s, t, r) in STEPS_SEEN if name == machine.name and r == lifecycle.Step.APPLY}
+        missed = [f"{s}->{t}" for s, t in edges if (s, t) not in applied]
+        illegal = sorted(f"{s or 'new'}->{t}" for (name, s, t, r) in STEPS_SEEN
+                         if name == machine.name and r == lifecycle.Step.ILLEGAL)
+        lines.append(f"  {machine.name}: {len(edges) - len(missed)} of {len(edges)} edges applied"
+                     + (f"; never: {', '.join(missed)}" if missed else "")
+                     + (f"; outside the table: {', '.join(illegal)}" if illegal else ""))
+    return lines
+
+
+def _summary() -> str:
+    """The run's figures and its transitions; with EXPLORE_REPORT set, also written to that file after each
+    history, so that a long run stopped by hand still says what it reached."""
+    return (f"exploration: {FIGURES['examples']} histories, {FIGURES['steps']} steps, {FIGURES['audits']} audits, "
+            f"{FIGURES['payments']} payments at the orchestrator, {FIGURES['refunds']} refunds "
+            f"({FIGURES['refused_refunds']} refused by the processor), {FIGURES['excesses_returned']} card payments "
+            f"that paid the rest of an invoice paid in part at the provider, {FIGURES['payments_removed']} payments "
+            f"finance removed from their invoice, {FIGURES['charges_hung']} renewal charges the processor never "
+            f"answered ({FIGURES['hung_charges_ended']} ended by our age limit), {FIGURES['invoices_voids']} "
+            f"unpaid invoices finance voided, {FIGURES['invoices_deletes']} it deleted and "
+            f"{FIGURES['invoices_credits']} it credited\n"
+            "transitions the histories asked of each table:\n" + "\n".join(_edges_report()))
 
 
 def _dispute_ended(kind: str, status: str) -> bool:
@@ -103,6 +149,8 @@ class Exploration(RuleBasedStateMachine):
             FIGURES["hung_charges_ended"] += sum(1 for p in self.m.sandbox.payments() if p["id"] in self.m.hung
                                                  and p["status"] not in ("PENDING", "AUTHORIZED"))
             self.c.close()
+            if report := os.environ.get("EXPLORE_REPORT"):
+                Path(report).write_text(_summary() + "\n")
 
     def step(self, seed: int, text: str) -> random.Random:
         FIGURES["steps"] += 1
@@ -379,19 +427,14 @@ class Exploration(RuleBasedStateMachine):
 
 
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
-def test_histories_the_machine_chooses_keep_every_book(db_url, make_settings, tmp_path, record_property):
+def test_histories_the_machine_chooses_keep_every_book(db_url, make_settings, tmp_path, record_property,
+                                                        monkeypatch):
     CONTEXT.update(db_url=db_url, make_settings=make_settings, tmp=tmp_path)
+    _record_steps(monkeypatch)
     run_state_machine_as_test(Exploration, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=EXAMPLES <= 8,
         database=None, suppress_health_check=list(HealthCheck)))
     for name, value in FIGURES.items():
         record_property(name, value)
-    print(f"exploration: {FIGURES['examples']} histories, {FIGURES['steps']} steps, {FIGURES['audits']} audits, "
-          f"{FIGURES['payments']} payments at the orchestrator, {FIGURES['refunds']} refunds "
-          f"({FIGURES['refused_refunds']} refused by the processor), {FIGURES['excesses_returned']} card payments "
-          f"that paid the rest of an invoice paid in part at the provider, {FIGURES['payments_removed']} payments "
-          f"finance removed from their invoice, {FIGURES['charges_hung']} renewal charges the processor never "
-          f"answered ({FIGURES['hung_charges_ended']} ended by our age limit), {FIGURES['invoices_voids']} "
-          f"unpaid invoices finance voided, {FIGURES['invoices_deletes']} it deleted and "
-          f"{FIGURES['invoices_credits']} it credited")
+    print(_summary())
     assert FIGURES["audits"] >= EXAMPLES
