@@ -709,7 +709,10 @@ class Sandbox:
         return payment
 
     def charge(self, body: dict, drop_webhook: bool = False) -> dict:
-        """A merchant-initiated payment (renewal) on a vaulted token, routed to metadata.psp."""
+        """A merchant-initiated payment (renewal) on a vaulted token, routed to metadata.psp. Its status is
+        reported by PAYMENT.STATUS whatever it is, as Primer does ("when a payment's status has been updated
+        ... you should expect a status of PENDING, then AUTHORIZED, then SETTLED"): a charge answered in
+        flight or declined too, not only one that settles."""
         metadata = body.get("metadata") or {}
         instrument = self.store.get("instrument", body.get("paymentMethodToken") or "")
         processor = metadata.get("psp") or None
@@ -735,6 +738,8 @@ class Sandbox:
                                     payment_type=(body.get("paymentMethod") or {}).get("paymentType"))
         if status == "SETTLED":
             self._after_settle(payment, True, drop_webhook, 1)
+        elif not drop_webhook:  # Primer reports every status a payment takes, in flight or declined
+            self.send_webhook("PAYMENT.STATUS", payment)
         if partial:
             return self.finish_payment(payment["id"], captured=max(1, payment["amount"] // 2),
                                        drop_webhook=drop_webhook)

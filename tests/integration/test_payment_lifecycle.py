@@ -301,6 +301,34 @@ def test_a_renewal_settled_by_webhook_ends_its_pending_attempt(world):
     assert run_renewals(world.c)["outcomes"] == {}  # nothing due, nothing in flight
 
 
+@pytest.mark.parametrize("in_flight", ["PENDING", "AUTHORIZED", "SETTLING"])
+def test_a_renewal_reported_in_flight_then_settled_takes_each_step_once(world, in_flight):
+    """Primer sends PAYMENT.STATUS "when a payment's status has been updated ... PENDING, then AUTHORIZED,
+    then SETTLED"; the sandbox reported a renewal charge only once it settled or declined, so the step from
+    an in-flight row to its end ran nowhere. Now: the in-flight report opens the row, the settle moves it to
+    `captured` (a step of the PAYMENT table), one purchase, one credit, one fraud count (NSFW)."""
+    from billingctl.adapters.db.tables import fraud_event, transaction
+
+    subscribed(world, plan=NSFW)
+    month_passes(world)
+    world.sandbox.async_charges(in_flight)
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    [charge] = renewal_charges(world)
+    with world.c.uow() as uow:
+        status = uow.execute(select(transaction.c.status).where(transaction.c.transaction_id == charge["id"]))
+        assert status.scalar_one() == {"PENDING": "pending", "AUTHORIZED": "authorized",
+                                       "SETTLING": "settling"}[in_flight]
+    world.sandbox.finish_payment(charge["id"], settle=True)
+    assert attempts(world) == [("pending", in_flight), ("succeeded", None)]
+    with world.c.uow() as uow:
+        assert uow.execute(select(transaction.c.status).where(
+            transaction.c.transaction_id == charge["id"])).scalar_one() == "captured"
+        counted = uow.execute(select(fraud_event.c.dedupe_key).where(
+            fraud_event.c.dedupe_key == f"payment:{charge['id']}")).all()
+    assert len(purchases_of(world, charge["id"])) == 1 and len(counted) == 1
+    assert world.credits() == 2 * world.sandbox.item_price(NSFW)["metadata"]["credits"]
+
+
 def test_an_in_flight_row_whose_invoice_left_payment_due_is_swept_to_its_end(world):
     """The webhook recorded the payment before the tick wrote its in-flight row: the invoice is paid, so
     the tick no longer lists it; the sweep reads the charge and ends the row."""

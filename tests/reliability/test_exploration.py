@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, settings, target
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -61,6 +61,7 @@ FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, 
            "invoices_voids": 0, "invoices_deletes": 0, "invoices_credits": 0}
 CONTEXT: dict = {}
 STEPS_SEEN: Counter = Counter()  # (lifecycle, from, to, step) of every step an aggregate was asked to take
+HISTORY_EDGES: set = set()  # the edges the current history applied
 
 
 def _record_steps(monkeypatch) -> None:
@@ -71,6 +72,8 @@ def _record_steps(monkeypatch) -> None:
     def counted(machine, source, target):
         result = step(machine, source, target)
         STEPS_SEEN[machine.name, source, target, result] += 1
+        if result == lifecycle.Step.APPLY and source is not None:
+            HISTORY_EDGES.add((machine.name, source, target))
         return result
 
     monkeypatch.setattr(lifecycle.Lifecycle, "step", counted)
@@ -126,11 +129,15 @@ class Exploration(RuleBasedStateMachine):
         self.m = Model(random.Random(0), self.c, users=list(USERS))
         self.m.advance(0)
         self.steps = 0
+        HISTORY_EDGES.clear()
 
     def teardown(self):
         try:
             if self.steps:
                 self.audit()
+            # Hypothesis climbs towards histories that walk more of the tables' edges (targeted search):
+            # drawn uniformly, a history of 30 steps seldom reaches an edge that needs three actions in order.
+            target(float(len(HISTORY_EDGES)), label="table edges applied")
         finally:
             statuses = Counter(t["processorStatus"] for p in self.m.sandbox.store.all("payment")
                                for t in p.get("transactions") or [] if t["transactionType"] == "REFUND")
@@ -197,16 +204,31 @@ class Exploration(RuleBasedStateMachine):
         self.step(seed, "world: refund")
         self.m.refund()
 
-    @rule(action=st.sampled_from(["abandon", "pay_late", "cancel_at_provider", "declines", "outage",
-                                  "freeze", "dispute", "expire_card", "charges_in_flight", "finish_charges",
-                                  "cancel_by_operator", "pause_at_provider", "resume_at_provider",
-                                  "write_off", "reactivate_at_provider", "hang_charge",
-                                  "cancel_unpaid_at_provider", "cancel_at_term_end_at_provider",
-                                  "remove_scheduled_cancellation_at_provider", "change_term_end_at_provider"]),
-          seed=st.integers(0, 2**32))
-    def world(self, action, seed):
+    def act(self, action: str, seed: int) -> None:
         self.step(seed, f"world: {action}")
         getattr(self.m, action)()
+
+    # The month's other actions, one rule per actor: as one rule of twenty actions, each was drawn about once
+    # in 560 steps, and 306 histories (2026-11-28) never paused, resumed or reactivated a subscription.
+    @rule(action=st.sampled_from(["abandon", "pay_late", "expire_card"]), seed=st.integers(0, 2**32))
+    def world(self, action, seed):
+        self.act(action, seed)
+
+    @rule(action=st.sampled_from(["declines", "outage", "dispute", "charges_in_flight", "finish_charges",
+                                  "hang_charge"]), seed=st.integers(0, 2**32))
+    def the_processor(self, action, seed):
+        self.act(action, seed)
+
+    @rule(action=st.sampled_from(["cancel_at_provider", "pause_at_provider", "resume_at_provider",
+                                  "reactivate_at_provider", "cancel_unpaid_at_provider",
+                                  "cancel_at_term_end_at_provider", "remove_scheduled_cancellation_at_provider",
+                                  "change_term_end_at_provider", "write_off"]), seed=st.integers(0, 2**32))
+    def support_at_the_providers_console(self, action, seed):
+        self.act(action, seed)
+
+    @rule(action=st.sampled_from(["freeze", "cancel_by_operator"]), seed=st.integers(0, 2**32))
+    def an_operator(self, action, seed):
+        self.act(action, seed)
 
     @rule(user=st.sampled_from(USERS), plan=st.sampled_from(PLANS))
     def two_tabs(self, user, plan):
