@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     sandbox_db: str = "./billing-sandbox.db"
     # Where the sandbox delivers its signed webhooks; unset: straight into the in-process public app.
     sandbox_webhook_url: str | None = None
+    # Authenticated webhooks the database could not take wait here for the event poll (decision 208); the
+    # web app and the poll job share it (the units' working directory). Empty: off (answered 503).
+    webhook_spool_dir: str = "./billing-webhook-spool"
 
     internal_token: SecretStr | None = None
     session_jwt_key: SecretStr | None = None

@@ -151,6 +151,7 @@ def make_settings(tmp_path):
             "env": "development",
             "sandbox_db": str(tmp_path / "sandbox.db"),
             "auth_content_dir": str(tmp_path / "auth-content"),
+            "webhook_spool_dir": str(tmp_path / "webhook-spool"),
             "internal_token": "test-internal-token",
             # The per-user checkout rate counts real seconds while the tests' clocks are manual: a test that
             # models it names the real figure (tests/e2e/test_user_api.py, the flood).

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import math
 
-from flask import Flask, jsonify
+from flask import Flask, current_app, jsonify, request
 from sqlalchemy import exc as sa_exc
 from werkzeug.exceptions import HTTPException
 
@@ -16,6 +16,27 @@ from billingctl.domain import errors as e
 
 log = logging.getLogger("webhooks_app")
 DATABASE_RETRY_AFTER = 5  # seconds
+# A webhook view that has authenticated and checked its event names it here, (source, event_type, payload,
+# event_id), so that a database outage meeting it keeps it on disk instead of losing it (decision 208).
+SPOOL_KEY = "billing.spool"
+
+
+def _spooled() -> dict | None:
+    """Keep the current request's authenticated event in the spool; None when it names none, the spool is
+    off, or the disk refuses it (then the sender is answered 503 and retries, as before)."""
+    event = request.environ.get(SPOOL_KEY)
+    container = current_app.extensions.get("billing")
+    if event is None or container is None or not container.settings.webhook_spool_dir:
+        return None
+    from billingctl.services.spool import spool
+
+    try:
+        name = spool(container.settings.webhook_spool_dir, *event)
+    except OSError as exc:
+        log.error("webhook not spooled: %s", type(exc).__name__)
+        return None
+    container.metrics.webhooks_spooled.labels(source=event[0]).inc()
+    return {"outcome": "spooled", "event_type": event[1], "file": name}
 
 # Subclasses before bases.
 STATUS: tuple[tuple[type[Exception], int], ...] = (
@@ -77,7 +98,12 @@ def register_error_handlers(app: Flask) -> None:
     @app.errorhandler(sa_exc.TimeoutError)
     def _database_unavailable(exc: Exception):
         # One line, no traceback per request; the client (a webhook sender, the front end) retries.
-        log.error("database unavailable: %s", type(getattr(exc, "orig", None) or exc).__name__)
+        cause = type(getattr(exc, "orig", None) or exc).__name__
+        if (spooled := _spooled()) is not None:  # a 2xx: the sender does not retry; the poll dispatches it
+            log.error("database unavailable: %s; webhook spooled", cause,
+                      extra={"event_type": spooled["event_type"], "file": spooled.pop("file")})
+            return jsonify(spooled), 202
+        log.error("database unavailable: %s", cause)
         response = error_response(503, "database_unavailable", "temporarily unavailable; retry shortly")
         response.headers["Retry-After"] = str(DATABASE_RETRY_AFTER)
         return response

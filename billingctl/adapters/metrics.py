@@ -214,6 +214,10 @@ class Metrics:
             "Renewal charges in flight past their age limit that could be neither captured nor cancelled.",
             registry=r,
         )
+        self.webhooks_spooled = Counter(
+            "billing_webhooks_spooled", "Authenticated webhooks kept on disk while the database was away.",
+            ["source"], registry=r,
+        )
         self.payments_held = Counter(
             "billing_payments_held", "Captured payments held for review instead of credited, by reason.",
             ["reason"], registry=r,

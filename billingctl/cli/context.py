@@ -13,7 +13,7 @@ import typer
 
 from billingctl.cli.exitcodes import EXTERNAL, UNEXPECTED, exit_code_for
 from billingctl.cli.output import Output
-from billingctl.domain.errors import BillingError
+from billingctl.domain.errors import BillingError, is_database_outage
 
 
 @dataclass
@@ -59,13 +59,6 @@ def get_ctx() -> CliContext:
     return _current
 
 
-def _is_database_outage(exc: BaseException) -> bool:
-    """SQLAlchemy's OperationalError / InterfaceError: the database went away (checked by name so
-    the CLI's start-up does not import SQLAlchemy)."""
-    return type(exc).__module__.startswith("sqlalchemy") and type(exc).__name__ in (
-        "OperationalError", "InterfaceError", "DisconnectionError")
-
-
 def exit_if_partial(result) -> None:
     """Exit 5 when items of a batch failed (its typed outcome says how many; the document was printed)."""
     from billingctl.cli.exitcodes import PARTIAL
@@ -104,7 +97,7 @@ def command(app: typer.Typer, name: str | None = None, **kwargs):
                 cli.output.error("interrupted")
                 raise typer.Exit(130) from None
             except Exception as exc:
-                if _is_database_outage(exc):
+                if is_database_outage(exc):
                     cli.output.error(f"database unavailable: {str(exc).splitlines()[0][:200]}")
                     raise typer.Exit(EXTERNAL) from None
                 cli.output.error(f"unexpected {type(exc).__name__}: {exc}")

@@ -167,3 +167,9 @@ class ProcessorLockUnavailable(BillingError):
 
     code = "lock_unavailable"
 
+
+def is_database_outage(exc: BaseException) -> bool:
+    """SQLAlchemy's OperationalError / InterfaceError: the database went away (checked by name so that
+    neither the CLI's start-up nor a service imports SQLAlchemy)."""
+    return type(exc).__module__.startswith("sqlalchemy") and type(exc).__name__ in (
+        "OperationalError", "InterfaceError", "DisconnectionError")

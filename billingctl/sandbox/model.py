@@ -46,9 +46,10 @@ PAST_START_TOLERANCE = 60
 # Orchestrator payment statuses that are not final: the charge is in flight.
 IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")
 # Primer retries a webhook that gets no 2xx answer ("Any response outside the 2xx range ... is treated as a
-# failure and will trigger retries", Configure webhooks: delivery model). Its schedule is not published: the
-# sandbox tries again after a minute, 5 and 30 minutes, 2 and 6 hours and a day, then gives up.
-WEBHOOK_RETRIES = (60, 300, 1800, 7200, 21600, 86400)
+# failure and will trigger retries") "up to 5 times with increasing delays. Typical retry schedule: ~10
+# seconds, ~60 seconds, ~5 minutes, ~10 minutes, ~15 minutes. After the final retry attempt, the event is
+# dropped and will not be retried again" (Configure webhooks: delivery model): about 31 minutes in all.
+WEBHOOK_RETRIES = (10, 60, 300, 600, 900)
 # Lane workflows route a first payment: SFW to the regular processors, NSFW to the high-risk ones.
 WORKFLOW_DEFAULT = {"sfw": "SFW_STRIPE", "nsfw": "NSFW_SEGPAY"}
 TERM_SECONDS = 30 * 86400

@@ -15,7 +15,7 @@ from billingctl.adapters.payloads import EventContent
 from billingctl.domain import errors as e
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
-from billingctl.services import alerts, webhook_events
+from billingctl.services import alerts, spool, webhook_events
 from billingctl.services.cursors import read_value, write_value
 
 # Re-exported: the poller's callers and tests name these through this module.
@@ -89,6 +89,7 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
     # scheduled poll gives none: its events cover it, and a list call every 15 s would spend the budget).
     scan = scan_paid_invoices(container, since) if (all_invoices or since is not None) and error is None \
         and not budget_spent else None
+    spooled = spool.drain(container)  # webhooks kept on disk while the database was away (decision 208)
     redriven = webhook_events.redrive(container)  # events of every source that a cut request left pending
     with container.uow() as uow:
         uow.poller_runs.add(
@@ -97,7 +98,8 @@ def poll(container, all_invoices: bool = False, since: datetime | None = None, p
         uow.commit()
     container.metrics.poller_last_run.set(container.clock.now().timestamp())
     result = {"events_seen": seen, "events_processed": processed, "events_failed": failed,
-              "cursor": new_cursor, "error": error, "inbox": redriven, "budget_spent": budget_spent}
+              "cursor": new_cursor, "error": error, "inbox": redriven, "spool": spooled,
+              "budget_spent": budget_spent}
     if scan is not None:
         result["invoice_scan"] = scan
     result = BatchResult(result, done=processed, failed=failed, skipped=seen - processed - failed)

@@ -136,6 +136,20 @@ def check_media(container) -> Check:
                  f"{container.settings.media_edge_ttl_seconds} s (above the 72 h signed-URL cache)")
 
 
+def check_spool(container) -> Check:
+    """Webhooks kept on disk while the database was away (decision 208): the poll dispatches them within a
+    run or two; attention when one waits longer than five minutes or failed."""
+    from billingctl.services.spool import overdue
+
+    view = overdue(container.settings.webhook_spool_dir)
+    if not view["waiting"]:
+        return Check("webhook_spool", True, "empty", view)
+    detail = f"{view['waiting']} webhook(s) waiting for the event poll"
+    if view["late"] or view["failed"]:
+        detail += f" ({view['late']} for over 5 minutes, {view['failed']} failed: see the log)"
+    return Check("webhook_spool", not (view["late"] or view["failed"]), detail, view)
+
+
 def check_jobs(container) -> Check:
     from billingctl.services.job_status import leases
 
@@ -159,6 +173,7 @@ def health_report(container, scope: str = "full") -> dict:
     if scope == "full":
         checks.extend(check_breakers(container))
         checks.append(check_media(container))
+        checks.append(check_spool(container))
     if scope == "full" and checks[0].ok and checks[1].ok:
         checks.append(check_pending_activations(container))
         checks.append(check_poller(container))

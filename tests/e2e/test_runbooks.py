@@ -70,6 +70,7 @@ def ops(make_settings, db_url, redis_url, tmp_path):
     env = {"BILLING_DATABASE_URL": db_url, "BILLING_SANDBOX_DB": settings.sandbox_db, "BILLING_REDIS_URL": redis_url,
            "BILLING_CLOCK": "sandbox", "BILLING_INTERNAL_TOKEN": "test-internal-token",
            "BILLING_CHECKOUT_STARTS_PER_USER_PER_MINUTE": "1000",
+           "BILLING_WEBHOOK_SPOOL_DIR": settings.webhook_spool_dir,
            "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / "metrics")}
     container = Container(settings)
     world = Ops(container, env, tmp_path / "metrics")
@@ -300,6 +301,41 @@ def test_runbook_ReconcileViolations(ops):
 
     ops.cli("reconcile", "--full")  # how you know it is fixed
     assert value(ops.scrape(), "billing_reconcile_violations") == 0
+
+
+def test_runbook_WebhooksSpooled(ops):
+    """Decision 208: a chargeback is opened and lost while the database is away; the web app keeps both
+    notifications on disk (202). The runbook shows them waiting and dispatches them: the credits are
+    reversed once and the spool is empty."""
+    from tests.servers import free_port
+
+    _, payment = ops.paid("user_spooled")
+    away = {**ops.env, "BILLING_DATABASE_URL": f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none"}
+    start = ops.scrape()
+    opened = json.loads(billingctl(["--json", "sandbox", "dispute-status", payment["id"], "OPEN"], away).stdout)
+    lost = json.loads(billingctl(["--json", "sandbox", "dispute-status", payment["id"], "LOST", "--dispute-id",
+                                  opened["dispute"]["processorDisputeId"]], away).stdout)
+    assert (opened["delivered"], lost["delivered"]) == (202, 202)
+    fired = ops.scrape()
+    assert value(fired, "billing_webhooks_spooled_total", source="orchestrator") - value(
+        start, "billing_webhooks_spooled_total", source="orchestrator") == 2
+
+    book = ops.runbook("WebhooksSpooled")
+    shown = book.run("health", expect=(0, 3)).stdout
+    assert "2 webhook(s) waiting" in shown
+    listed = book.run("ls -l SPOOL_DIR", SPOOL_DIR=ops.c.settings.webhook_spool_dir).stdout
+    assert listed.count(".json") == 2
+    book.not_taken_here("journalctl -u billing-job-poll", "no systemd here: the database is back")
+    book.run("jobs run poll")
+    events = book.run("events list").stdout
+    assert "DISPUTE.STATUS" in events
+    book.followed()
+
+    assert "webhook_spool" in ops.cli("health", expect=(0, 3)).stdout
+    assert [c for c in ops.cli("--json", "health", expect=(0, 3))["checks"]
+            if c["name"] == "webhook_spool"][0]["data"]["waiting"] == 0
+    with ops.c.uow() as uow:
+        assert uow.users.get("user_spooled")["credits"] == 0
 
 
 def test_runbook_PaymentsHeldForReview(ops):

@@ -394,11 +394,12 @@ def test_json_dates_are_iso_8601(api):
 
 
 def test_a_database_outage_is_503_with_retry_after_and_one_log_line(make_settings, caplog):
+    """With the spool turned off (decision 208 keeps an authenticated webhook on disk instead)."""
     from billingctl.sandbox.model import sign_body
     from tests.servers import free_port
 
-    down = Container(make_settings(database_url=f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none"),
-                     clock=ManualClock())
+    down = Container(make_settings(database_url=f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none",
+                                   webhook_spool_dir=""), clock=ManualClock())
     client = create_public_app(container=down).test_client()
     signed_at = int(down.clock.now().timestamp())
     body = json.dumps({"eventType": "PAYMENT.STATUS", "signedAt": str(signed_at),
@@ -518,3 +519,36 @@ def test_one_users_flood_of_checkouts_leaves_every_other_users_checkout_unaffect
     over = api.checkout("u_flood", PLANS[3])
     assert over.status_code == 429 and "already waiting for payment" in over.get_json()["message"]
     c.close()
+
+
+def test_an_authenticated_webhook_meeting_a_database_outage_is_spooled_and_answered_202(make_settings, caplog,
+                                                                                         tmp_path):
+    """Decision 208: Primer drops a webhook after its fifth retry (about 31 minutes), so an outage longer
+    than that lost what it sent. Authenticated and checked, the event is kept on disk and answered 202 (a
+    2xx: not retried), with one log line and the spool counter; an unauthenticated one is still refused."""
+    from billingctl.sandbox.model import sign_body
+    from tests.servers import free_port
+
+    spool = tmp_path / "spool"
+    down = Container(make_settings(database_url=f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none",
+                                   webhook_spool_dir=str(spool)), clock=ManualClock())
+    client = create_public_app(container=down).test_client()
+    body = json.dumps({"eventType": "PAYMENT.REFUND", "signedAt": str(int(down.clock.now().timestamp())),
+                       "payment": {"id": "pay_1", "status": "SETTLED"}}).encode()
+    secret = down.settings.secret("orchestrator_webhook_secret")
+    with caplog.at_level(logging.ERROR, logger="webhooks_app"):
+        response = client.post("/webhooks/orchestrator/payments", data=body, headers={
+            "X-Signature-Primary": sign_body(secret, body), "Content-Type": "application/json"})
+    assert response.status_code == 202
+    assert response.get_json() == {"outcome": "spooled", "event_type": "PAYMENT.REFUND"}
+    [kept] = list(spool.iterdir())
+    assert json.loads(kept.read_text()) == {"source": "orchestrator", "event_type": "PAYMENT.REFUND",
+                                            "payload": {"payment": {"id": "pay_1", "status": "SETTLED"}},
+                                            "event_id": None}
+    records = [r for r in caplog.records if r.name == "webhooks_app"]
+    assert len(records) == 1 and "spooled" in records[0].getMessage() and records[0].exc_info is None
+    assert down.metrics.sample("billing_webhooks_spooled_total", {"source": "orchestrator"}) == 1
+    forged = client.post("/webhooks/orchestrator/payments", data=body, headers={
+        "X-Signature-Primary": sign_body("not the secret", body), "Content-Type": "application/json"})
+    assert forged.status_code == 401 and len(list(spool.iterdir())) == 1
+    down.close()

@@ -400,6 +400,47 @@ def test_a_lost_dispute_reverses_the_payments_credits_once_and_cancels_its_subsc
     assert renewal_charges(world) == [] and run_renewals(world.c)["outcomes"].get("succeeded") is None
 
 
+def test_a_dispute_lost_while_the_database_was_away_longer_than_primers_retries_is_still_reversed(
+        world, make_settings):
+    """Decision 208: Primer retries a webhook five times over about 31 minutes, then drops it, and lists no
+    disputes. A dispute decided during a longer database outage was lost for good: the customer had the
+    money back through the bank and kept the credits. The web app now keeps each authenticated event it
+    cannot store on disk (answered 202), and the next event poll dispatches it."""
+    from billingctl.bootstrap import Container
+    from billingctl.domain.clock import ManualClock
+    from billingctl.sandbox.delivery import WebhookDelivery
+    from billingctl.sandbox.model import WEBHOOK_RETRIES
+    from billingctl.services.events import poll
+    from billingctl.services.health import health_report
+    from tests.servers import free_port
+
+    co = subscribed(world)
+    paid = world.sandbox.store.all("payment")[0]
+    assert world.credits() == 2000
+    down = Container(make_settings(database_url=f"postgresql+psycopg://nobody@127.0.0.1:{free_port()}/none",
+                                   webhook_spool_dir=world.c.settings.webhook_spool_dir), clock=ManualClock())
+    reachable, world.sandbox.deliver = world.sandbox.deliver, WebhookDelivery(down)
+    try:  # the database is away: every delivery and every retry meets it
+        opened = world.sandbox.dispute_status(paid["id"], "OPEN")["dispute"]
+        world.sandbox.dispute_status(paid["id"], "LOST", dispute_id=opened["processorDisputeId"])
+        for wait in WEBHOOK_RETRIES:
+            world.sandbox.store.advance_clock(wait)
+            world.sandbox.redeliver_due()
+    finally:
+        world.sandbox.deliver.close()
+        world.sandbox.deliver = reachable
+        down.close()
+    assert world.sandbox.store.all("webhook_retry") == []  # Primer is done with them
+    assert world.credits() == 2000
+    [shown] = [c for c in health_report(world.c)["checks"] if c["name"] == "webhook_spool"]
+    assert shown["data"] == {"waiting": 2, "late": 0, "failed": 0} and shown["ok"]
+    assert poll(world.c)["spool"] == {"dispatched": 2, "waiting": 0}
+    assert dispute_row(world, opened["processorDisputeId"])["state"] == "lost" and world.credits() == 0
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"
+    assert poll(world.c)["spool"] == {"dispatched": 0, "waiting": 0}
+    assert world.credits() == 0
+
+
 @pytest.mark.parametrize("status", ["LOST", "ACCEPTED"])
 def test_a_payment_charged_back_before_it_was_recorded_is_never_credited(world, status):
     """Decision 203, found by the exploration: a checkout's settle notification was lost, then a chargeback

@@ -13,6 +13,7 @@ from billingctl.services.inbox import duplicate_answer, finished_duplicate
 from billingctl.services.payments import followups_after_response
 from billingctl.services.webhook_events import dispatch, payment_event_id, plain_payment_event_id
 from webhooks_app import schemas
+from webhooks_app.errors import SPOOL_KEY
 from webhooks_app.signatures import check_timestamp, matches_any, secrets_of, verify_orchestrator
 
 log = logging.getLogger("webhooks_app.webhooks")
@@ -46,6 +47,7 @@ def _orchestrator_body(c, secret_name: str) -> dict:
     payment, event_type = body.get("payment"), body.get("eventType")
     if not isinstance(payment, dict) or not payment.get("id") or not isinstance(event_type, str):
         raise InvalidInput("eventType and payment.id are required")
+    req.environ[SPOOL_KEY] = ("orchestrator", event_type, {"payment": payment}, None)
     return body
 
 
@@ -94,6 +96,7 @@ def subscription_provider():
     if not isinstance(event, dict) or not event.get("id") or not isinstance(event.get("event_type"), str):
         raise InvalidInput("event id and event_type are required")
     schemas.check(schemas.ProviderEvent, event)
+    request.environ[SPOOL_KEY] = ("provider", event["event_type"], event, None)
     status = handle_event(c, event, via="webhook")
     return jsonify({"event_id": event["id"], "status": status}), 200
 
@@ -119,6 +122,7 @@ def orchestrator_disputes():
     if not all(isinstance(body.get(k), str) and body.get(k) for k in ("paymentId", "processorDisputeId")):
         raise InvalidInput("paymentId and processorDisputeId are required")
     schemas.check(schemas.DisputeEvent, body)
+    request.environ[SPOOL_KEY] = ("orchestrator", event_type, body, None)
     return jsonify(dispatch(c, "orchestrator", event_type, body)), 200
 
 
@@ -138,6 +142,7 @@ def workflow_completion():
 
     from billingctl.services.webhook_events import dispatch
 
+    request.environ[SPOOL_KEY] = ("workflow", f"workflow.{status}", body, None)
     return jsonify(dispatch(c, "workflow", f"workflow.{status}", body)), 200
 
 
@@ -155,6 +160,7 @@ def identity_verification():
     if not all(isinstance(v, str) and v for v in (event_id, user_id, outcome)):
         raise InvalidInput("id, user_id and status are required")
     schemas.check(schemas.Verification, body)
+    request.environ[SPOOL_KEY] = ("idv", f"verification.{outcome}", body, None)
     return jsonify(dispatch(c, "idv", f"verification.{outcome}", body)), 200
 
 
@@ -171,6 +177,7 @@ def identity():
     if not isinstance(event_type, str) or not isinstance(data, dict):
         raise InvalidInput("type and data are required")
     schemas.check(schemas.IdentityEvent, body)
+    request.environ[SPOOL_KEY] = ("identity", event_type, body, message_id)
     return jsonify(dispatch(c, "identity", event_type, body, event_id=message_id)), 200
 
 
