@@ -316,11 +316,13 @@ class Exploration(RuleBasedStateMachine):
         settled = self.m.sandbox.payments("SETTLED")
         if not settled:
             return
-        payment = rng.choice(settled)
-        going = [d["id"] for d in self.m.sandbox.store.all("dispute")
-                 if d["paymentId"] == payment["id"] and not _dispute_ended(d["type"], d["status"])]
-        dispute_id = rng.choice(going) if going and rng.random() < 0.5 else None
-        self.m.sandbox.dispute_status(payment["id"], outcome, kind=kind, dispute_id=dispute_id)
+        # Half the time the next step of a dispute still going, whichever payment it is on: chosen after a
+        # random payment, it was one in 484 histories that never moved an open dispute on (2026-11-28).
+        going = [(d["paymentId"], d["id"]) for d in self.m.sandbox.store.all("dispute")
+                 if not _dispute_ended(d["type"], d["status"])]
+        payment_id, dispute_id = (rng.choice(going) if going and rng.random() < 0.5
+                                  else (rng.choice(settled)["id"], None))
+        self.m.sandbox.dispute_status(payment_id, outcome, kind=kind, dispute_id=dispute_id)
 
     # ---- operators -------------------------------------------------------------------------------------
     @rule(user=st.sampled_from(USERS), void=st.booleans())
