@@ -29,9 +29,15 @@ def _spooled() -> dict | None:
     if event is None or container is None or not container.settings.webhook_spool_dir:
         return None
     from billingctl.services.spool import spool
+    from billingctl.services.webhook_events import event_id_for
 
+    source, event_type, payload, event_id = event
+    try:  # the payment receiver types its payload after the duplicate read: only a typed event is kept
+        event_id = event_id_for(source, event_type, payload, event_id)
+    except Exception:  # noqa: BLE001 - a body the normal path answers 400 once the database is back
+        return None
     try:
-        name = spool(container.settings.webhook_spool_dir, *event)
+        name = spool(container.settings.webhook_spool_dir, source, event_type, payload, event_id)
     except OSError as exc:
         log.error("webhook not spooled: %s", type(exc).__name__)
         return None

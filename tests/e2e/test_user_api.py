@@ -544,11 +544,16 @@ def test_an_authenticated_webhook_meeting_a_database_outage_is_spooled_and_answe
     [kept] = list(spool.iterdir())
     assert json.loads(kept.read_text()) == {"source": "orchestrator", "event_type": "PAYMENT.REFUND",
                                             "payload": {"payment": {"id": "pay_1", "status": "SETTLED"}},
-                                            "event_id": None}
+                                            "event_id": "PAYMENT.REFUND:pay_1:SETTLED:0"}
     records = [r for r in caplog.records if r.name == "webhooks_app"]
     assert len(records) == 1 and "spooled" in records[0].getMessage() and records[0].exc_info is None
     assert down.metrics.sample("billing_webhooks_spooled_total", {"source": "orchestrator"}) == 1
     forged = client.post("/webhooks/orchestrator/payments", data=body, headers={
         "X-Signature-Primary": sign_body("not the secret", body), "Content-Type": "application/json"})
     assert forged.status_code == 401 and len(list(spool.iterdir())) == 1
+    untyped = json.dumps({"eventType": "PAYMENT.STATUS", "signedAt": str(int(down.clock.now().timestamp())),
+                          "payment": {"id": "pay_2", "status": "SETTLED", "amount": "lots"}}).encode()
+    refused = client.post("/webhooks/orchestrator/payments", data=untyped, headers={
+        "X-Signature-Primary": sign_body(secret, untyped), "Content-Type": "application/json"})
+    assert refused.status_code == 503 and len(list(spool.iterdir())) == 1  # answered 400 once the database is back
     down.close()
