@@ -411,7 +411,7 @@ class Exploration(RuleBasedStateMachine):
 
     @precondition(lambda self: any(s["status"] in RUNNING for s in self.m.sandbox.store.all("subscription")))
     @rule(seed=st.integers(0, 2**32), processor=st.sampled_from(["answers", "answers later", "PENDING",
-                                                                  "AUTHORIZED"]))
+                                                                  "AUTHORIZED", "declines", "is unreachable"]))
     def a_renewal_falls_due(self, seed, processor):
         """Time runs to the end of a live subscription's term and the jobs run, as a tick does. PENDING or
         AUTHORIZED: the processor leaves the renewal charge they start so for ever, and only our age limit
@@ -419,12 +419,18 @@ class Exploration(RuleBasedStateMachine):
         and a hung charge in none of 1,058 (2026-11-27). "answers later": the charge is reported in flight
         (PENDING, AUTHORIZED or SETTLING) and ends when the processor finishes it (`finish_charges`, or the
         quiet hours): the step from an in-flight row to its end, which 180 histories of 50 steps never took
-        (2026-11-28) while in-flight answers were one action of the processor's six."""
+        (2026-11-28) while in-flight answers were one action of the processor's six. "declines" (the
+        customer's issuer, until the world says otherwise) and "is unreachable" (the orchestrator answers
+        503 to the tick's requests): the dunning's retry steps, which 130 histories hardly reached."""
         rng = self.step(seed, f"a renewal falls due; its processor {processor}")
         sub = rng.choice([s for s in self.m.sandbox.store.all("subscription") if s["status"] in RUNNING])
         answers_before = self.m.sandbox.store.meta("async_charges")
         if processor == "answers later":
             self.m.sandbox.async_charges(rng.choice(IN_FLIGHT))
+        elif processor == "declines":
+            self.m.sandbox.decline_customer(sub["customer_id"])
+        elif processor == "is unreachable":
+            self.m.sandbox.store.add_fault("orchestrator", "503", count=6)
         elif processor != "answers":
             self.m.hang_the_next_charge(processor)
         self.m.note(f"  {sub['id']}'s term ends")
