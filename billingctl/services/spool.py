@@ -44,10 +44,15 @@ def spool(directory: str, source: str, event_type: str, payload: dict, event_id:
     return name + SUFFIX
 
 
+def _folder(directory: str) -> Path | None:
+    """The spool's folder, or None when the spool is off or nothing was ever spooled."""
+    folder = Path(directory) if directory else None
+    return folder if folder is not None and folder.is_dir() else None
+
+
 def overdue(directory: str, after_seconds: int = 300) -> dict:
     """What `billingctl health` shows: files waiting, those older than `after_seconds`, those failed."""
-    folder = Path(directory) if directory else None
-    if folder is None or not folder.is_dir():
+    if (folder := _folder(directory)) is None:
         return {"waiting": 0, "late": 0, "failed": 0}
     now, files = time.time(), [p for p in folder.iterdir() if p.suffix in (SUFFIX, TAKEN, FAILED)]
     return {"waiting": len(files), "late": sum(1 for p in files if now - p.stat().st_mtime > after_seconds),
@@ -68,8 +73,7 @@ def drain(container, limit: int = 500) -> dict:
     from billingctl.services.webhook_events import dispatch
 
     directory = container.settings.webhook_spool_dir
-    folder = Path(directory) if directory else None
-    if folder is None or not folder.is_dir():
+    if (folder := _folder(directory)) is None:
         return {"dispatched": 0, "waiting": 0}
     dispatched = 0
     for path in _due(folder)[:limit]:
