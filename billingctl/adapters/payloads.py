@@ -157,6 +157,13 @@ class Payment(Open):
         return self.customer_id or self.metadata.user_id
 
     @property
+    def invoice_id(self) -> str | None:
+        """The invoice its order names: a renewal charge's order id is its renewal invoice; a checkout's is
+        its subscription id (the first invoice exists only once activation starts the subscription)."""
+        order_id = self.order_id or None
+        return None if order_id == (self.metadata.subscription_id or None) else order_id
+
+    @property
     def charged(self) -> int:
         return int(self.amount or 0)
 

@@ -7,6 +7,7 @@ emits payment_succeeded), and signed webhooks are delivered to the billing servi
 from __future__ import annotations
 
 import base64
+import copy
 import hashlib
 import hmac
 import json
@@ -677,7 +678,10 @@ class Sandbox:
 
     def pay(self, order_id: str, *, processor: str | None = None, method: str = "PAYMENT_CARD",
             report_to_provider: bool = True, drop_webhook: bool = False, duplicates: int = 1) -> dict:
-        """Settle a checkout session as the shopper completing the payment form would."""
+        """Settle a checkout session as the shopper completing the payment form would. The checkout's
+        workflow authorizes, then captures, and Primer reports each status the payment takes ("PENDING,
+        then AUTHORIZED, then SETTLED, depending on how your workflow is set up"): AUTHORIZED (nothing
+        captured yet), then SETTLED."""
         session = self.store.get("client_session", order_id)
         if session is None:
             raise SandboxError(404, f"No checkout session for order {order_id}", "resource_not_found")
@@ -687,8 +691,13 @@ class Sandbox:
             session["customerId"]))
         payment = self._new_payment(order_id=order_id, customer_id=session["customerId"], amount=session["amount"],
                                     currency=session["currencyCode"], metadata=dict(session["metadata"]),
-                                    processor=processor, status="SETTLED", instrument=instrument,
+                                    processor=processor, status="AUTHORIZED", instrument=instrument,
                                     payment_type=session.get("paymentType"))
+        if not drop_webhook:
+            self.send_webhook("PAYMENT.STATUS", copy.deepcopy(payment))
+        payment.update(status="SETTLED", dateUpdated=self.now())
+        payment["processor"]["amountCaptured"] = payment["amount"]
+        self.store.put("payment", payment["id"], payment)
         self._after_settle(payment, report_to_provider, drop_webhook, duplicates)
         return payment
 

@@ -78,9 +78,7 @@ def facts_from_payment(container, payment: Payment, checkout=_UNREAD) -> Payment
     subscription_id = metadata.subscription_id or None
     item_price_id = metadata.item_price_id or None
     user_id = payment.user_id
-    # A checkout's order id is its subscription id, and its invoice exists only once activation starts
-    # the subscription; a renewal charge's order id is the renewal invoice.
-    invoice_id = None if order_id == subscription_id else order_id
+    invoice_id = payment.invoice_id
     expected = (None, None)
     if order_id:
         row = checkout
@@ -373,7 +371,8 @@ def update_transaction_status(container, payment: Payment) -> dict:
         fraud_quota.count_authorization(uow, now, payment, _lane_of(uow, payment), payment.customer_id)
         step = save_transaction(container, uow, payment.id, payment.status, now, amount=payment.charged,
                                 currency_code=payment.currency_code, customer_id=payment.customer_id,
-                                invoice_id=payment.order_id, processor=payment.processor.name or None,
+                                invoice_id=payment.invoice_id, processor=payment.processor.name or None,
+                                subscription_id=payment.metadata.subscription_id or None,
                                 processor_merchant_id=payment.processor.merchant_id or None)
         uow.commit()
     status = lifecycle.payment_status(payment.status)

@@ -329,6 +329,48 @@ def test_a_renewal_reported_in_flight_then_settled_takes_each_step_once(world, i
     assert world.credits() == 2 * world.sandbox.item_price(NSFW)["metadata"]["credits"]
 
 
+@pytest.mark.parametrize("user", ["user_a", "user_n"])
+def test_a_checkout_the_workflow_authorizes_then_captures_is_reported_at_each_step_and_recorded_once(world, user):
+    """Primer reports each status a payment takes ("PENDING, then AUTHORIZED, then SETTLED, depending on how
+    your workflow is set up"); a checkout's workflow authorizes, then captures. The sandbox reported a
+    checkout only once settled, so no history met a checkout's AUTHORIZED report before its capture. Now:
+    the authorization opens the row and counts as the NSFW lane's authorization attempt (decision 72) but
+    grants nothing (no purchase, no credit, no lock); the capture records it once and counts nothing
+    more; a second AUTHORIZED copy after it changes nothing."""
+    from billingctl.adapters.db.tables import fraud_event, transaction, user_credits
+
+    plan = NSFW if user == "user_n" else PRO
+    counted = 1 if user == "user_n" else 0
+    co = world.checkout(user, plan)
+    world.sandbox.hold_webhooks()
+    payment = world.sandbox.pay(co["order_id"])
+    held = world.sandbox.store.meta("held_webhooks", [])
+    assert [h["payment"]["status"] for h in held] == ["AUTHORIZED", "SETTLED"]
+    assert held[0]["payment"]["processor"]["amountCaptured"] == 0
+    world.sandbox.store.set_meta("held_webhooks", held[1:])
+    world.sandbox.store.set_meta("hold_webhooks", False)
+    assert world.sandbox.send_webhook("PAYMENT.STATUS", held[0]["payment"]) == 200
+
+    def rows():
+        with world.c.uow() as uow:
+            return (uow.execute(select(transaction.c.status, transaction.c.invoice_id, transaction.c.subscription_id)
+                                .where(transaction.c.transaction_id == payment["id"])).all(),
+                    len(uow.execute(select(fraud_event.c.id).where(
+                        fraud_event.c.dedupe_key == f"payment:{payment['id']}")).all()),
+                    uow.execute(select(user_credits.c.sfw_processor, user_credits.c.nsfw_processor).where(
+                        user_credits.c.user_id == user)).first())
+    # a checkout's order id is its subscription id, never an invoice's (decision 209)
+    assert rows()[:2] == ([("authorized", None, co["subscription_id"])], counted) and not any(rows()[2] or ())
+    assert world.purchases(payment["id"]) == 0 and world.credits(user) == 0
+    assert world.sandbox.release_webhooks("in_order") == [200]
+    assert world.sandbox.send_webhook("PAYMENT.STATUS", held[0]["payment"]) == 200  # a late copy
+    [first] = [i["id"] for i in world.sandbox.store.all("invoice") if i["subscription_id"] == co["subscription_id"]]
+    assert rows()[:2] == ([("captured", first, co["subscription_id"])], counted)  # activation named its invoice
+    assert payment["processor"]["name"] in rows()[2]
+    assert world.purchases(payment["id"]) == 1
+    assert world.credits(user) == world.sandbox.item_price(plan)["metadata"]["credits"]
+
+
 def test_an_in_flight_row_whose_invoice_left_payment_due_is_swept_to_its_end(world):
     """The webhook recorded the payment before the tick wrote its in-flight row: the invoice is paid, so
     the tick no longer lists it; the sweep reads the charge and ends the row."""

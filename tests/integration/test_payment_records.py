@@ -16,8 +16,8 @@ from billingctl.services.payments import (
 
 pytestmark = pytest.mark.integration
 NSFW = "credits-pro-nsfw-USD-monthly"
-TXN = ("transaction_id", "status", "amount", "currency_code", "customer_id", "invoice_id", "processor",
-       "processor_merchant_id")
+TXN = ("transaction_id", "status", "amount", "currency_code", "customer_id", "invoice_id", "subscription_id",
+       "processor", "processor_merchant_id")
 
 
 def txn(world, payment_id):
@@ -35,8 +35,9 @@ def test_a_payment_status_keeps_every_field_of_the_transaction(world, status, lo
     payment = {**payment, "status": status, "processor": {"name": "NSFW_SEGPAY", "processorMerchantId": "mid_7"}}
     assert update_transaction_status(world.c, payment) == {"payment_id": payment["id"], "outcome": "status_updated",
                                                            "status": local}
-    assert txn(world, payment["id"]) == (payment["id"], local, payment["amount"], "USD", "user_t", co["order_id"],
-                                         "NSFW_SEGPAY", "mid_7")
+    # a checkout's order id is its subscription's, not an invoice's (decision 209)
+    assert txn(world, payment["id"]) == (payment["id"], local, payment["amount"], "USD", "user_t", None,
+                                         co["subscription_id"], "NSFW_SEGPAY", "mid_7")
 
 
 def test_a_status_the_orchestrator_does_not_document_is_refused_counted_and_alerted(world):

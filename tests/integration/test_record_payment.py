@@ -47,7 +47,8 @@ def test_every_path_and_every_duplicate_records_once(world):
     assert world.credits() == 2000
     assert world.provider_record_calls() == 1
     with world.c.uow() as uow:
-        assert len(uow.execute(select(event_inbox)).all()) == 1  # three deliveries, one inbox row
+        # the authorization's report, then three deliveries of the settle's: one inbox row for each status
+        assert len(uow.execute(select(event_inbox)).all()) == 2
 
 
 def test_concurrent_paths_from_threads_record_once(world):
@@ -206,10 +207,9 @@ def test_reordered_webhooks_still_record_once(world):
     """A DECLINED status arriving after SETTLED never downgrades a captured transaction."""
     co = world.checkout()
     world.sandbox.hold_webhooks()
-    payment = world.sandbox.pay(co["order_id"], duplicates=2)
-    world.sandbox.send_webhook("PAYMENT.STATUS", {**payment, "status": "AUTHORIZED"})
+    payment = world.sandbox.pay(co["order_id"], duplicates=2)  # AUTHORIZED, then SETTLED twice
     assert world.purchases() == 0
-    statuses = world.sandbox.release_webhooks("reverse")  # AUTHORIZED first, then the two SETTLED
+    statuses = world.sandbox.release_webhooks("reverse")  # the two SETTLED first, AUTHORIZED last
     assert statuses == [200, 200, 200]
     assert world.purchases() == 1 and world.credits() == 2000
     with world.c.uow() as uow:

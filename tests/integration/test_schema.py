@@ -220,3 +220,32 @@ def test_prune_works_in_short_batches_and_leaves_the_recent_rows(container, monk
     assert len(statements) == 6  # 7+7+7+7+7+5: six short transactions, not one
     with container.uow() as uow:
         assert uow.execute(select(func.count()).select_from(audit_log)).scalar_one() == 5
+
+
+@pytest.mark.parametrize("dialect", ["sqlite", "postgresql"])
+def test_revision_0018_names_the_subscription_of_a_checkout_row_opened_in_flight(dialect, tmp_path, request):
+    """Decision 209: an in-flight report of a checkout's payment wrote its order id, the subscription id,
+    as the row's invoice. The revision clears it and names the subscription (the purchase's, once moved
+    by orphan recovery); a renewal's row, whose order id is its invoice, is kept."""
+    from sqlalchemy import text
+
+    url = (f"sqlite:///{tmp_path / 'old.db'}" if dialect == "sqlite" else
+           create_database(request.getfixturevalue("pg_server_url"), "billing_revision_0018"))
+    engine = make_engine(url)
+    upgrade(engine, "0017")
+    with engine.begin() as conn:
+        conn.execute(insert(t.users).values(id="u", created_at=NOW))
+        for sub in ("sub_old", "sub_new", "sub_renewed"):
+            conn.execute(insert(t.subscription).values(id=sub, status="active", customer_id="u", created_at=NOW))
+        conn.execute(insert(t.purchase).values(transaction_id="pay_moved", subscription_id="sub_new", user_id="u",
+                                               created_at=NOW, amount=1, currency_code="USD"))
+        for payment, invoice, sub in (("pay_flight", "sub_old", None), ("pay_moved", "sub_old", "sub_old"),
+                                      ("pay_renewal", "inv_7", "sub_renewed")):
+            conn.execute(insert(t.transaction).values(transaction_id=payment, amount=1, status="authorized",
+                                                      created_at=NOW, invoice_id=invoice, subscription_id=sub))
+    upgrade(engine)
+    with engine.connect() as conn:
+        rows = set(conn.execute(text('SELECT transaction_id, invoice_id, subscription_id FROM "transaction"')))
+    engine.dispose()
+    assert rows == {("pay_flight", None, "sub_old"), ("pay_moved", None, "sub_new"),
+                    ("pay_renewal", "inv_7", "sub_renewed")}
