@@ -66,6 +66,8 @@ def run_once(container, job: Job) -> dict:
         with container.uow() as uow:
             current = uow.leases.holder(job.name)
         container.metrics.job_runs.labels(job=job.name, outcome="lease_held").inc()
+        if job.every_host:  # this host's own share of the job (its webhook spool), which the holder cannot do
+            _on_this_host(container, job)
         raise LeaseHeld(f"job {job.name} is running elsewhere ({current.holder}, lease until "
                         f"{current.expires_at.isoformat() if current.expires_at else '?'})")
     started = time.monotonic()
@@ -88,6 +90,16 @@ def run_once(container, job: Job) -> dict:
             log.error("could not release the lease of %s: %s", job.name, type(exc).__name__)
         container.metrics.job_runs.labels(job=job.name, outcome="ok" if error is None else "failed").inc()
         log.info("job finished", extra={"job": job.name, "error": error})
+
+
+def _on_this_host(container, job: Job) -> None:
+    try:
+        done = resolve(job, job.every_host)(container)
+    except Exception as exc:  # logged; the run still reports the lease held elsewhere
+        log.error("host-local work of %s failed: %s", job.name, type(exc).__name__)
+        return
+    if failed_items(done) or any(done.values()):
+        log.info("host-local work done", extra={"job": job.name, "result": done})
 
 
 def run(container, job: Job) -> dict:

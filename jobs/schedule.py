@@ -14,11 +14,15 @@ class Job:
     target: str  # "module:function" called with the container; returns a dict
     lease_seconds: int  # a crashed holder's lease expires after this
     description: str
+    # "module:function" called with the container by a run on every host, also one that finds the lease held:
+    # work on the host's own disk, which the lease's holder cannot do for it (decision 210)
+    every_host: str | None = None
 
 
 JOBS: tuple[Job, ...] = (
     Job("poll", 15, ("poll",), "billingctl.services.events:poll", 120,
-        "Event poller: process the provider's events after the cursor"),
+        "Event poller: process the provider's events after the cursor",
+        every_host="billingctl.services.spool:drain"),
     Job("orphans", 60, ("orphans", "run"), "billingctl.services.orphans:run_orphans", 300,
         "Settled-payments poller: record missed payments, recover orphans"),
     Job("activations", 60, ("activate", "--pending"), "billingctl.services.payments:retry_pending", 300,
@@ -42,8 +46,9 @@ JOBS: tuple[Job, ...] = (
 BY_NAME = {job.name: job for job in JOBS}
 
 
-def resolve(job: Job):
+def resolve(job: Job, target: str | None = None):
+    """The function a job's target (or another of its "module:function" names) points at."""
     import importlib
 
-    module, function = job.target.split(":")
+    module, function = (target or job.target).split(":")
     return getattr(importlib.import_module(module), function)

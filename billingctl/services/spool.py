@@ -69,14 +69,16 @@ def drain(container, limit: int = 500) -> dict:
     """Dispatch spooled events, oldest first, each taken by one process (a rename), its file deleted once
     dispatched. A database still away stops the run: that file and the rest wait for the next one. Any
     other failure keeps the file as `.failed` for a person (counted in `waiting`, logged as an error)."""
-    from billingctl.domain.errors import is_database_outage
-    from billingctl.services.webhook_events import dispatch
-
     directory = container.settings.webhook_spool_dir
     if (folder := _folder(directory)) is None:
         return {"dispatched": 0, "waiting": 0}
+    if not (due := _due(folder)):  # nothing to dispatch: no import of the handlers (a lease-held run's case)
+        return {"dispatched": 0, "waiting": overdue(directory)["waiting"]}
+    from billingctl.domain.errors import is_database_outage
+    from billingctl.services.webhook_events import dispatch
+
     dispatched = 0
-    for path in _due(folder)[:limit]:
+    for path in due[:limit]:
         taken = path.with_suffix(TAKEN)
         try:
             os.rename(path, taken)

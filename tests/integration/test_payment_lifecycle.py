@@ -442,18 +442,13 @@ def test_a_lost_dispute_reverses_the_payments_credits_once_and_cancels_its_subsc
     assert renewal_charges(world) == [] and run_renewals(world.c)["outcomes"].get("succeeded") is None
 
 
-def test_a_dispute_lost_while_the_database_was_away_longer_than_primers_retries_is_still_reversed(
-        world, make_settings):
-    """Decision 208: Primer retries a webhook five times over about 31 minutes, then drops it, and lists no
-    disputes. A dispute decided during a longer database outage was lost for good: the customer had the
-    money back through the bank and kept the credits. The web app now keeps each authenticated event it
-    cannot store on disk (answered 202), and the next event poll dispatches it."""
+def dispute_lost_while_the_database_was_away(world, make_settings):
+    """A checkout paid, then a dispute opened and lost on it while every delivery and every retry Primer
+    makes meets a database that is away: the two notifications end in the web app's spool."""
     from billingctl.bootstrap import Container
     from billingctl.domain.clock import ManualClock
     from billingctl.sandbox.delivery import WebhookDelivery
     from billingctl.sandbox.model import WEBHOOK_RETRIES
-    from billingctl.services.events import poll
-    from billingctl.services.health import health_report
     from tests.servers import free_port
 
     co = subscribed(world)
@@ -474,12 +469,52 @@ def test_a_dispute_lost_while_the_database_was_away_longer_than_primers_retries_
         down.close()
     assert world.sandbox.store.all("webhook_retry") == []  # Primer is done with them
     assert world.credits() == 2000
+    return co, opened
+
+
+def test_a_dispute_lost_while_the_database_was_away_longer_than_primers_retries_is_still_reversed(
+        world, make_settings):
+    """Decision 208: Primer retries a webhook five times over about 31 minutes, then drops it, and lists no
+    disputes. A dispute decided during a longer database outage was lost for good: the customer had the
+    money back through the bank and kept the credits. The web app now keeps each authenticated event it
+    cannot store on disk (answered 202), and the next event poll dispatches it."""
+    from billingctl.services.events import poll
+    from billingctl.services.health import health_report
+
+    co, opened = dispute_lost_while_the_database_was_away(world, make_settings)
     [shown] = [c for c in health_report(world.c)["checks"] if c["name"] == "webhook_spool"]
     assert shown["data"] == {"waiting": 2, "late": 0, "failed": 0} and shown["ok"]
     assert poll(world.c)["spool"] == {"dispatched": 2, "waiting": 0}
     assert dispute_row(world, opened["processorDisputeId"])["state"] == "lost" and world.credits() == 0
     assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"
     assert poll(world.c)["spool"] == {"dispatched": 0, "waiting": 0}
+    assert world.credits() == 0
+
+
+def test_a_host_whose_poll_finds_the_lease_held_still_dispatches_its_own_spooled_webhooks(world, make_settings):
+    """Decision 210: the spool is on the disk of the host whose web app took the webhook, and only the
+    event poll holding the job's lease drained it: on a deployment of several hosts, the events a host
+    spooled waited for that host to win the lease, maybe never. The poll of every host now drains its own
+    spool, also when another host holds the lease (it still exits 75: the job ran elsewhere)."""
+    from datetime import timedelta
+
+    from billingctl.domain.errors import LeaseHeld
+    from billingctl.services import spool
+    from jobs.runner import run_once
+    from jobs.schedule import BY_NAME
+
+    co, opened = dispute_lost_while_the_database_was_away(world, make_settings)
+    now = world.c.clock.now()
+    with world.c.uow() as uow:  # the poll runs on another host
+        assert uow.leases.create("poll", "elsewhere:1:x", now, now + timedelta(hours=1))
+        uow.commit()
+    with pytest.raises(LeaseHeld):
+        run_once(world.c, BY_NAME["poll"])
+    assert world.credits() == 0 and dispute_row(world, opened["processorDisputeId"])["state"] == "lost"
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"
+    assert spool.overdue(world.c.settings.webhook_spool_dir)["waiting"] == 0
+    with pytest.raises(LeaseHeld):  # nothing left: the next run dispatches nothing again
+        run_once(world.c, BY_NAME["poll"])
     assert world.credits() == 0
 
 
