@@ -164,6 +164,14 @@ class Payment(Open):
         return None if order_id == (self.metadata.subscription_id or None) else order_id
 
     @property
+    def is_renewal(self) -> bool:
+        """A merchant-initiated renewal charge: flagged SUBSCRIPTION, or ordered as an invoice (a checkout's
+        order is its subscription). It pays its invoice's period; it is never an orphan to re-subscribe."""
+        if self.payment_method.payment_type == "SUBSCRIPTION" or self.metadata.merchant_initiated:
+            return True
+        return bool(self.invoice_id and self.metadata.subscription_id)
+
+    @property
     def charged(self) -> int:
         return int(self.amount or 0)
 

@@ -9,7 +9,8 @@ app = noun("Checkouts.")
 
 @command(app, "cleanup")
 def cleanup():
-    """Cancel expired pending checkouts older than a day (never one with a purchase)."""
+    """Cancel expired pending checkouts older than a day (never one with a purchase); capture a checkout
+    authorization left uncaptured past its limit, or void it when no longer owed."""
     from billingctl.services.checkout import cleanup_expired
 
     cli = get_ctx()

@@ -231,6 +231,7 @@ ORPHAN = Lifecycle(
 # copy missed a step or the provider did something we did not model. An undocumented status is refused.
 SUBSCRIPTION_STATUSES = ("future", "in_trial", "active", "non_renewing", "paused", "cancelled", "transferred")
 RENEWING = ("active", "non_renewing")  # a subscription whose renewal invoices the renewal job charges
+AWAITING_OR_STARTED = ("future", *RENEWING)  # a checkout's subscription, still owed its first payment (decision 211)
 SUBSCRIPTION = Lifecycle(
     name="subscription",
     states=SUBSCRIPTION_STATUSES,

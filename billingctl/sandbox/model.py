@@ -677,11 +677,13 @@ class Sandbox:
         return payment
 
     def pay(self, order_id: str, *, processor: str | None = None, method: str = "PAYMENT_CARD",
-            report_to_provider: bool = True, drop_webhook: bool = False, duplicates: int = 1) -> dict:
+            report_to_provider: bool = True, drop_webhook: bool = False, duplicates: int = 1,
+            capture: bool = True) -> dict:
         """Settle a checkout session as the shopper completing the payment form would. The checkout's
         workflow authorizes, then captures, and Primer reports each status the payment takes ("PENDING,
         then AUTHORIZED, then SETTLED, depending on how your workflow is set up"): AUTHORIZED (nothing
-        captured yet), then SETTLED."""
+        captured yet), then SETTLED. `capture=False`: the workflow's capture step failed, and the payment
+        stays AUTHORIZED until someone captures or cancels it."""
         session = self.store.get("client_session", order_id)
         if session is None:
             raise SandboxError(404, f"No checkout session for order {order_id}", "resource_not_found")
@@ -695,6 +697,8 @@ class Sandbox:
                                     payment_type=session.get("paymentType"))
         if not drop_webhook:
             self.send_webhook("PAYMENT.STATUS", copy.deepcopy(payment))
+        if not capture:
+            return payment
         payment.update(status="SETTLED", dateUpdated=self.now())
         payment["processor"]["amountCaptured"] = payment["amount"]
         self.store.put("payment", payment["id"], payment)

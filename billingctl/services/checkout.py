@@ -15,6 +15,7 @@ from datetime import timedelta
 from billingctl.adapters.logs import item_failed
 from billingctl.adapters.payloads import SubscriptionAnswer
 from billingctl.domain import errors as e
+from billingctl.domain import lifecycle
 from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import looks_like_id
@@ -248,11 +249,15 @@ def cleanup_candidates(container) -> list[dict]:
 
 
 def cleanup_expired(container, dry_run: bool = False) -> dict:
-    """future -> cancelled for expired pending checkouts older than a day (the hourly job)."""
+    """future -> cancelled for expired pending checkouts older than a day (the hourly job); first, each
+    checkout authorization left uncaptured past its limit is captured, or voided when no longer owed."""
     candidates = cleanup_candidates(container)
     if dry_run:
-        return {"dry_run": True, "would_cancel": [c["id"] for c in candidates]}
-    cancelled, skipped, failed = [], [], []
+        would = finish_authorizations(container, dry_run=True)
+        return {"dry_run": True, "would_cancel": [c["id"] for c in candidates], "would_capture": would["captured"],
+                "would_void": would["voided"]}
+    finished = finish_authorizations(container)
+    cancelled, skipped, failed = [], [], list(finished["failed"])
     for row in candidates:
         # The same lock as record_payment: a late payment either lands first (and we skip) or after.
         with container.locks.hold(f"subscription:{row['id']}"):
@@ -275,8 +280,74 @@ def cleanup_expired(container, dry_run: bool = False) -> dict:
     strays = _cancel_strays(container)
     cancelled += strays["cancelled"]
     failed += strays["failed"]
-    return BatchResult({"cancelled": cancelled, "skipped_paid": skipped, "failed": failed}, done=len(cancelled),
+    return BatchResult({"cancelled": cancelled, "skipped_paid": skipped, "captured": finished["captured"],
+                        "voided": finished["voided"], "failed": failed},
+                       done=len(cancelled) + len(finished["captured"]) + len(finished["voided"]),
                        failed=len(failed), skipped=len(skipped), errors=failed)
+
+
+AUTHORIZATION_LOOKBACK = timedelta(days=30)  # an issuer's authorization lapses well within this
+
+
+def finish_authorizations(container, dry_run: bool = False) -> dict:
+    """Checkout payments the workflow authorized and never captured (its capture step failed), past the
+    authorization limit (`renewal_authorized_max_minutes`, the one reconcile judges every authorization
+    by): captured, since the customer bought the plan (its answer recorded at once), or voided
+    when the checkout is no longer owed: its subscription cancelled, its customer frozen, or another
+    payment paid it (decision 211). Renewal charges are the renewal tick's; one payment never stops the
+    others. Without this the clean-up cancelled the subscription a day later and left the money held.
+    `dry_run`: what it would capture and void, doing neither."""
+    from billingctl.services.payments import CAPTURED_STATUSES, record_payment
+    now = container.clock.now()
+    limit = timedelta(minutes=container.settings.renewal_authorized_max_minutes)
+    captured, voided, failed = [], [], []
+    try:
+        listed = [p.id for p in container.orchestrator.list_payments("AUTHORIZED", now - AUTHORIZATION_LOOKBACK)
+                  if p.settled_at is not None and now - p.settled_at > limit]  # p's date: when it was made
+    except e.BillingError as exc:
+        return {"captured": [], "voided": [], "failed": [{"id": "*", "error": f"listing authorizations: "
+                                                                                f"{exc.message}"}]}
+    for payment_id in listed:
+        try:
+            payment = container.orchestrator.get_payment(payment_id)
+            if payment.status != "AUTHORIZED" or payment.is_renewal:
+                continue
+            with container.uow(autocommit=True) as uow:
+                bought = uow.checkouts.by_order_id(payment.order_id) if payment.order_id else None
+                why = _not_owed(uow, bought, payment_id) if bought is not None else None
+            if bought is None:
+                continue  # not a checkout of ours: reconcile names it
+            if dry_run:
+                (voided if why is not None else captured).append(payment_id)
+                continue
+            if why is not None:
+                log.warning("checkout authorization left uncaptured for a checkout no longer owed: cancelling",
+                            extra={"payment_id": payment_id, "subscription_id": bought["subscription_id"], "why": why})
+                container.orchestrator.cancel_payment(payment_id, reason=f"checkout authorization: {why}")
+                voided.append(payment_id)
+                continue
+            log.warning("checkout authorization left uncaptured past its limit: capturing",
+                        extra={"payment_id": payment_id, "subscription_id": bought["subscription_id"]})
+            settled = container.orchestrator.capture_payment(payment_id)
+            captured.append(payment_id)
+            if settled.status in CAPTURED_STATUSES:  # recorded now (the webhook's copy is then a duplicate), so
+                record_payment(container, settled, "checkout_cleanup")  # a day-old checkout is not cancelled below
+        except Exception as exc:
+            item_failed(log, "checkout authorization", exc, payment_id=payment_id)
+            failed.append({"id": payment_id, "error": exc.message if isinstance(exc, e.BillingError)
+                           else type(exc).__name__})
+    return {"captured": captured, "voided": voided, "failed": failed}
+
+
+def _not_owed(uow, bought, payment_id: str) -> str | None:
+    """Why a checkout's authorization is owed no capture any more, from our copies; None while it is."""
+    local = uow.subscriptions.get(bought["subscription_id"])
+    if local is None or local["status"] not in lifecycle.AWAITING_OR_STARTED:
+        return f"subscription {local['status'] if local else 'unknown'}"
+    if uow.users.frozen_at(bought["user_id"]) is not None:
+        return "customer frozen"
+    other = uow.purchases.other_payment_of(bought["subscription_id"], payment_id)
+    return f"paid by payment {other}" if other else None
 
 
 def _cancel_strays(container) -> dict:
@@ -304,16 +375,3 @@ def _cancel_strays(container) -> dict:
         log.warning("cancelled a pending checkout known only to the provider", extra={"subscription_id": sub.id})
         cancelled.append(sub.id)
     return {"cancelled": cancelled, "failed": failed}
-
-
-def set_primary_after_first_payment(container, user_id: str, token: str | None) -> bool:
-    """NSFW checkout: make the new card the user's primary instrument; failure is not fatal."""
-    try:
-        if not token:
-            raise e.InvalidInput("the payment carries no vaulted token")
-        container.orchestrator.set_default_instrument(token)
-    except e.BillingError as exc:
-        log.warning("nsfw_checkout_set_primary_failed", extra={"user_id": user_id, "error": exc.message})
-        return False
-    log.info("nsfw_checkout_set_primary", extra={"user_id": user_id})
-    return True

@@ -22,7 +22,7 @@ from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, review
 from billingctl.services.cursors import read_value, write_value
 from billingctl.services.fraud_signals import deciding_dispute, refuse_if_disputed
-from billingctl.services.payments import is_renewal_payment, record_payment, refund, reverse_refund
+from billingctl.services.payments import record_payment, refund, reverse_refund
 
 log = logging.getLogger("billingctl.orphans")
 
@@ -107,7 +107,7 @@ def handle_payment(container, payment: Payment) -> str:
         payment = container.orchestrator.get_payment(payment_id)
     sub_id = payment.metadata.subscription_id
     if row is None:
-        status = _subscription_status(container, sub_id) if sub_id and not is_renewal_payment(payment) else None
+        status = _subscription_status(container, sub_id) if sub_id and not payment.is_renewal else None
         if status != "cancelled":  # a renewal charge is never an orphan: it pays its own invoice (decision 107)
             # Not an orphan: an ordinary settled payment the webhook and the event poller missed.
             try:

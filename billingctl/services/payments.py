@@ -114,7 +114,7 @@ def facts_from_payment(container, payment: Payment, checkout=_UNREAD) -> Payment
         currency_code=payment.currency_code or plan.currency_code, credits=plan.credits,
         processor=payment.processor.name or None, merchant_id=payment.processor.merchant_id or None,
         settled_at=payment.settled_at, expected_amount=expected[0], expected_currency=expected[1],
-        renewal=bool(invoice_id) and expected == (None, None) and is_renewal_payment(payment))
+        renewal=bool(invoice_id) and expected == (None, None) and payment.is_renewal)
 
 
 def record_payment(container, payment: Payment, path: str, followups: bool = True, provider_side: bool = False,
@@ -153,8 +153,6 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
         # Recorded after it was refunded (a late poller): the refund reports may all be behind us.
         result["refund"] = reverse_refund(container, facts.payment_id, refunded, path)
     if result["outcome"] == "recorded" and facts.lane == "nsfw" and _is_checkout_payment(payment):
-        from billingctl.services.checkout import set_primary_after_first_payment
-
         token = payment.payment_method.token
         result["set_primary"] = set_primary_after_first_payment(container, facts.user_id, token)
     return result
@@ -209,13 +207,19 @@ def _is_checkout_payment(payment: Payment) -> bool:
     return payment.payment_method.payment_type == "FIRST_PAYMENT"
 
 
-def is_renewal_payment(payment: Payment) -> bool:
-    """A merchant-initiated renewal charge: flagged SUBSCRIPTION, or ordered as an invoice (a checkout's
-    order is its subscription). It pays its invoice's period; it is never an orphan to re-subscribe."""
-    if payment.payment_method.payment_type == "SUBSCRIPTION" or payment.metadata.merchant_initiated:
-        return True
-    order_id, subscription_id = payment.order_id, payment.metadata.subscription_id
-    return bool(order_id and subscription_id and order_id != subscription_id)
+def set_primary_after_first_payment(container, user_id: str, token: str | None) -> bool:
+    """NSFW checkout: make the new card the user's primary instrument; failure is not fatal. Logged as the
+    checkout's (`billingctl.checkout`), where the spec's markers have always been."""
+    checkout_log = logging.getLogger("billingctl.checkout")
+    try:
+        if not token:
+            raise e.InvalidInput("the payment carries no vaulted token")
+        container.orchestrator.set_default_instrument(token)
+    except e.BillingError as exc:
+        checkout_log.warning("nsfw_checkout_set_primary_failed", extra={"user_id": user_id, "error": exc.message})
+        return False
+    checkout_log.info("nsfw_checkout_set_primary", extra={"user_id": user_id})
+    return True
 
 
 def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool, bool, bool, bool]:
@@ -260,13 +264,13 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
             if frozen:  # (decision 177): the attempt fails, and the next one holds the payment for a person
                 raise review.frozen_refusal(facts.user_id, facts.payment_id)
             cancelled = same_plan = False
-        if same_plan and not is_renewal_payment(payment) and not cancelled and not frozen:
+        if same_plan and not payment.is_renewal and not cancelled and not frozen:
             # A second checkout of a plan the customer already holds live, or a checkout paid twice (two
             # tabs of one payment form): the same-plan duplicate path of orphan recovery refunds it with one
             # alert; nothing is credited (a future subscription of its own is cancelled by the cleanup job).
             return _hand_to_recovery(uow, now, facts, "second payment for a plan the customer already holds; left "
                                                       "to orphan recovery to refund")
-        if cancelled and facts.invoice_id and is_renewal_payment(payment):
+        if cancelled and facts.invoice_id and payment.is_renewal:
             # A renewal charge that settled after its subscription was cancelled (decision 107): it pays the
             # period of its own invoice, which the workflow already marked paid at the provider. Recorded
             # there once, credited once; never handed to orphan recovery, which would start a new

@@ -319,9 +319,11 @@ def test_cleanup_cancels_only_expired_pending_checkouts_older_than_a_day(api):
     # A late payment for carol's checkout lands (its webhook was dropped; the poller records it).
     payment = api.c.sandbox.pay(paid_late["order_id"], drop_webhook=True)
     record_payment(api.c, payment, "settled_poller")
-    assert cleanup_expired(api.c, dry_run=True) == {"dry_run": True, "would_cancel": [old["subscription_id"]]}
+    assert cleanup_expired(api.c, dry_run=True) == {"dry_run": True, "would_cancel": [old["subscription_id"]],
+                                                    "would_capture": [], "would_void": []}
     result = cleanup_expired(api.c)
-    assert result == {"cancelled": [old["subscription_id"]], "skipped_paid": [], "failed": []}
+    assert result == {"cancelled": [old["subscription_id"]], "skipped_paid": [], "captured": [], "voided": [],
+                      "failed": []}
     assert api.c.sandbox.subscription(old["subscription_id"])["status"] == "cancelled"
     assert api.c.sandbox.subscription(young["subscription_id"])["status"] == "future"
     assert api.c.sandbox.subscription(paid_late["subscription_id"])["status"] == "active"

@@ -371,6 +371,42 @@ def test_a_checkout_the_workflow_authorizes_then_captures_is_reported_at_each_st
     assert world.credits(user) == world.sandbox.item_price(plan)["metadata"]["credits"]
 
 
+@pytest.mark.parametrize("meanwhile", ["nothing", "frozen", "cancelled"])
+def test_a_checkout_authorization_the_workflow_never_captured_is_captured_past_its_limit_or_voided(world, meanwhile):
+    """Decision 211: a checkout's workflow authorized the payment and its capture step failed. Nothing
+    finished it: the renewal tick captures or voids only renewal charges, and the checkout clean-up, a day
+    later, cancelled the subscription and left the customer's money held by the authorization (reconcile
+    named `charge_in_flight_too_long` every day). The clean-up now captures it once past the authorization
+    limit (the customer bought the plan; it is then recorded once), or voids it when the checkout is no
+    longer owed (the customer frozen, the subscription cancelled): nothing held, nothing charged."""
+    from billingctl.services.checkout import cleanup_expired
+    from billingctl.services.sync import cancel_subscription
+    from billingctl.services.users import freeze
+
+    co = world.checkout()
+    payment = world.sandbox.pay(co["order_id"], capture=False)  # the workflow's capture step failed
+    assert world.sandbox.store.get("payment", payment["id"])["status"] == "AUTHORIZED"
+    if meanwhile == "frozen":
+        freeze(world.c, "user_a", "fraud review", "ops")
+    elif meanwhile == "cancelled":
+        cancel_subscription(world.c, co["subscription_id"], "the customer asked", "ops")
+    cleanup_expired(world.c)  # within the limit: the workflow may still capture it
+    assert world.sandbox.store.get("payment", payment["id"])["status"] == "AUTHORIZED"
+    world.advance(61 * 60)
+    done = cleanup_expired(world.c)
+    at_orchestrator = world.sandbox.store.get("payment", payment["id"])
+    if meanwhile == "nothing":
+        assert at_orchestrator["status"] == "SETTLED" and done["captured"] == [payment["id"]]
+        assert world.purchases(payment["id"]) == 1 and world.credits() == 2000
+        assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
+    else:
+        assert at_orchestrator["status"] == "CANCELLED" and done["voided"] == [payment["id"]]
+        assert world.purchases(payment["id"]) == 0 and world.credits() == 0
+    again = cleanup_expired(world.c)
+    assert again["captured"] == again["voided"] == []
+    assert [p["status"] for p in world.sandbox.store.all("payment")] == [at_orchestrator["status"]]
+
+
 def test_an_in_flight_row_whose_invoice_left_payment_due_is_swept_to_its_end(world):
     """The webhook recorded the payment before the tick wrote its in-flight row: the invoice is paid, so
     the tick no longer lists it; the sweep reads the charge and ends the row."""

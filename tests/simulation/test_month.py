@@ -89,8 +89,9 @@ class Model:
     removal_alerts: set[str] = field(default_factory=set)
     removals_made: set[str] = field(default_factory=set)  # the alert key of every removal, by the world's books
     reactivated: dict[str, int] = field(default_factory=dict)  # subscription -> when support reactivated it
-    # Renewal charges the processor never finishes (decision 189): the world leaves them in flight, so only
-    # our renewal job's age limit ends them (a PENDING one cancelled, an AUTHORIZED one captured).
+    # Renewal charges the processor never finishes (decision 189) and checkout authorizations the workflow
+    # never captured (decision 211): the world leaves them in flight, so only our renewal job's age limit,
+    # or our checkout clean-up, ends them (a PENDING one cancelled, an AUTHORIZED one captured or voided).
     hung: set[str] = field(default_factory=set)
     hang_next: str | None = None  # the status the next renewal charge is left in for ever
 
@@ -121,7 +122,7 @@ class Model:
         if not self.open_checkouts:
             return
         co = self.open_checkouts.pop(self.rng.randrange(len(self.open_checkouts)))
-        mode = self.rng.choice(["deliver", "deliver", "drop", "duplicate", "reorder"])
+        mode = self.rng.choice(["deliver", "deliver", "drop", "duplicate", "reorder", "uncaptured"])
         method = "PAYPAL" if self._customer(co) in WALLET_USERS else "PAYMENT_CARD"
         if self.rng.random() < 0.15:
             self.sandbox.decline_checkout(co["order_id"])  # a declined try first
@@ -131,6 +132,9 @@ class Model:
             if self.rng.random() < 0.5:
                 self.sandbox.refund(payment["id"], payment["amount"] // 2)  # refund reported before its settle
             self.sandbox.release_webhooks(order="reverse")
+        elif mode == "uncaptured":  # the workflow's capture step fails: only our clean-up ends it (decision 211)
+            payment = self.sandbox.pay(co["order_id"], method=method, capture=False)
+            self.hung.add(payment["id"])
         else:
             payment = self.sandbox.pay(co["order_id"], method=method, drop_webhook=mode == "drop",
                                        duplicates=2 if mode == "duplicate" else 1)
