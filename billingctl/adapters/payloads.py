@@ -358,6 +358,12 @@ class LinkedInvoice(Open):
     applied_amount: int | None = None
 
 
+class LinkedRefund(Open):
+    txn_id: Ref | None = None
+    txn_status: Text | None = None
+    txn_amount: int | None = None
+
+
 class Transaction(Open):
     """A provider transaction. Its reference number is free text a person may have typed (a cheque
     number): it is never taken as an id of ours unless it looks like one (`payment_reference`)."""
@@ -374,8 +380,16 @@ class Transaction(Open):
     id_at_gateway: str | None = None
     payment_method: Text | None = None
     linked_invoices: list[LinkedInvoice] = Field(default_factory=list)
+    # A refund's payment (`reference_transaction_id`); a payment's refunds recorded at the provider.
+    reference_transaction_id: Ref | None = None
+    linked_refunds: list[LinkedRefund] = Field(default_factory=list)
 
-    _lists = field_validator("linked_invoices", mode="before")(lambda v: [] if v is None else v)
+    _lists = field_validator("linked_invoices", "linked_refunds", mode="before")(lambda v: [] if v is None else v)
+
+    @property
+    def refunded(self) -> int:
+        """What the provider holds as given back of this payment: its successful refunds."""
+        return sum(int(r.txn_amount or 0) for r in self.linked_refunds if r.txn_status == "success")
 
     def payment_reference(self) -> str | None:
         """The payment id of this transaction: its reference (the orchestrator payment id we record it

@@ -334,6 +334,13 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
         return idempotent(lambda: sandbox.record_payment(invoice_id, int(amount) if amount else due, reference,
                                                          method))
 
+    @app.post(f"{prefix}/invoices/<invoice_id>/record_refund")
+    def record_refund(invoice_id):  # finance's action; our client never calls it
+        amount, date = form("transaction[amount]", required=False), form("transaction[date]", required=False)
+        return idempotent(lambda: sandbox.record_refund(
+            invoice_id, int(amount) if amount else None, form("transaction[payment_method]", required=False),
+            int(date) if date else None, form("transaction[reference_number]", required=False)))
+
     @app.post(f"{prefix}/invoices/<invoice_id>/write_off")
     def write_off(invoice_id):  # finance's action; our client never calls it
         return idempotent(lambda: sandbox.write_off(invoice_id))

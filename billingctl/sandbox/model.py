@@ -595,25 +595,98 @@ class Sandbox:
         if ref is None:
             return None
         original = self.store.get("transaction", ref["id"])
-        refund = {"id": self.store.next_id("txn"), "customer_id": original["customer_id"],
-                  "subscription_id": original["subscription_id"], "type": "refund", "status": "success",
-                  "amount": amount, "currency_code": original["currency_code"], "date": self.now(),
-                  "reference_transaction_id": original["id"], "reference_number": reference_number}
         if not original.get("linked_invoices"):
             unused = min(int(amount), int(original.get("amount_unused") or 0))
             original["amount_unused"] = int(original.get("amount_unused") or 0) - unused
-            self.store.put("transaction", original["id"], original)
             self._excess_payments(original["customer_id"], -unused)
-            self.store.put("transaction", refund["id"], refund)
+            refund = self._refund_txn(original, amount, "other", self.now(), reference_number)
             return self.emit("payment_refunded", {"transaction": refund})
-        invoice_id = original["linked_invoices"][0]["invoice_id"]
-        credit_note = {"id": self.store.next_id("cn"), "reference_invoice_id": invoice_id, "type": "refundable",
-                       "total": amount, "status": "refunded"}
-        refund["linked_credit_notes"] = [{"cn_id": credit_note["id"], "applied_amount": amount}]
+        invoice = self.invoice(original["linked_invoices"][0]["invoice_id"])
+        note, refunds = self._refund_note(invoice, [(original, int(amount))], "other", self.now(), reference_number)
+        return refunds[-1]
+
+    def record_refund(self, invoice_id: str, amount: int | None, payment_method: str, date: int | None,
+                      reference_number: str | None = None) -> dict:
+        """Finance records a refund made outside the provider (a wire, a cheque) on a paid invoice: the
+        provider's `POST /invoices/{id}/record_refund`, a console action here; our client never calls it. As
+        there: `transaction[payment_method]` and `transaction[date]` are required, the date neither before
+        the invoice's nor in the future; the amount (all that is refundable when omitted) at most what was
+        paid less what refundable credit notes already gave back. A refundable credit note with status
+        `refunded` is created, and one refund transaction for each payment it is allocated to, in the order
+        they were applied (`reference_transaction_id` names the payment; the payment lists it in its
+        `linked_refunds`); sent as `credit_note_created` and one `payment_refunded` per refund transaction."""
+        invoice = self.invoice(invoice_id)
+        if not payment_method:
+            raise SandboxError(400, "transaction[payment_method] : cannot be blank", "param_wrong_value",
+                               "transaction[payment_method]")
+        now = self.now()
+        if date is None:
+            raise SandboxError(400, "transaction[date] : cannot be blank", "param_wrong_value", "transaction[date]")
+        if int(date) > now or int(date) < int(invoice["date"]):
+            raise SandboxError(400, "transaction[date] : should be on or after the invoice date and not in the future",
+                               "param_wrong_value", "transaction[date]")
+        allocations = []
+        for link in invoice.get("linked_payments") or []:
+            txn = self.store.get("transaction", link["txn_id"])
+            if txn is not None and txn["status"] == "success":
+                given = sum(int(r["txn_amount"]) for r in txn.get("linked_refunds") or []
+                            if r["txn_status"] == "success")
+                allocations.append((txn, max(int(link["applied_amount"]) - given, 0)))
+        refundable = min(sum(room for _, room in allocations), int(invoice.get("amount_paid") or 0) - sum(
+            int(n["cn_total"]) for n in invoice.get("issued_credit_notes") or [] if n["cn_status"] == "refunded"))
+        if refundable <= 0:
+            raise SandboxError(400, "The invoice has no refundable amount", "invalid_state_for_request")
+        left = refundable if amount is None else int(amount)
+        if not 0 < left <= refundable:
+            raise SandboxError(400, f"transaction[amount] : cannot be more than the refundable amount {refundable}",
+                               "param_wrong_value", "transaction[amount]")
+        shares = []
+        for txn, room in allocations:
+            if left and room:
+                shares.append((txn, min(room, left)))
+                left -= shares[-1][1]
+        note, refunds = self._refund_note(invoice, shares, payment_method, int(date), reference_number)
+        return {"invoice": self.invoice(invoice_id), "credit_note": note, "transaction": refunds[0]["content"][
+            "transaction"]}
+
+    def _refund_txn(self, payment: dict, amount: int, method: str, date: int, reference: str | None) -> dict:
+        """One refund transaction of a payment (its `reference_transaction_id`), listed in the payment's
+        `linked_refunds`."""
+        refund = {"id": self.store.next_id("txn"), "customer_id": payment["customer_id"],
+                  "subscription_id": payment["subscription_id"], "type": "refund", "status": "success",
+                  "amount": int(amount), "currency_code": payment["currency_code"], "date": date,
+                  "payment_method": method, "reference_transaction_id": payment["id"],
+                  "reference_number": reference, "object": "transaction"}
+        payment["linked_refunds"] = [*(payment.get("linked_refunds") or []), {
+            "txn_id": refund["id"], "txn_status": "success", "txn_date": date, "txn_amount": int(amount)}]
+        self.store.put("transaction", payment["id"], payment)
         self.store.put("transaction", refund["id"], refund)
-        self.store.put("credit_note", credit_note["id"], credit_note)
-        self.emit("credit_note_created", {"credit_note": credit_note})
-        return self.emit("payment_refunded", {"transaction": refund, "credit_note": credit_note})
+        return refund
+
+    def _refund_note(self, invoice: dict, shares: list[tuple[dict, int]], method: str, date: int,
+                     reference: str | None) -> tuple[dict, list[dict]]:
+        """A refundable credit note (status refunded) on a paid invoice, and a refund transaction for each
+        (payment, amount); the invoice lists the note in its `issued_credit_notes`."""
+        refunds = [self._refund_txn(txn, amount, method, date, reference) for txn, amount in shares]
+        total = sum(amount for _, amount in shares)
+        note = {"id": self.store.next_id("cn"), "reference_invoice_id": invoice["id"], "type": "refundable",
+                "total": total, "amount_refunded": total, "status": "refunded", "date": date,
+                "customer_id": invoice["customer_id"], "subscription_id": invoice["subscription_id"],
+                "currency_code": invoice["currency_code"], "object": "credit_note",
+                "linked_refunds": [{"txn_id": r["id"], "applied_amount": r["amount"], "applied_at": date,
+                                    "txn_status": "success", "txn_date": date, "txn_amount": r["amount"]}
+                                   for r in refunds]}
+        for refund in refunds:
+            refund["linked_credit_notes"] = [{"cn_id": note["id"], "applied_amount": refund["amount"]}]
+            self.store.put("transaction", refund["id"], refund)
+        self.store.put("credit_note", note["id"], note)
+        invoice["issued_credit_notes"] = [*(invoice.get("issued_credit_notes") or []), {
+            "cn_id": note["id"], "cn_reason_code": "other", "cn_date": date, "cn_total": total,
+            "cn_status": "refunded"}]
+        self._save_invoice(invoice)
+        self.emit("credit_note_created", {"credit_note": note})
+        return note, [self.emit("payment_refunded", {"transaction": refund, "credit_note": note})
+                      for refund in refunds]
 
     # ---- orchestrator: sessions, instruments, payments ----------------------------------------
     def create_client_session(self, body: dict) -> dict:

@@ -12,7 +12,7 @@ from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, inbox
 from billingctl.services.invoices import apply_copy
-from billingctl.services.payments import apply_refund_report, record_payment
+from billingctl.services.payments import apply_refund_report, record_payment, reverse_refund
 from billingctl.services.sync import apply_remote_subscription
 
 log = logging.getLogger("billingctl.events")
@@ -103,21 +103,39 @@ def record_reported_payment(container, payment_id: str, content: EventContent, p
 
 
 def _refund(container, kind: str, content: EventContent) -> dict:
+    """A refund the provider reports: the workflow's mirror of a refund at the orchestrator, or one finance
+    recorded there, made by wire or cheque outside the orchestrator (decision 212). What the customer got
+    back is the larger of the two books' totals: the orchestrator's refunded amount, and the refunds the
+    provider lists on the payment (the mirrored ones with those made outside); a payment entered at the
+    provider has only the latter."""
     txn, note = content.transaction, content.credit_note
     if kind == "credit_note_created" and (note is None or note.type != "refundable"):
         return {"outcome": "ignored"}
+    payment_id, at_provider = _refunded_payment(container, txn, note)
+    if not payment_id:
+        return {"outcome": "unknown_payment"}
+    try:
+        refunded = container.orchestrator.get_payment(payment_id).refunded
+    except e.ExternalNotFound:  # entered at the provider: its books alone
+        return reverse_refund(container, payment_id, at_provider, "event_poller")
+    result = apply_refund_report(container, payment_id, max(refunded, at_provider), "event_poller")
+    if at_provider > refunded and result["outcome"] == "recorded":  # recorded now, with the orchestrator's
+        result["refund"] = reverse_refund(container, payment_id, at_provider, "event_poller")
+    return result
+
+
+def _refunded_payment(container, txn: Transaction | None, note) -> tuple[str | None, int]:
+    """The payment a provider refund gives money back of, and all the provider holds as given back of it
+    (read from the payment's transaction that the refund names; 0 when it names none)."""
+    if txn is not None and txn.type == "refund" and txn.reference_transaction_id:
+        paid = container.provider.get_transaction(txn.reference_transaction_id)
+        return paid.payment_reference(), paid.refunded
     payment_id = None
     invoice_id = note.reference_invoice_id if note is not None else None
     with container.uow() as uow:
         if invoice_id:
             payment_id = uow.purchases.paying_invoice(invoice_id)
-    payment_id = payment_id or (txn.reference_number if txn is not None else None)
-    if not payment_id:
-        return {"outcome": "unknown_payment"}
-    # The orchestrator's cumulative refunded amount makes every report of one refund agree.
-    payment = container.orchestrator.get_payment(payment_id)
-    refunded = payment.refunded
-    return apply_refund_report(container, payment_id, refunded, "event_poller")
+    return payment_id or (txn.reference_number if txn is not None else None), 0
 
 
 def _analytics(container, event: Event, payload: dict) -> None:

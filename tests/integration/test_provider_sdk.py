@@ -158,6 +158,40 @@ def test_the_sdk_removes_a_payment_from_an_invoice_and_applies_it_again_as_the_p
     assert kinds[-2:] == ["invoice_updated", "invoice_updated"]
 
 
+def test_the_sdk_records_a_refund_made_outside_the_provider_on_a_paid_invoice(sdk, served):
+    """Decision 212: finance records a refund made by wire or cheque (the provider's record_refund): a
+    refundable credit note with status refunded and a refund transaction naming the payment, which lists it
+    in its linked_refunds; sent as credit_note_created and payment_refunded. Refused as the provider refuses:
+    no date, a date in the future, more than is refundable, an unpaid invoice."""
+    sdk.Customer.create({"id": "rf1", "auto_collection": "off"})
+    invoice_id = sdk.Subscription.create_with_items("rf1", {"subscription_items": [{"item_price_id": PLAN}]}).invoice.id
+    now = int(time.time())
+    wire = lambda amount, date=now: sdk.Invoice.record_refund(invoice_id, {"transaction": {  # noqa: E731
+        "amount": amount, "payment_method": "bank_transfer", "date": date, "reference_number": "WIRE-1"}})
+    assert refused(lambda: wire(300)) == (400, "invalid_state_for_request")  # nothing paid yet
+    paid = sdk.Invoice.record_payment(invoice_id, {"transaction": {
+        "amount": 999, "payment_method": "other", "reference_number": "pay_rf1"}}).transaction.id
+    assert refused(lambda: sdk.Invoice.record_refund(invoice_id, {"transaction": {
+        "amount": 300, "payment_method": "bank_transfer"}})) == (400, "param_wrong_value")  # no date
+    assert refused(lambda: wire(300, now + 3600)) == (400, "param_wrong_value")
+    assert refused(lambda: wire(1000)) == (400, "param_wrong_value")
+    first = wire(300)
+    assert (first.credit_note.type, first.credit_note.status, first.credit_note.total,
+            first.credit_note.reference_invoice_id) == ("refundable", "refunded", 300, invoice_id)
+    assert (first.transaction.type, first.transaction.amount, first.transaction.reference_transaction_id,
+            first.transaction.reference_number) == ("refund", 300, paid, "WIRE-1")
+    assert [(r.txn_id, r.txn_amount) for r in sdk.Transaction.retrieve(paid).transaction.linked_refunds] == \
+        [(first.transaction.id, 300)]
+    assert first.invoice.status == "paid"
+    kinds = [e.event.event_type for e in sdk.Event.list({"occurred_at": {"after": 0},
+                                                          "sort_by": {"asc": "occurred_at"}}).list]
+    assert kinds[-2:] == ["credit_note_created", "payment_refunded"]
+    assert refused(lambda: wire(700)) == (400, "param_wrong_value")  # 699 left to refund
+    rest = sdk.Invoice.record_refund(invoice_id, {"transaction": {"payment_method": "bank_transfer", "date": now}})
+    assert rest.transaction.amount == 699  # all that is refundable when no amount is given
+    assert refused(lambda: wire(1)) == (400, "invalid_state_for_request")
+
+
 def test_the_sdk_writes_off_an_unpaid_invoice_as_the_provider_documents(sdk, served):
     """Decision 185: a write-off makes a payable invoice paid with nothing paid, its amount due written off
     through an adjustment credit note; a paid invoice cannot be written off."""

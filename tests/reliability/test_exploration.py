@@ -286,6 +286,13 @@ class Exploration(RuleBasedStateMachine):
         self.step(seed, "world: remove_payment")
         self.m.remove_payment()
 
+    @rule(seed=st.integers(0, 2**32))
+    def finance_refunds_at_the_provider(self, seed):
+        """Finance pays a customer back by wire and records it on the paid invoice at the provider's console
+        (decision 212)."""
+        self.step(seed, "world: refund recorded at the provider")
+        self.m.refund_at_provider()
+
     @rule(count=st.integers(1, 6))
     def provider_refuses_records(self, count):
         """The provider fails its next `count` payment records and nothing else: a paid checkout is activated

@@ -232,6 +232,26 @@ class Model:
                                     uow.purchases.reported_on(invoice_id)}
         self.note(f"finance removes {payment_id} from {invoice_id}")
 
+    def refund_at_provider(self) -> None:
+        """Finance pays a customer back by wire, outside the orchestrator, and records it on the paid invoice
+        at the provider's console: all that is refundable, or half of it (decision 212)."""
+        charges = {p["id"] for p in self.sandbox.store.all("payment")}
+        paid = [invoice for invoice in self.sandbox.store.all("invoice") if invoice["status"] == "paid" and any(
+            (self.sandbox.store.get("transaction", link["txn_id"]) or {}).get("reference_number") in charges
+            for link in invoice.get("linked_payments") or [])]
+        if not paid:
+            return
+        invoice = self.rng.choice(sorted(paid, key=lambda i: i["id"]))
+        left = int(invoice["amount_paid"]) - sum(int(n["cn_total"]) for n in invoice.get("issued_credit_notes") or []
+                                                 if n["cn_status"] == "refunded")
+        amount = None if self.rng.random() < 0.5 or left < 2 else left // 2
+        try:
+            answer = self.sandbox.record_refund(invoice["id"], amount, "bank_transfer", self.sandbox.now(), "wire")
+        except SandboxError as exc:  # nothing left to refund
+            self.note(f"finance records a refund on {invoice['id']}: refused ({exc.api_error_code})")
+            return
+        self.note(f"finance records a refund of {answer['credit_note']['total']} on {invoice['id']}")
+
     def write_off(self) -> None:
         """Finance writes off an unpaid invoice at the provider's console, whatever is in flight for it at
         the orchestrator (decision 185)."""
@@ -472,7 +492,7 @@ class Model:
                 (self.dispute, 0.5), (self.expire_card, 0.3), (self.charges_in_flight, 0.5),
                 (self.finish_charges, 2), (self.cancel_by_operator, 0.5),
                 (self.hang_charge, 0.2), (self.cancel_at_term_end_at_provider, 0.2),
-                (self.remove_scheduled_cancellation_at_provider, 0.1)]
+                (self.remove_scheduled_cancellation_at_provider, 0.1), (self.refund_at_provider, 0.2)]
 
     def day(self) -> None:
         actions, weights = zip(*self.actions(), strict=True)
@@ -626,13 +646,18 @@ class Model:
                 found.append(f"credits differ from the ledger for {user}")
         charged_back = sandbox.charged_back()
         applied = Counter()  # what the provider holds each of our payments paid on its invoice
+        wired = Counter()  # and given back of it (refunds, the mirrored ones with those recorded there)
         for txn in sandbox.store.all("transaction"):
             if txn.get("type") == "payment" and txn.get("reference_number"):
                 applied[txn["reference_number"]] += sum(link["applied_amount"] for link in txn["linked_invoices"])
+                wired[txn["reference_number"]] += sum(r["txn_amount"] for r in txn.get("linked_refunds") or []
+                                                      if r["txn_status"] == "success")
         for p in settled:  # what the orchestrator refunded is taken back: the refunded share of the credits
             # (all of them once a chargeback returned the money); of a payment whose invoice another payment
             # paid in part, what the invoice did not take is an excess, and giving it back takes back nothing
-            row, refunded = purchases.get(p["id"]), min(p["processor"].get("amountRefunded", 0), p["amount"])
+            # (or what the provider holds as given back of it: a refund finance recorded there, decision 212)
+            row = purchases.get(p["id"])
+            refunded = min(max(p["processor"].get("amountRefunded", 0), wired[p["id"]]), p["amount"])
             refunded = p["amount"] if p["id"] in charged_back else refunded
             excess = p["amount"] - applied[p["id"]] if 0 < applied[p["id"]] < p["amount"] else 0
             refunded, paying = max(refunded - excess, 0), p["amount"] - excess

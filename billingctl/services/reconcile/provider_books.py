@@ -10,6 +10,7 @@ from billingctl.adapters.db.books import BILLED
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
 from billingctl.domain.lifecycle import REVIEW_HUMAN, REVIEW_OPEN, REVIEW_REFUNDED
+from billingctl.domain.refunds import credits_to_reverse
 from billingctl.services.reconcile.orchestrator_books import _pages
 from billingctl.services.reconcile.rules import GRACE, REFUND_WINDOW
 
@@ -19,6 +20,7 @@ UNPAID = ("pending", "posted", "payment_due", "not_paid", "voided")
 def check(container, now, span, add, progress=None) -> int:
     since = span.since or now - REFUND_WINDOW
     _check_transactions(container, since, add)
+    _check_refunds(container, now, since, add)
     _check_invoices(container, now, since, add)
     return _check_subscriptions(container, span, add, progress)
 
@@ -46,6 +48,31 @@ def _check_transactions(container, since, add) -> None:
                 add("recorded_not_on_provider_invoice", {
                     "payment_id": row.transaction_id, "invoice_id": row.invoice_id,
                     "detail": "marked recorded, but no provider transaction carries it"}, at=row.provider_recorded_at)
+
+
+def _check_refunds(container, now, since, add) -> None:
+    """A refund the provider holds (the workflow's mirror of one at the orchestrator, or one finance recorded
+    there, made outside the orchestrator: decision 212) whose share of its payment's credits is not taken
+    back. The refunds in the window name their payments; each payment is read once for all its refunds."""
+    named: dict[str, object] = {}
+    for txn in container.provider.list_transactions("refund", since):
+        at = parse_time(txn.date)
+        if txn.status == "success" and txn.reference_transaction_id and at is not None and now - at > GRACE:
+            named.setdefault(txn.reference_transaction_id, at)
+    for txn_id, at in sorted(named.items()):
+        paid = container.provider.get_transaction(txn_id)
+        payment_id = paid.payment_reference()
+        with container.uow() as uow:
+            bought = uow.purchases.by_payment_id(payment_id) if payment_id else None
+            done = uow.ledger.reversed_for(payment_id) if bought is not None else 0
+        if bought is None:  # never recorded: the payment checks name it
+            continue
+        expected = credits_to_reverse(bought["credits"], bought["amount"], bought["returned_excess"], paid.refunded)
+        if done < expected:
+            add("refund_not_reversed", {
+                "payment_id": payment_id, "user_id": bought["user_id"],
+                "detail": f"refunded {paid.refunded} of {bought['amount']} at the provider: {done} of {expected} "
+                          "credits reversed"}, at=at)
 
 
 def _check_invoices(container, now, since, add) -> None:
