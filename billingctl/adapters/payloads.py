@@ -319,6 +319,14 @@ class LinkedPayment(Open):
     applied_amount: int | None = None
 
 
+class IssuedCreditNote(Open):
+    """A refundable credit note on an invoice: `refunded` when money went back (decision 212)."""
+    cn_id: Ref | None = None
+    cn_total: int | None = None
+    cn_status: Text | None = None
+    cn_date: UnixTime | None = None
+
+
 class Invoice(Open):
     """The provider's invoice (status judged by domain.lifecycle.INVOICE)."""
     noun: ClassVar[str] = "invoice"
@@ -339,8 +347,10 @@ class Invoice(Open):
     deleted: bool | None = None  # finance deleted it at the provider (`invoice_deleted`): owed by nobody
     line_items: list[LineItem] = Field(default_factory=list)
     linked_payments: list[LinkedPayment] = Field(default_factory=list)
+    issued_credit_notes: list[IssuedCreditNote] = Field(default_factory=list)
 
-    _lists = field_validator("line_items", "linked_payments", mode="before")(lambda v: [] if v is None else v)
+    _lists = field_validator("line_items", "linked_payments", "issued_credit_notes", mode="before")(
+        lambda v: [] if v is None else v)
 
     @property
     def item_price_id(self) -> str | None:

@@ -97,15 +97,21 @@ def _ours(books: dict, line) -> None:
              + (f" ({r['reason']})" if r["reason"] else ""), target=r["target"])
 
 
+def _reversed(books: dict) -> dict[str, int]:
+    """Credits taken back of each payment (refunds, lost disputes)."""
+    reversed_: dict[str, int] = {}
+    for r in books["ledger"]:
+        if r["reason"] != "payment" and r["payment_id"]:
+            reversed_[r["payment_id"]] = reversed_.get(r["payment_id"], 0) - r["amount"]
+    return reversed_
+
+
 def _orchestrator(container, user_id: str, books: dict, line) -> dict:
     """The customer's payments at the orchestrator (each captured one read for its refunds), flagged where
     ours do not follow."""
     recorded = {r["transaction_id"]: r for r in books["purchases"]}
     reviewed = {r["payment_id"] for r in books["reviews"]}
-    reversed_: dict[str, int] = {}
-    for r in books["ledger"]:
-        if r["reason"] != "payment" and r["payment_id"]:
-            reversed_[r["payment_id"]] = reversed_.get(r["payment_id"], 0) - r["amount"]
+    reversed_ = _reversed(books)
     payments = {}
     for summary in container.orchestrator.list_payments(status=None, customer_id=user_id):
         payment = container.orchestrator.get_payment(summary.id) if summary.status in CAPTURED_STATUSES else summary
@@ -149,3 +155,24 @@ def _provider(container, user_id: str, books: dict, payments: dict, line) -> Non
                 flag = "purchase_on_unpaid_invoice"
             line(invoice.updated_at or invoice.date, PROVIDER, f"invoice {invoice.status}, {invoice.total} "
                  f"{invoice.currency_code}", flag, invoice=invoice.id, subscription=remote.id)
+            _provider_refunds(invoice, books, payments, line, subscription=remote.id)
+
+
+def _provider_refunds(invoice, books: dict, payments: dict, line, **ids) -> None:
+    """The refunds the provider records on an invoice (the workflow's mirror of the orchestrator's, or one
+    finance recorded: decision 212), flagged when it holds more given back than the orchestrator and the
+    share of credits of the invoice's one purchase is not taken back."""
+    notes = [n for n in invoice.issued_credit_notes if n.cn_status == "refunded"]
+    on_it = [r for r in books["purchases"] if r["invoice_id"] == invoice.id]
+    for number, note in enumerate(notes, 1):
+        flag = None
+        if number == len(notes) and len(on_it) == 1:
+            bought, given = on_it[0], sum(int(n.cn_total or 0) for n in notes)
+            payment = payments.get(bought["transaction_id"])
+            at_orchestrator = payment.refunded if payment is not None else 0
+            expected = credits_to_reverse(bought["credits"], bought["amount"], bought["returned_excess"],
+                                          max(given, at_orchestrator))
+            if given > at_orchestrator and _reversed(books).get(bought["transaction_id"], 0) < expected:
+                flag = "refund_not_reversed"
+        line(note.cn_date, PROVIDER, f"refund of {note.cn_total} {invoice.currency_code} recorded (credit note "
+             f"{note.cn_id})", flag, invoice=invoice.id, **ids)

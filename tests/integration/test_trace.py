@@ -90,3 +90,23 @@ def test_an_excess_refunded_because_a_cheque_paid_part_of_the_invoice_is_no_disa
     assert [line["what"] for line in report["timeline"] if "excess" in line["what"]] == [
         f"payment recorded on the provider's invoice for the rest of it, {invoice['amount_due'] - excess}; "
         f"{excess} refunded as an excess"]
+
+
+def test_a_refund_recorded_at_the_provider_is_on_the_timeline_and_flagged_until_its_credits_are_back(
+        one_try_world):
+    """Decision 212: finance paid the customer back by wire and recorded it at the provider. The timeline
+    shows the provider's refund, flagged while its share of credits stands; once the poll took it back the
+    books agree."""
+    from billingctl.services.events import poll
+    from tests.integration.test_provider_refunds import _invoice_paid_by
+
+    world = one_try_world
+    co, payment = paid(world)
+    invoice = _invoice_paid_by(world, payment["id"])
+    world.sandbox.record_refund(invoice["id"], 999, "bank_transfer", world.sandbox.now(), "WIRE-7")
+    traced = trace(world.c, "user_t")
+    assert [(d["check"], d["invoice"]) for d in traced["disagreements"]] == [("refund_not_reversed", invoice["id"])]
+    assert [r["what"] for r in traced["timeline"] if r["what"].startswith("refund of")] == [
+        f"refund of 999 USD recorded (credit note {world.sandbox.store.all('credit_note')[-1]['id']})"]
+    poll(world.c)
+    assert trace(world.c, "user_t")["agree"]
