@@ -334,12 +334,17 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
         return idempotent(lambda: sandbox.record_payment(invoice_id, int(amount) if amount else due, reference,
                                                          method))
 
+    def refund_fields(name) -> tuple:
+        """(amount, payment method, date, reference number) of a recorded refund, each optional here: the
+        sandbox's model refuses what the provider refuses."""
+        amount, date = form(name("amount"), required=False), form(name("date"), required=False)
+        return (int(amount) if amount else None, form(name("payment_method"), required=False),
+                int(date) if date else None, form(name("reference_number"), required=False))
+
     @app.post(f"{prefix}/invoices/<invoice_id>/record_refund")
     def record_refund(invoice_id):  # finance's action; our client never calls it
-        amount, date = form("transaction[amount]", required=False), form("transaction[date]", required=False)
-        return idempotent(lambda: sandbox.record_refund(
-            invoice_id, int(amount) if amount else None, form("transaction[payment_method]", required=False),
-            int(date) if date else None, form("transaction[reference_number]", required=False)))
+        fields = refund_fields(lambda n: f"transaction[{n}]")
+        return idempotent(lambda: sandbox.record_refund(invoice_id, *fields))
 
     @app.post(f"{prefix}/invoices/<invoice_id>/write_off")
     def write_off(invoice_id):  # finance's action; our client never calls it
@@ -362,6 +367,11 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     def list_transactions():
         return page("transaction", "transaction", equals("type", "type", TRANSACTION_TYPES) + after("date"),
                     sort_key("date", ("date", "updated_at")))
+
+    @app.post(f"{prefix}/transactions/<txn_id>/record_refund")
+    def record_transaction_refund(txn_id):  # finance's action; our client never calls it
+        fields = refund_fields(lambda n: n)
+        return idempotent(lambda: sandbox.record_transaction_refund(txn_id, *fields))
 
     @app.get(f"{prefix}/transactions/<txn_id>")
     def get_transaction(txn_id):

@@ -596,11 +596,7 @@ class Sandbox:
             return None
         original = self.store.get("transaction", ref["id"])
         if not original.get("linked_invoices"):
-            unused = min(int(amount), int(original.get("amount_unused") or 0))
-            original["amount_unused"] = int(original.get("amount_unused") or 0) - unused
-            self._excess_payments(original["customer_id"], -unused)
-            refund = self._refund_txn(original, amount, "other", self.now(), reference_number)
-            return self.emit("payment_refunded", {"transaction": refund})
+            return self._refund_unused(original, amount, "other", self.now(), reference_number)
         invoice = self.invoice(original["linked_invoices"][0]["invoice_id"])
         note, refunds = self._refund_note(invoice, [(original, int(amount))], "other", self.now(), reference_number)
         return refunds[-1]
@@ -648,6 +644,40 @@ class Sandbox:
         note, refunds = self._refund_note(invoice, shares, payment_method, int(date), reference_number)
         return {"invoice": self.invoice(invoice_id), "credit_note": note, "transaction": refunds[0]["content"][
             "transaction"]}
+
+    def record_transaction_refund(self, txn_id: str, amount: int | None, payment_method: str | None,
+                                  date: int | None, reference_number: str | None = None) -> dict:
+        """Finance records a refund made outside the provider of a payment's unused amount (one removed from
+        its invoice: the customer's excess payments): the provider's `POST /transactions/{id}/record_refund`,
+        "applicable only for transactions of type = payment", the amount (all of `amount_unused` when
+        omitted) at most `amount_unused`; `payment_method` and `date` required. A console action here; sent
+        as `payment_refunded` (decision 212)."""
+        txn = self.store.get("transaction", txn_id)
+        if txn is None:
+            raise SandboxError(404, f"Sorry, we couldn't find that resource: {txn_id}", "resource_not_found")
+        if txn.get("type") != "payment":
+            raise SandboxError(400, "Refund can be recorded only for transactions of type payment",
+                               "invalid_state_for_request")
+        for name, value in (("payment_method", payment_method), ("date", date)):
+            if value in (None, ""):
+                raise SandboxError(400, f"{name} : cannot be blank", "param_wrong_value", name)
+        if int(date) > self.now():
+            raise SandboxError(400, "date : cannot be in the future", "param_wrong_value", "date")
+        unused = int(txn.get("amount_unused") or 0)
+        if unused <= 0:
+            raise SandboxError(400, "The transaction has no unused amount to refund", "invalid_state_for_request")
+        amount = unused if amount is None else int(amount)
+        if not 0 < amount <= unused:
+            raise SandboxError(400, "amount : cannot be more than amount_unused", "param_wrong_value", "amount")
+        return self._refund_unused(txn, amount, payment_method, int(date), reference_number)["content"]
+
+    def _refund_unused(self, txn: dict, amount: int, method: str, date: int, reference: str | None) -> dict:
+        """A refund of a payment's unused amount, lowering the customer's excess payments; no credit note."""
+        given = min(int(amount), int(txn.get("amount_unused") or 0))
+        txn["amount_unused"] = int(txn.get("amount_unused") or 0) - given
+        self._excess_payments(txn["customer_id"], -given)
+        refund = self._refund_txn(txn, amount, method, date, reference)
+        return self.emit("payment_refunded", {"transaction": refund})
 
     def _refund_txn(self, payment: dict, amount: int, method: str, date: int, reference: str | None) -> dict:
         """One refund transaction of a payment (its `reference_transaction_id`), listed in the payment's

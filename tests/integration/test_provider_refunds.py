@@ -114,3 +114,19 @@ def test_reconcile_names_a_refund_recorded_at_the_provider_whose_credits_stand(w
         (payment["id"], "refunded 999 of 1999 at the provider: 0 of 999 credits reversed")]
     poll(world.c)
     assert reconcile(world.c, full=True)["violations"] == []
+
+
+def test_a_payment_removed_from_its_invoice_and_paid_back_by_wire_takes_its_credits_back(world):
+    """Finance removed our payment from its invoice (the customer's excess payments hold it, decision 184),
+    then paid it back by wire and recorded that on the transaction: its credits are taken back."""
+    from billingctl.services.events import poll
+
+    payment, invoice = _checkout_payment(world)
+    txn = world.sandbox.store.get("transaction_by_ref", payment["id"])["id"]
+    world.sandbox.remove_payment(invoice["id"], txn)
+    poll(world.c)
+    assert world.credits() == 2000
+    world.sandbox.record_transaction_refund(txn, None, "bank_transfer", world.sandbox.now())
+    poll(world.c)
+    assert world.credits() == 0
+    assert _inbox_failures(world) == []

@@ -192,6 +192,32 @@ def test_the_sdk_records_a_refund_made_outside_the_provider_on_a_paid_invoice(sd
     assert refused(lambda: wire(1)) == (400, "invalid_state_for_request")
 
 
+def test_the_sdk_records_a_refund_of_what_a_payment_removed_from_its_invoice_left_unused(sdk, served):
+    """Decision 212: a payment finance removed from its invoice is the customer's excess payments; finance
+    may pay it back outside the provider and record that on the transaction (its record_refund: type
+    payment only, at most its amount_unused)."""
+    sdk.Customer.create({"id": "ru1", "auto_collection": "off"})
+    invoice_id = sdk.Subscription.create_with_items("ru1", {"subscription_items": [{"item_price_id": PLAN}]}).invoice.id
+    txn = sdk.Invoice.record_payment(invoice_id, {"transaction": {
+        "amount": 999, "payment_method": "other", "reference_number": "pay_ru1"}}).transaction.id
+    now = int(time.time())
+    back = lambda amount=None: sdk.Transaction.record_refund(txn, {  # noqa: E731
+        "payment_method": "bank_transfer", "date": now, **({"amount": amount} if amount else {})})
+    assert refused(back) == (400, "invalid_state_for_request")  # applied to its invoice: nothing unused
+    sdk.Invoice.remove_payment(invoice_id, {"transaction": {"id": txn}})
+    assert refused(lambda: back(1000)) == (400, "param_wrong_value")
+    assert refused(lambda: sdk.Transaction.record_refund(txn, {"payment_method": "bank_transfer"})) == \
+        (400, "param_wrong_value")  # no date
+    refund = back(400).transaction
+    assert (refund.type, refund.amount, refund.reference_transaction_id) == ("refund", 400, txn)
+    paid = sdk.Transaction.retrieve(txn).transaction
+    assert (paid.amount_unused, [r.txn_amount for r in paid.linked_refunds]) == (599, [400])
+    assert sdk.Customer.retrieve("ru1").customer.excess_payments == 599
+    assert refused(lambda: sdk.Transaction.record_refund(refund.id, {"payment_method": "bank_transfer",
+                                                                     "date": now})) == \
+        (400, "invalid_state_for_request")  # a refund is not a payment
+
+
 def test_the_sdk_writes_off_an_unpaid_invoice_as_the_provider_documents(sdk, served):
     """Decision 185: a write-off makes a payable invoice paid with nothing paid, its amount due written off
     through an adjustment credit note; a paid invoice cannot be written off."""

@@ -234,8 +234,16 @@ class Model:
 
     def refund_at_provider(self) -> None:
         """Finance pays a customer back by wire, outside the orchestrator, and records it on the paid invoice
-        at the provider's console: all that is refundable, or half of it (decision 212)."""
+        at the provider's console: all that is refundable, or half of it; or pays back what a payment removed
+        from its invoice left unused, recorded on the transaction (decision 212)."""
         charges = {p["id"] for p in self.sandbox.store.all("payment")}
+        unused = sorted(t["id"] for t in self.sandbox.store.all("transaction") if t.get("type") == "payment"
+                        and t.get("reference_number") in charges and int(t.get("amount_unused") or 0) > 0)
+        if unused and self.rng.random() < 0.5:
+            txn = self.rng.choice(unused)
+            answer = self.sandbox.record_transaction_refund(txn, None, "bank_transfer", self.sandbox.now())
+            self.note(f"finance records a refund of {answer['transaction']['amount']} unused of {txn}")
+            return
         paid = [invoice for invoice in self.sandbox.store.all("invoice") if invoice["status"] == "paid" and any(
             (self.sandbox.store.get("transaction", link["txn_id"]) or {}).get("reference_number") in charges
             for link in invoice.get("linked_payments") or [])]
