@@ -286,7 +286,9 @@ def cleanup_expired(container, dry_run: bool = False) -> dict:
                        failed=len(failed), skipped=len(skipped), errors=failed)
 
 
-AUTHORIZATION_LOOKBACK = timedelta(days=30)  # an issuer's authorization lapses well within this
+# Card networks hold an authorization about a week: captured later, it is a late presentment the issuer may
+# refuse or charge back, so an older one is voided.
+AUTHORIZATION_LIFE = timedelta(days=7)
 
 
 def finish_authorizations(container, dry_run: bool = False) -> dict:
@@ -294,7 +296,8 @@ def finish_authorizations(container, dry_run: bool = False) -> dict:
     authorization limit (`renewal_authorized_max_minutes`, the one reconcile judges every authorization
     by): captured, since the customer bought the plan (its answer recorded at once), or voided
     when the checkout is no longer owed: its subscription cancelled, its customer frozen, or another
-    payment paid it (decision 211). Renewal charges are the renewal tick's; one payment never stops the
+    payment paid it (decision 211), or when the authorization is older than a card authorization lives
+    (decision 213). Renewal charges are the renewal tick's; one payment never stops the
     others. Without this the clean-up cancelled the subscription a day later and left the money held.
     `dry_run`: what it would capture and void, doing neither."""
     from billingctl.services.payments import CAPTURED_STATUSES, record_payment
@@ -302,12 +305,14 @@ def finish_authorizations(container, dry_run: bool = False) -> dict:
     limit = timedelta(minutes=container.settings.renewal_authorized_max_minutes)
     captured, voided, failed = [], [], []
     try:
-        listed = [p.id for p in container.orchestrator.list_payments("AUTHORIZED", now - AUTHORIZATION_LOOKBACK)
-                  if p.settled_at is not None and now - p.settled_at > limit]  # p's date: when it was made
+        # Every authorization, however old (they are few: a finished one leaves the status); p's date: when
+        # it was made.
+        listed = {p.id: p.settled_at for p in container.orchestrator.list_payments("AUTHORIZED")
+                  if p.settled_at is not None and now - p.settled_at > limit}
     except e.BillingError as exc:
         return {"captured": [], "voided": [], "failed": [{"id": "*", "error": f"listing authorizations: "
                                                                                 f"{exc.message}"}]}
-    for payment_id in listed:
+    for payment_id, made in listed.items():
         try:
             payment = container.orchestrator.get_payment(payment_id)
             if payment.status != "AUTHORIZED" or payment.is_renewal:
@@ -315,6 +320,8 @@ def finish_authorizations(container, dry_run: bool = False) -> dict:
             with container.uow(autocommit=True) as uow:
                 bought = uow.checkouts.by_order_id(payment.order_id) if payment.order_id else None
                 why = _not_owed(uow, bought, payment_id) if bought is not None else None
+            if why is None and now - made > AUTHORIZATION_LIFE:
+                why = "authorization older than a week"
             if bought is None:
                 continue  # not a checkout of ours: reconcile names it
             if dry_run:

@@ -407,6 +407,36 @@ def test_a_checkout_authorization_the_workflow_never_captured_is_captured_past_i
     assert [p["status"] for p in world.sandbox.store.all("payment")] == [at_orchestrator["status"]]
 
 
+def test_a_checkout_authorization_nobody_finished_for_a_month_is_voided_not_captured(world):
+    """Found by the exploration (2026-11-28): the clean-up did not run for a month after a checkout's
+    capture step failed. It listed the orchestrator's authorizations of the last 30 days only, so this one
+    stayed AUTHORIZED for ever. It now lists every authorization (they are few: finished ones leave the
+    status), and one older than a card authorization's life (a week) is voided, not captured: a capture
+    that late is a late presentment the issuer may refuse or charge back."""
+    from billingctl.services.checkout import cleanup_expired
+
+    co = world.checkout()
+    payment = world.sandbox.pay(co["order_id"], capture=False)
+    world.advance(31 * 86400)
+    done = cleanup_expired(world.c)
+    assert world.sandbox.store.get("payment", payment["id"])["status"] == "CANCELLED"
+    assert done["voided"] == [payment["id"]] and done["captured"] == []
+    assert world.purchases(payment["id"]) == 0 and world.credits() == 0
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"  # the day-old checkout
+
+
+def test_reconcile_names_an_authorization_held_longer_than_its_refund_window(world):
+    """The same history seen by reconcile: it listed the in-flight payments of its 35-day refund window, so
+    an authorization nobody finished for longer was no longer named (a false clean). It lists every one."""
+    from billingctl.services.reconcile import reconcile
+
+    co = world.checkout()
+    payment = world.sandbox.pay(co["order_id"], capture=False)
+    world.advance(40 * 86400)
+    named = [v["payment_id"] for v in reconcile(world.c)["violations"] if v["check"] == "charge_in_flight_too_long"]
+    assert named == [payment["id"]]
+
+
 def test_an_in_flight_row_whose_invoice_left_payment_due_is_swept_to_its_end(world):
     """The webhook recorded the payment before the tick wrote its in-flight row: the invoice is paid, so
     the tick no longer lists it; the sweep reads the charge and ends the row."""

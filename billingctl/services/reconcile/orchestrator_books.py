@@ -134,9 +134,11 @@ def _check_refund(container, payment_id: str, credits: int, returned_excess: int
 
 def _check_in_flight(container, now, add) -> None:
     """No payment authorized and never captured, or settling, past its age limit (the renewal tick and the
-    checkout cleanup capture or cancel them at the limit; past it and the grace, nothing did)."""
+    checkout cleanup capture or cancel them at the limit; past it and the grace, nothing did). Every one,
+    however old: they are few (a finished payment leaves these statuses), and one older than the refund
+    window is still money held (decision 213)."""
     limit = limits(container.settings)
-    for payment in container.orchestrator.list_payments(",".join(IN_FLIGHT_LISTED), from_date=now - REFUND_WINDOW):
+    for payment in container.orchestrator.list_payments(",".join(IN_FLIGHT_LISTED)):
         started = payment.settled_at  # the payment's date: when it was created
         allowed = (limit.authorized if payment.status == "AUTHORIZED" else limit.in_flight) + limit.grace
         if started is not None and now - started > allowed:
