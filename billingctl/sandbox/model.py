@@ -598,8 +598,7 @@ class Sandbox:
         if not original.get("linked_invoices"):
             return self._refund_unused(original, amount, "other", self.now(), reference_number)
         invoice = self.invoice(original["linked_invoices"][0]["invoice_id"])
-        note, refunds = self._refund_note(invoice, [(original, int(amount))], "other", self.now(), reference_number)
-        return refunds[-1]
+        return self._refund_note(invoice, [(original, int(amount))], "other", self.now(), reference_number)[1][-1]
 
     def record_refund(self, invoice_id: str, amount: int | None, payment_method: str, date: int | None,
                       reference_number: str | None = None) -> dict:

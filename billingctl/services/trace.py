@@ -33,8 +33,9 @@ def trace(container, any_id: str) -> dict:
             flags.append({"check": flag, **ids, "detail": what})
 
     _ours(books, line)
-    payments = _orchestrator(container, user_id, books, line)
-    _provider(container, user_id, books, payments, line)
+    reversed_ = _reversed(books)
+    payments = _orchestrator(container, user_id, books, reversed_, line)
+    _provider(container, user_id, books, payments, reversed_, line)
     if books["user"]:
         credits, ledger = books["user"][0]["credits"], sum(r["amount"] for r in books["ledger"])
         if credits != ledger:
@@ -106,12 +107,11 @@ def _reversed(books: dict) -> dict[str, int]:
     return reversed_
 
 
-def _orchestrator(container, user_id: str, books: dict, line) -> dict:
+def _orchestrator(container, user_id: str, books: dict, reversed_: dict[str, int], line) -> dict:
     """The customer's payments at the orchestrator (each captured one read for its refunds), flagged where
     ours do not follow."""
     recorded = {r["transaction_id"]: r for r in books["purchases"]}
     reviewed = {r["payment_id"] for r in books["reviews"]}
-    reversed_ = _reversed(books)
     payments = {}
     for summary in container.orchestrator.list_payments(status=None, customer_id=user_id):
         payment = container.orchestrator.get_payment(summary.id) if summary.status in CAPTURED_STATUSES else summary
@@ -137,7 +137,7 @@ def _orchestrator(container, user_id: str, books: dict, line) -> dict:
     return payments
 
 
-def _provider(container, user_id: str, books: dict, payments: dict, line) -> None:
+def _provider(container, user_id: str, books: dict, payments: dict, reversed_: dict[str, int], line) -> None:
     local = {s["id"]: s for s in books["subscriptions"]}
     standing = {r["invoice_id"] for r in books["purchases"] if r["invoice_id"] and not r["closed_at"]}
     for remote in container.provider.list_subscriptions(customer_id=user_id):
@@ -155,10 +155,10 @@ def _provider(container, user_id: str, books: dict, payments: dict, line) -> Non
                 flag = "purchase_on_unpaid_invoice"
             line(invoice.updated_at or invoice.date, PROVIDER, f"invoice {invoice.status}, {invoice.total} "
                  f"{invoice.currency_code}", flag, invoice=invoice.id, subscription=remote.id)
-            _provider_refunds(invoice, books, payments, line, subscription=remote.id)
+            _provider_refunds(invoice, books, payments, reversed_, line, subscription=remote.id)
 
 
-def _provider_refunds(invoice, books: dict, payments: dict, line, **ids) -> None:
+def _provider_refunds(invoice, books: dict, payments: dict, reversed_: dict[str, int], line, **ids) -> None:
     """The refunds the provider records on an invoice (the workflow's mirror of the orchestrator's, or one
     finance recorded: decision 212), flagged when it holds more given back than the orchestrator and the
     share of credits of the invoice's one purchase is not taken back."""
@@ -172,7 +172,7 @@ def _provider_refunds(invoice, books: dict, payments: dict, line, **ids) -> None
             at_orchestrator = payment.refunded if payment is not None else 0
             expected = credits_to_reverse(bought["credits"], bought["amount"], bought["returned_excess"],
                                           max(given, at_orchestrator))
-            if given > at_orchestrator and _reversed(books).get(bought["transaction_id"], 0) < expected:
+            if given > at_orchestrator and reversed_.get(bought["transaction_id"], 0) < expected:
                 flag = "refund_not_reversed"
         line(note.cn_date, PROVIDER, f"refund of {note.cn_total} {invoice.currency_code} recorded (credit note "
              f"{note.cn_id})", flag, invoice=invoice.id, **ids)
