@@ -171,6 +171,22 @@ DISPUTE = Lifecycle(
 )
 
 
+def dispute_step(source: str | None, held_kind: str | None, target: str, kind: str | None) -> Step:
+    """A dispute's step judged by its stage as well as its state (decision 214). Primer's types are stages
+    in order (an inquiry, a chargeback, a pre-arbitration), and the table's cycles (a won or closed dispute
+    open again) are taken only by a later stage: news of an earlier stage than the one held, of the held
+    stage once decided, or naming no stage (DISPUTE.OPENED, `kind` None, for a dispute already held) is
+    stale, whatever state it names."""
+    if source is None:
+        return DISPUTE.step(None, target)
+    held = DISPUTE_TYPES.index(held_kind) if held_kind in DISPUTE_TYPES else 0
+    if kind is None or DISPUTE_TYPES.index(kind) < held:
+        return Step.STALE
+    if target == "open" and source in ("won", "closed") and DISPUTE_TYPES.index(kind) == held:
+        return Step.STALE
+    return DISPUTE.step(source, target)
+
+
 def dispute_state(kind: str | None, status: str | None) -> str | None:
     """Our state for one of Primer's (type, status) pairs; None for a pair it does not document.
     A retrieval is an inquiry (no money moved yet): it keeps the customer open until it ends; its EXPIRED

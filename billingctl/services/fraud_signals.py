@@ -9,7 +9,8 @@ each moves the dispute along domain.lifecycle.DISPUTE:
   net of refunds already reversed), the subscription it paid is cancelled at the provider (no further
   charge of a card that charged back), one chat alert.
 
-Stale news changes nothing; a contradiction (anything after lost but lost) and an undocumented type or
+Stale news changes nothing (a decided dispute opens again only with a later stage: decision 214); a
+contradiction (anything after lost but lost) and an undocumented type or
 status are reported: logged, counted, alerted."""
 
 from __future__ import annotations
@@ -34,10 +35,10 @@ def dispute_event_id(event_type: str, body: Dispute) -> str:
 
 def record_dispute(container, event_type: str, body: Dispute) -> dict:
     body = Dispute.read(body)  # the notification as it was stored: typed once, here
-    if event_type in OPENED:
-        kind, status = "DISPUTE", "OPEN"
+    if event_type in OPENED:  # names no stage: it opens a dispute we do not hold, and moves none we do
+        kind, status = None, "OPEN"
     elif event_type == "DISPUTE.STATUS":
-        kind, status = body.type, body.status
+        kind, status = body.type or "DISPUTE", body.status
     else:
         return unknown_notification(container, event_type, body.dispute_id)
     payment_id, dispute_id = body.payment_id, body.dispute_id
@@ -50,17 +51,18 @@ def record_dispute(container, event_type: str, body: Dispute) -> dict:
             uow.commit()
         return {"outcome": "unknown_status", "dispute_id": dispute_id}
     user_id, amount, subscription_id = _owner(container, payment_id)
-    words = {"kind": str(kind)[:16], "status": str(status)[:16]}
+    words = {"kind": kind and str(kind)[:16], "status": str(status)[:16]}
     with container.uow() as uow:
         row = uow.disputes.get(dispute_id)
-        source = row["state"] if row is not None else None
-        step = lifecycle.DISPUTE.step(source, target)
+        source, held_kind = (row["state"], row["kind"]) if row is not None else (None, None)
+        step = lifecycle.dispute_step(source, held_kind, target, kind)
         if step == lifecycle.Step.ILLEGAL:
             report_illegal(container, uow, lifecycle.IllegalTransition("dispute", dispute_id, source, target))
             uow.commit()
             return {"outcome": "illegal", "dispute_id": dispute_id, "state": source}
         if step != lifecycle.Step.APPLY:
-            uow.disputes.note(dispute_id, now, **words)
+            if step == lifecycle.Step.SAME:  # its latest words; stale news leaves the stage it held
+                uow.disputes.note(dispute_id, now, **words)
             uow.commit()
             if target == "lost" and step == lifecycle.Step.SAME:
                 _cancel_subscription(container, subscription_id, dispute_id)  # finish an interrupted loss
@@ -75,7 +77,7 @@ def record_dispute(container, event_type: str, body: Dispute) -> dict:
                 "currency_code": body.currency or None, "processor": processor, "created_at": now,
                 "updated_at": now, "decided_at": decided, **words})
         else:
-            moved = uow.disputes.move(dispute_id, target, lifecycle.DISPUTE.sources(target), now,
+            moved = uow.disputes.move(dispute_id, target, lifecycle.DISPUTE.sources(target), held_kind, now,
                                       decided_at=decided, **words)
         if not moved:  # another notification moved it first: judge this one again against what it wrote
             uow.rollback()

@@ -89,7 +89,8 @@ def _ours(books: dict, line) -> None:
              + (f" ({r['decline_code']})" if r["decline_code"] else ""), invoice=r["invoice_id"],
              payment=r["payment_id"])
     for r in books["disputes"]:
-        line(r["created_at"], OURS, f"dispute {r['kind']} opened", payment=r["payment_id"], dispute=r["dispute_id"])
+        line(r["created_at"], OURS, " ".join(filter(None, ("dispute", r["kind"], "opened"))), payment=r["payment_id"],
+             dispute=r["dispute_id"])
         if r["updated_at"] != r["created_at"]:
             line(r["updated_at"], OURS, f"dispute now {r['status']} ({r['state']})", payment=r["payment_id"],
                  dispute=r["dispute_id"])

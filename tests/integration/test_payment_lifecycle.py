@@ -508,6 +508,51 @@ def test_a_lost_dispute_reverses_the_payments_credits_once_and_cancels_its_subsc
     assert renewal_charges(world) == [] and run_renewals(world.c)["outcomes"].get("succeeded") is None
 
 
+def test_a_decided_dispute_is_reopened_only_by_a_later_stage_never_by_older_news(world):
+    """Decision 214: a won dispute may be taken to pre-arbitration, so the table lets `won` open again; it
+    also let older news of the same stage reopen it. Primer's retry of a CHALLENGED notification whose first
+    delivery failed arrived after the WON, or an operator replayed the stored OPEN (`events replay`): the
+    dispute was open again for good (no notification would come), and every renewal of the customer was
+    skipped for ever. A dispute opens again only with a later stage (retrieval, chargeback,
+    pre-arbitration); a notification of its stage once decided, or of an earlier stage, changes nothing."""
+    from billingctl.adapters.db.tables import event_inbox
+    from billingctl.services.webhook_events import replay
+
+    co = subscribed(world)
+    paid = world.sandbox.store.all("payment")[0]
+    opened = world.sandbox.dispute_status(paid["id"], "OPEN")["dispute"]
+    dispute_id = opened["processorDisputeId"]
+    reachable = world.sandbox.deliver
+    world.sandbox.deliver = lambda path, body, headers: 503  # the CHALLENGED's first delivery fails
+    try:
+        world.sandbox.dispute_status(paid["id"], "CHALLENGED", dispute_id=dispute_id)
+    finally:
+        world.sandbox.deliver = reachable
+    world.sandbox.dispute_status(paid["id"], "WON", dispute_id=dispute_id)
+    assert dispute_row(world, dispute_id)["state"] == "won"
+    world.advance(10)  # Primer's retry of the CHALLENGED, after the WON
+    assert dispute_row(world, dispute_id)["state"] == "won"
+    with world.c.uow() as uow:
+        stored = {r["event_id"].split(":")[-1]: r["id"] for r in uow.execute(
+            select(event_inbox.c.id, event_inbox.c.event_id).where(event_inbox.c.source == "orchestrator",
+                                                                  event_inbox.c.event_type == "DISPUTE.STATUS"))
+            .mappings()}
+    replay(world.c, stored["OPEN"], "support asked", "on-call")
+    row = dispute_row(world, dispute_id)
+    assert (row["state"], row["kind"], row["status"]) == ("won", "DISPUTE", "WON")
+    month_passes(world)
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    # The issuer takes it to pre-arbitration: open again; the chargeback's WON replayed then changes nothing.
+    world.sandbox.dispute_status(paid["id"], "OPEN", kind="PREARBITRATION", dispute_id=dispute_id)
+    assert dispute_row(world, dispute_id)["state"] == "open"
+    replay(world.c, stored["WON"], "support asked", "on-call")
+    row = dispute_row(world, dispute_id)
+    assert (row["state"], row["kind"], row["status"]) == ("open", "PREARBITRATION", "OPEN")
+    month_passes(world)
+    assert run_renewals(world.c)["outcomes"] == {"skipped_disputed": 1}
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
+
+
 def dispute_lost_while_the_database_was_away(world, make_settings):
     """A checkout paid, then a dispute opened and lost on it while every delivery and every retry Primer
     makes meets a database that is away: the two notifications end in the web app's spool."""
@@ -823,7 +868,7 @@ def test_every_dispute_state_pair_is_taken_or_refused_by_the_conditional_update(
         with world.c.uow() as uow:
             assert uow.disputes.open({"dispute_id": f"dp_{n}", "payment_id": "pay_x", "state": first,
                                       "created_at": now, "updated_at": now})
-            moved = uow.disputes.move(f"dp_{n}", second, lc.DISPUTE.sources(second), now)
+            moved = uow.disputes.move(f"dp_{n}", second, lc.DISPUTE.sources(second), None, now)
             held = uow.disputes.get(f"dp_{n}")["state"]
             uow.commit()
         assert moved == lc.DISPUTE.allowed(first, second), (first, second)

@@ -8,8 +8,9 @@ The customers and the world are the month simulation's model (`tests/simulation/
 its actions a rule with Hypothesis choosing the action, its order and every choice inside it; the rules it
 lacks are here: two browser tabs checking out one plan at once, a payment entered at the provider, partial
 settles, refunds that take time and may be refused, dispute outcomes, a freeze that voids invoices, an
-unfreeze, an operator resolving or retrying an orphan, recording or refunding any payment and activating
-any subscription, `sync-all`, each job on its own, and our clock moving ahead of or behind the sandbox's.
+unfreeze, an operator resolving or retrying an orphan, recording or refunding any payment, activating
+any subscription and replaying any stored event, `sync-all`, each job on its own, and our clock moving
+ahead of or behind the sandbox's.
 
 `make test` runs EXPLORE_EXAMPLES (8) histories; `make explore` runs 2,000."""
 
@@ -34,13 +35,13 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import func, select
 
-from billingctl.adapters.db.tables import purchase, subscription
+from billingctl.adapters.db.tables import event_inbox, purchase, subscription
 from billingctl.bootstrap import Container
 from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
 from billingctl.domain.clock import ManualClock
 from billingctl.sandbox.model import IN_FLIGHT
-from billingctl.services import alerts, checkout, events, orphans, payments, renewals
+from billingctl.services import alerts, checkout, events, orphans, payments, renewals, webhook_events
 from billingctl.services.sync import sync_all
 from billingctl.services.users import freeze, unfreeze
 from tests.conftest import _truncate_postgres
@@ -331,6 +332,17 @@ class Exploration(RuleBasedStateMachine):
                  if not _dispute_ended(d["type"], d["status"])]
         payment_id, dispute_id = (rng.choice(going) if going and rng.random() < 0.5
                                   else (rng.choice(settled)["id"], None))
+        if dispute_id is not None:  # the processor's next step: never back to an earlier stage (decision 214)
+            held = self.m.sandbox.store.get("dispute", dispute_id)
+            stages = lifecycle.DISPUTE_TYPES
+            stage = max(stages.index(kind), stages.index(held["type"]))
+            decided = lifecycle.dispute_state(held["type"], held["status"]) != "open"
+            if decided and stage == stages.index(held["type"]) and lifecycle.dispute_state(kind, outcome) == "open":
+                if stage + 1 == len(stages):
+                    return  # a decided pre-arbitration opens no further stage
+                stage += 1  # a decided stage opens again only as the next one (a won chargeback taken further)
+            kind = stages[stage]
+            self.m.note(f"  dispute {dispute_id}: {held['type']} {held['status']} -> {kind} {outcome}")
         self.m.sandbox.dispute_status(payment_id, outcome, kind=kind, dispute_id=dispute_id)
 
     # ---- operators -------------------------------------------------------------------------------------
@@ -377,6 +389,21 @@ class Exploration(RuleBasedStateMachine):
                     payments.record_payment_by_id(self.c, payment["id"], confirmed=False)
                 else:
                     payments.refund_by_operator(self.c, payment["id"], "exploration", "explorer")
+            except e.BillingError:
+                pass
+
+    @rule(seed=st.integers(0, 2**32))
+    def operator_replays_an_event(self, seed):
+        """`billingctl events replay ID --reason R --yes` on any event the inbox holds, from any source and
+        however old: a replay is older news the moment anything happened since (decision 214)."""
+        rng = self.step(seed, "operator replays an event")
+        with self.c.uow() as uow:
+            stored = uow.execute(select(event_inbox.c.id, event_inbox.c.event_id)).all()
+        if stored:
+            inbox_id, event_id = rng.choice(sorted(stored))
+            self.m.note(f"  events replay {inbox_id} ({event_id})")
+            try:
+                webhook_events.replay(self.c, inbox_id, "exploration", "explorer")
             except e.BillingError:
                 pass
 

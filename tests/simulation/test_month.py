@@ -676,7 +676,7 @@ class Model:
         live, held = {}, self.held_by_a_person() | charged_back
         for p in settled:  # no period charged twice (a charge refunded in full or charged back no longer
             # counts; nor one a person holds, alerted)
-            if p["processor"].get("amountRefunded", 0) < p["amount"] and p["id"] not in held:
+            if max(p["processor"].get("amountRefunded", 0), wired[p["id"]]) < p["amount"] and p["id"] not in held:
                 live.setdefault(p["orderId"], []).append(p["id"])
         # every removal the world made is told to a person once (and whatever else our books expected then)
         found += [f"{key}: {chat[key]} alerts" for key in sorted(self.removal_alerts | self.removals_made)
@@ -706,8 +706,10 @@ class Model:
         charges = {p["id"] for p in sandbox.store.all("payment")}
         # refunded in full, or charged back (a lost dispute returned the money; decision 184's removal then
         # leaves its invoice owing, rightly)
-        given_back = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) >= p["amount"]} | \
-            charged_back
+        # (what the customer got back is the larger of the two books' totals: a refund finance recorded at
+        # the provider, decision 212, is money given back too)
+        given_back = {p["id"] for p in settled if max(p["processor"].get("amountRefunded", 0), wired[p["id"]])
+                      >= p["amount"]} | charged_back
         unanswered = self.removals_unanswered()  # alerted; the person tries again tomorrow
         for row in purchases.values():  # what we recorded, the provider holds as paid (a cheque for part of an
             # invoice, entered there, is a purchase for the books that credits nothing and leaves the rest due;

@@ -69,6 +69,20 @@ def test_a_won_dispute_may_reopen_in_pre_arbitration_and_a_lost_one_is_final():
     assert lc.dispute_state("DISPUTE", "ACCEPTED") == "lost" and lc.dispute_state("RETRIEVAL", "EXPIRED") == "open"
 
 
+def test_a_decided_dispute_opens_again_only_with_a_later_stage():
+    assert lc.dispute_step("won", "DISPUTE", "open", "PREARBITRATION") == lc.Step.APPLY
+    assert lc.dispute_step("closed", "RETRIEVAL", "open", "DISPUTE") == lc.Step.APPLY
+    assert lc.dispute_step("won", "DISPUTE", "open", "DISPUTE") == lc.Step.STALE  # CHALLENGED retried late
+    assert lc.dispute_step("closed", "DISPUTE", "open", "DISPUTE") == lc.Step.STALE
+    assert lc.dispute_step("open", "PREARBITRATION", "won", "DISPUTE") == lc.Step.STALE  # an earlier stage's
+    assert lc.dispute_step("open", "PREARBITRATION", "open", "RETRIEVAL") == lc.Step.STALE
+    assert lc.dispute_step("won", "DISPUTE", "open", None) == lc.Step.STALE  # DISPUTE.OPENED names no stage
+    assert lc.dispute_step(None, None, "open", None) == lc.Step.APPLY
+    assert lc.dispute_step("open", None, "won", "RETRIEVAL") == lc.Step.APPLY  # opened by DISPUTE.OPENED
+    assert lc.dispute_step("open", "DISPUTE", "open", "DISPUTE") == lc.Step.SAME
+    assert lc.dispute_step("lost", "DISPUTE", "won", "PREARBITRATION") == lc.Step.STALE  # lost stays final
+
+
 def test_the_diagrams_are_generated_from_the_tables():
     from pathlib import Path
 

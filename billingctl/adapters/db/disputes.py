@@ -18,9 +18,13 @@ class Disputes(Repository):
     def open(self, values: dict) -> bool:
         return insert_ignore(self.uow, dispute, values, ["dispute_id"])
 
-    def move(self, dispute_id: str, state: str, sources: tuple[str, ...], now, **values) -> bool:
-        return self.execute(update(dispute).where(dispute.c.dispute_id == dispute_id, dispute.c.state.in_(sources))
-                            .values(state=state, updated_at=now, **values)).rowcount == 1
+    def move(self, dispute_id: str, state: str, sources: tuple[str, ...], held_kind: str | None, now,
+             **values) -> bool:
+        """A step judged against the row's state and stage (`held_kind`): False when another notification
+        changed either first."""
+        held = dispute.c.kind.is_(None) if held_kind is None else dispute.c.kind == held_kind
+        return self.execute(update(dispute).where(dispute.c.dispute_id == dispute_id, dispute.c.state.in_(sources),
+                                                  held).values(state=state, updated_at=now, **values)).rowcount == 1
 
     def note(self, dispute_id: str, now, **values) -> None:
         """The orchestrator's latest words (type, status) without a change of state."""
