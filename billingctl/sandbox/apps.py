@@ -255,10 +255,14 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
         sub = sandbox.subscription(sub_id)
         return jsonify({"subscription": sub, "customer": sandbox.customer(sub["customer_id"])})
 
+    def undeleted() -> list:
+        """A deleted resource is listed only when the caller asks for it (`include_deleted=true`)."""
+        return [] if request.args.get("include_deleted") == "true" else [("deleted", "is not", 1)]
+
     @app.get(f"{prefix}/subscriptions")
     def list_subscriptions():
         return page("subscription", None, after("updated_at") + equals("status", "status", SUBSCRIPTION_STATUSES)
-                    + equals("customer_id", "customer_id"),
+                    + equals("customer_id", "customer_id") + undeleted(),
                     sort_key("updated_at", ("created_at", "updated_at")),
                     wrap=lambda s: {"subscription": s, "customer": sandbox.customer(s["customer_id"])})
 
@@ -312,10 +316,13 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     @app.get(f"{prefix}/invoices")
     def list_invoices():
         sandbox.renew_due()  # renewals materialize lazily, on the sandbox's clock
-        deleted = [] if request.args.get("include_deleted") == "true" else [("deleted", "is not", 1)]
         return page("invoice", "invoice", equals("status", "status", INVOICE_STATUSES)
-                    + equals("subscription_id", "subscription_id") + after("updated_at") + deleted,
+                    + equals("subscription_id", "subscription_id") + after("updated_at") + undeleted(),
                     sort_key(None, ("date", "updated_at")))
+
+    @app.post(f"{prefix}/subscriptions/<sub_id>/delete")
+    def delete_subscription(sub_id):  # support's action; our client never calls it
+        return idempotent(lambda: sandbox.delete_subscription(sub_id))
 
     @app.post(f"{prefix}/invoices/<invoice_id>/void")
     def void(invoice_id):
@@ -365,7 +372,8 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
 
     @app.get(f"{prefix}/transactions")
     def list_transactions():
-        return page("transaction", "transaction", equals("type", "type", TRANSACTION_TYPES) + after("date"),
+        return page("transaction", "transaction", equals("type", "type", TRANSACTION_TYPES) + after("date")
+                    + undeleted(),
                     sort_key("date", ("date", "updated_at")))
 
     @app.post(f"{prefix}/transactions/<txn_id>/record_refund")
@@ -376,7 +384,7 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     @app.get(f"{prefix}/transactions/<txn_id>")
     def get_transaction(txn_id):
         txn = store.get("transaction", txn_id)
-        if txn is None:
+        if txn is None or txn.get("deleted"):
             raise SandboxError(404, f"Sorry, we couldn't find that resource: {txn_id}", "resource_not_found")
         return jsonify({"transaction": txn})
 

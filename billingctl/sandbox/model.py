@@ -149,8 +149,9 @@ class Sandbox:
         return found
 
     def subscription(self, subscription_id: str) -> dict:
+        """A deleted subscription is not found (the provider lists it only with include_deleted)."""
         found = self.store.get("subscription", subscription_id)
-        if found is None:
+        if found is None or found.get("deleted"):
             raise SandboxError(404, f"Subscription {subscription_id} not found", "resource_not_found")
         return found
 
@@ -277,13 +278,14 @@ class Sandbox:
         Non-renewing ones whose term ended are cancelled instead, at the term's end."""
         invoices = []
         now = self.now()
-        for sub in self.store.page("subscription", [("status", "=", "non_renewing")], None, 0, 1 << 62)[0]:
+        live = [("deleted", "is not", 1)]
+        for sub in self.store.page("subscription", [("status", "=", "non_renewing"), *live], None, 0, 1 << 62)[0]:
             if sub["status"] == "non_renewing" and sub.get("current_term_end") and sub["current_term_end"] <= now:
                 sub.update(status="cancelled", cancelled_at=sub["current_term_end"])
                 self._save_subscription(sub)
                 self.emit("subscription_cancelled", {"subscription": sub})
         # Only the active ones are read (the status index): a provider with a long history renews as fast.
-        for sub in self.store.page("subscription", [("status", "=", "active")], None, 0, 1 << 62)[0]:
+        for sub in self.store.page("subscription", [("status", "=", "active"), *live], None, 0, 1 << 62)[0]:
             if sub["status"] != "active" or not sub.get("current_term_end") or sub["current_term_end"] > now:
                 continue
             price = self.item_price(sub["subscription_items"][0]["item_price_id"])
@@ -426,6 +428,27 @@ class Sandbox:
         self._save_invoice(invoice)
         self.emit("invoice_deleted", {"invoice": invoice})
         return {"invoice": invoice}
+
+    def delete_subscription(self, subscription_id: str) -> dict:
+        """Support deletes a subscription (the provider's `POST /subscriptions/{id}/delete`, a console action
+        here; its reference suggests cancelling or pausing instead to keep the data). "All the invoices
+        belonging to the subscription are deleted", and all its credit notes and transactions: each is marked
+        `deleted` and no longer found (a list shows it only with include_deleted), and the subscription with
+        them; nothing renews it. Sent as `subscription_deleted` (decision 215)."""
+        sub = self.subscription(subscription_id)
+        for kind in ("invoice", "credit_note", "transaction"):
+            for row in self.store.all(kind):
+                if row.get("subscription_id") == subscription_id and not row.get("deleted"):
+                    row["deleted"] = True
+                    if kind == "invoice":
+                        self._save_invoice(row)
+                    else:
+                        self.store.put(kind, row["id"], row)
+        sub["deleted"] = True
+        self._save_subscription(sub)
+        customer = self.customer(sub["customer_id"])
+        self.emit("subscription_deleted", {"subscription": sub, "customer": customer})
+        return {"subscription": sub, "customer": customer}
 
     def record_payment(self, invoice_id: str, amount: int, reference_number: str,
                        payment_method: str = "other") -> dict:
@@ -595,6 +618,8 @@ class Sandbox:
         if ref is None:
             return None
         original = self.store.get("transaction", ref["id"])
+        if original.get("deleted"):
+            return None  # deleted with its subscription: the provider holds no payment to mirror against
         if not original.get("linked_invoices"):
             return self._refund_unused(original, amount, "other", self.now(), reference_number)
         invoice = self.invoice(original["linked_invoices"][0]["invoice_id"])

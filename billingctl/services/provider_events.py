@@ -13,7 +13,7 @@ from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, inbox
 from billingctl.services.invoices import apply_copy
 from billingctl.services.payments import apply_refund_report, record_payment, reverse_refund
-from billingctl.services.sync import apply_remote_subscription
+from billingctl.services.sync import apply_remote_subscription, subscription_gone
 
 log = logging.getLogger("billingctl.events")
 
@@ -33,6 +33,9 @@ def process_event(container, event: Event) -> dict:
         return _payment_succeeded(container, content)
     if kind in ("payment_refunded", "credit_note_created"):
         return _refund(container, kind, content)
+    if kind == "subscription_deleted" and content.subscription is not None:  # decision 215
+        subscription_gone(container, content.subscription.id, content.subscription.resource_version, "event")
+        return {"outcome": "subscription_deleted"}
     if kind.startswith("subscription_") and content.subscription is not None:
         outcome = apply_remote_subscription(container, content.subscription, source="event")
         _analytics(container, event, {"event": kind, "subscription_id": content.subscription.id,

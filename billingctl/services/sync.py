@@ -107,6 +107,37 @@ def move_subscription(container, uow, subscription_id: str, target: str, **value
     return True
 
 
+def subscription_gone(container, subscription_id: str, version: int | None = None, source: str = "sync-all") -> bool:
+    """The provider no longer holds the subscription (support deleted it there, decision 215: its
+    `subscription_deleted` event, or a re-read answered not found): our copy is cancelled, so nothing
+    renews it and the customer may buy its plan again. The provider deleted its invoices and transactions
+    with it, so a person is told once when a payment of ours was recorded on them: the provider's books no
+    longer hold it, and the customer keeps the credits it paid for unless that person refunds it."""
+    from billingctl.services import alerts
+    from billingctl.services.subscriptions import invalidate_customer
+
+    now = container.clock.now()
+    with container.uow() as uow:
+        kept = {"provider_resource_version": version} if version is not None else {}
+        moved = move_subscription(container, uow, subscription_id, "cancelled", synced_at=now, **kept)
+        local = uow.subscriptions.get(subscription_id)
+        paid = uow.purchases.paying_subscription(subscription_id)
+        if local is not None and paid is not None:
+            alerts.raise_alert(
+                uow, container.clock,
+                f"Subscription {subscription_id} of {local['customer_id']} was deleted at the provider with its "
+                f"invoices and transactions: payment {paid} recorded on them is no longer in the provider's books; "
+                f"the customer keeps its credits. Refund it (billingctl payments refund {paid} --reason R --yes) if "
+                "the deletion ended the sale", f"subscription-deleted:{subscription_id}",
+                subscription_id=subscription_id, user_id=local["customer_id"], payment_id=paid)
+        uow.commit()
+    if local is not None:
+        invalidate_customer(container, local["customer_id"])
+        log.warning("subscription no longer exists at the provider; marked cancelled",
+                    extra={"subscription_id": subscription_id, "source": source, "moved": moved})
+    return moved
+
+
 def sync_subscription(container, subscription_id: str, dry_run: bool = False) -> dict:
     require_id(subscription_id, "subscription_id")
     try:
@@ -156,11 +187,7 @@ def sync_all(container, since: datetime | None, progress=None) -> dict:
             if sync_subscription(container, sid)["changed"]:
                 updated += 1
         except e.ExternalNotFound:
-            with container.uow() as uow:
-                move_subscription(container, uow, sid, "cancelled", synced_at=container.clock.now())
-                uow.commit()
-            log.warning("subscription no longer exists at the provider; marked cancelled",
-                        extra={"subscription_id": sid})
+            subscription_gone(container, sid)
             updated += 1
         except e.BillingError as exc:
             failed.append({"id": sid, "error": exc.message})

@@ -274,6 +274,31 @@ def test_the_sdk_deletes_only_an_invoice_with_no_payment_linked_and_no_longer_fi
         ("invoice_deleted", invoice.id, True)
 
 
+def test_the_sdk_deletes_a_subscription_with_its_invoices_and_transactions(sdk, served):
+    """Decision 215: the provider deletes a subscription with its invoices, credit notes and transactions;
+    none of them is found or listed afterwards (a list shows them only with include_deleted), nothing
+    renews it, and it is sent as subscription_deleted."""
+    sdk.Customer.create({"id": "d2", "auto_collection": "off"})
+    made = sdk.Subscription.create_with_items("d2", {"subscription_items": [{"item_price_id": PLAN}]})
+    sub, invoice = made.subscription, made.invoice
+    sdk.Invoice.record_payment(invoice.id, {"transaction": {"payment_method": "check", "reference_number": "c-3"}})
+    txn = sdk.Invoice.retrieve(invoice.id).invoice.linked_payments[0].txn_id
+    deleted = sdk.Subscription.delete(sub.id).subscription
+    assert (deleted.id, deleted.deleted) == (sub.id, True)
+    assert refused(lambda: sdk.Subscription.retrieve(sub.id)) == (404, "resource_not_found")
+    assert refused(lambda: sdk.Subscription.delete(sub.id)) == (404, "resource_not_found")
+    assert refused(lambda: sdk.Invoice.retrieve(invoice.id)) == (404, "resource_not_found")
+    assert refused(lambda: sdk.Transaction.retrieve(txn)) == (404, "resource_not_found")
+    assert sub.id not in [s.subscription.id for s in sdk.Subscription.list({"limit": 100}).list]
+    assert txn not in [t.transaction.id for t in sdk.Transaction.list({"limit": 100}).list]
+    every = sdk.Subscription.list({"include_deleted": True, "limit": 100}).list
+    assert [s.subscription.deleted for s in every if s.subscription.id == sub.id] == [True]
+    served.sandbox.store.advance_clock(40 * 86400)
+    assert [i.invoice.id for i in sdk.Invoice.list({"limit": 100, "subscription_id": {"is": sub.id}}).list] == []
+    last = sdk.Event.list({"occurred_at": {"after": 0}, "sort_by": {"asc": "occurred_at"}}).list[-1].event
+    assert (last.event_type, last.content["subscription"]["id"]) == ("subscription_deleted", sub.id)
+
+
 def test_the_sdk_credits_part_of_an_invoice_with_an_adjustment_credit_note(sdk, served):
     """Decision 204: finance credits days already paid on an invoice (an adjustment credit note): its amount
     due falls and its amount_adjusted rises by the note's total, sent as credit_note_created and

@@ -1201,3 +1201,41 @@ def test_a_cheque_a_person_marked_handled_is_no_longer_named_held(world):
     assert reconcile(world.c, full=True)["violations"] == []
     with world.c.uow() as uow:
         assert uow.orphans.status(txn) == "resolved"
+
+
+# ---- decision 215: a subscription support deletes at the provider ------------------------------------------
+
+def test_a_subscription_support_deletes_at_the_provider_is_cancelled_here_and_frees_its_plan(world):
+    """Support deleted the customer's subscription at the provider's console ("Delete Subscription"; its
+    invoices and transactions are deleted with it). The event poll applied the `subscription_deleted`
+    copy as any other: our copy stayed active for good (no job re-reads it: sync-all is an operator's
+    command, and reconcile's daily pass lists what changed, which a deleted subscription no longer is), and
+    the customer could never buy the plan again. Now it is cancelled here, the customer may check out the
+    plan again, and a person is told once that our payment is no longer in the provider's books."""
+    from sqlalchemy import select
+
+    from billingctl.adapters.db.tables import alert_outbox
+    from billingctl.services.events import poll
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    paid = world.sandbox.store.all("payment")[0]
+    world.sandbox.delete_subscription(co["subscription_id"])
+    poll(world.c)
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(co["subscription_id"]) == "cancelled"
+        keys = uow.execute(select(alert_outbox.c.dedupe_key).where(alert_outbox.c.sink == "chat")).scalars().all()
+    assert keys.count(f"subscription-deleted:{co['subscription_id']}") == 1
+    assert world.credits() == 2000  # paid for: the customer keeps them unless a person refunds
+    again = world.checkout("user_a", PRO)  # the plan is free to buy again
+    world.sandbox.pay(again["order_id"])
+    assert world.credits() == 4000
+    assert world.sandbox.subscription(again["subscription_id"])["status"] == "active"
+    # The provider's books lost the payment we recorded: reconcile names it, the runbook's person answers.
+    advance_with_sandbox(world.c, 2 * 3600)
+    named = {(v["check"], v.get("payment_id")) for v in reconcile(world.c)["violations"]}
+    assert named == {("recorded_not_on_provider_invoice", paid["id"])}
+    poll(world.c)
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(co["subscription_id"]) == "cancelled"
