@@ -383,10 +383,7 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
 
     @app.get(f"{prefix}/transactions/<txn_id>")
     def get_transaction(txn_id):
-        txn = store.get("transaction", txn_id)
-        if txn is None or txn.get("deleted"):
-            raise SandboxError(404, f"Sorry, we couldn't find that resource: {txn_id}", "resource_not_found")
-        return jsonify({"transaction": txn})
+        return jsonify({"transaction": sandbox.transaction(txn_id)})
 
     @app.get(f"{prefix}/item_prices/<item_price_id>")
     def get_item_price(item_price_id):

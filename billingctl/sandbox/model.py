@@ -162,6 +162,13 @@ class Sandbox:
             raise SandboxError(404, f"Invoice {invoice_id} not found", "resource_not_found")
         return found
 
+    def transaction(self, txn_id: str) -> dict:
+        """A deleted transaction (with its subscription) is not found."""
+        found = self.store.get("transaction", txn_id)
+        if found is None or found.get("deleted"):
+            raise SandboxError(404, f"Sorry, we couldn't find that resource: {txn_id}", "resource_not_found")
+        return found
+
     def _save_subscription(self, sub: dict) -> dict:
         sub["updated_at"] = self.now()
         sub["resource_version"] = int(self.store.now() * 1000)
@@ -583,7 +590,7 @@ class Sandbox:
     def apply_payments(self, invoice_id: str, txn_id: str) -> dict:
         """Finance applies a payment's unused amount (the customer's excess payments) to a payable invoice
         (the provider's apply_payments, a console action here), up to its amount due; `invoice_updated`."""
-        invoice, txn = self.invoice(invoice_id), self.store.get("transaction", txn_id)
+        invoice, txn = self.invoice(invoice_id), self.transaction(txn_id)
         if invoice["status"] not in PAYABLE_INVOICE_STATUSES:
             raise SandboxError(400, f"The invoice is in {invoice['status']} state", "invalid_state_for_request")
         if txn is None or int(txn.get("amount_unused") or 0) <= 0:
@@ -676,9 +683,7 @@ class Sandbox:
         "applicable only for transactions of type = payment", the amount (all of `amount_unused` when
         omitted) at most `amount_unused`; `payment_method` and `date` required. A console action here; sent
         as `payment_refunded` (decision 212)."""
-        txn = self.store.get("transaction", txn_id)
-        if txn is None:
-            raise SandboxError(404, f"Sorry, we couldn't find that resource: {txn_id}", "resource_not_found")
+        txn = self.transaction(txn_id)
         if txn.get("type") != "payment":
             raise SandboxError(400, "Refund can be recorded only for transactions of type payment",
                                "invalid_state_for_request")

@@ -226,7 +226,8 @@ class Exploration(RuleBasedStateMachine):
     @rule(action=st.sampled_from(["cancel_at_provider", "pause_at_provider", "resume_at_provider",
                                   "reactivate_at_provider", "cancel_unpaid_at_provider",
                                   "cancel_at_term_end_at_provider", "remove_scheduled_cancellation_at_provider",
-                                  "change_term_end_at_provider", "write_off"]), seed=st.integers(0, 2**32))
+                                  "change_term_end_at_provider", "write_off", "delete_at_provider"]),
+          seed=st.integers(0, 2**32))
     def support_at_the_providers_console(self, action, seed):
         self.act(action, seed)
 
@@ -445,7 +446,7 @@ class Exploration(RuleBasedStateMachine):
         self.step(0, f"{seconds} s pass")
         self.m.advance(seconds)
 
-    @precondition(lambda self: any(s["status"] in RUNNING for s in self.m.sandbox.store.all("subscription")))
+    @precondition(lambda self: any(s["status"] in RUNNING for s in self.m.subscriptions()))
     @rule(seed=st.integers(0, 2**32), processor=st.sampled_from(["answers", "answers later", "PENDING",
                                                                   "AUTHORIZED", "declines", "is unreachable"]))
     def a_renewal_falls_due(self, seed, processor):
@@ -459,7 +460,7 @@ class Exploration(RuleBasedStateMachine):
         customer's issuer, until the world says otherwise) and "is unreachable" (the orchestrator answers
         503 to the tick's requests): the dunning's retry steps, which 130 histories hardly reached."""
         rng = self.step(seed, f"a renewal falls due; its processor {processor}")
-        sub = rng.choice([s for s in self.m.sandbox.store.all("subscription") if s["status"] in RUNNING])
+        sub = rng.choice([s for s in self.m.subscriptions() if s["status"] in RUNNING])
         answers_before = self.m.sandbox.store.meta("async_charges")
         if processor == "answers later":
             self.m.sandbox.async_charges(rng.choice(IN_FLIGHT))

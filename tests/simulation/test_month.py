@@ -32,6 +32,7 @@ from billingctl.adapters.db.tables import (
     fraud_event,
     orphan_recovery,
     purchase,
+    subscription,
     users,
 )
 from billingctl.bootstrap import Container
@@ -89,6 +90,7 @@ class Model:
     removal_alerts: set[str] = field(default_factory=set)
     removals_made: set[str] = field(default_factory=set)  # the alert key of every removal, by the world's books
     reactivated: dict[str, int] = field(default_factory=dict)  # subscription -> when support reactivated it
+    deleted: set[str] = field(default_factory=set)  # the subscriptions support deleted at the provider
     # Renewal charges the processor never finishes (decision 189) and checkout authorizations the workflow
     # never captured (decision 211): the world leaves them in flight, so only our renewal job's age limit,
     # or our checkout clean-up, ends them (a PENDING one cancelled, an AUTHORIZED one captured or voided).
@@ -179,7 +181,7 @@ class Model:
         """The provider cancels by itself a subscription whose invoice stays unpaid (`not_paid`, its dunning
         or offline-invoice rule); support may then reactivate it within its term (decision 191)."""
         unpaid = {i["subscription_id"] for i in self.payable()}
-        subs = [s for s in self.sandbox.store.all("subscription") if s["status"] == "active" and s["id"] in unpaid]
+        subs = [s for s in self.subscriptions() if s["status"] == "active" and s["id"] in unpaid]
         if subs:
             sub = self.rng.choice(subs)
             self.sandbox.cancel(sub["id"], cancel_reason="not_paid")
@@ -199,8 +201,19 @@ class Model:
             ("active", "non_renewing"), lambda s: self.sandbox.change_term_end(s, self.sandbox.now() + days * 86400),
             f"term end in {days} days")
 
+    def delete_at_provider(self) -> None:
+        """Support deletes a subscription at the provider's console, whatever its state and whatever is in
+        flight for it; its invoices and transactions go with it (decision 215)."""
+        if sub := self._at_the_providers_console(("future", "active", "non_renewing", "paused", "cancelled"),
+                                                 self.sandbox.delete_subscription, "delete"):
+            self.deleted.add(sub)
+
+    def subscriptions(self) -> list[dict]:
+        """The subscriptions the provider holds (a deleted one is no longer found there)."""
+        return [s for s in self.sandbox.store.all("subscription") if not s.get("deleted")]
+
     def _at_the_providers_console(self, statuses: tuple[str, ...], act, verb: str) -> str | None:
-        subs = [s for s in self.sandbox.store.all("subscription") if s["status"] in statuses]
+        subs = [s for s in self.subscriptions() if s["status"] in statuses]
         if subs:
             sub = self.rng.choice(subs)
             act(sub["id"])
@@ -214,7 +227,7 @@ class Model:
         charges = {p["id"] for p in self.sandbox.store.all("payment")}
         ours = [(invoice["id"], link["txn_id"], txn["reference_number"])
                 for invoice in self.sandbox.store.all("invoice") if invoice["status"] == "paid"
-                for link in invoice.get("linked_payments") or []
+                and not invoice.get("deleted") for link in invoice.get("linked_payments") or []
                 if (txn := self.sandbox.store.get("transaction", link["txn_id"]) or {}).get("reference_number")
                 in charges]
         if not ours:
@@ -238,13 +251,15 @@ class Model:
         from its invoice left unused, recorded on the transaction (decision 212)."""
         charges = {p["id"] for p in self.sandbox.store.all("payment")}
         unused = sorted(t["id"] for t in self.sandbox.store.all("transaction") if t.get("type") == "payment"
-                        and t.get("reference_number") in charges and int(t.get("amount_unused") or 0) > 0)
+                        and t.get("reference_number") in charges and int(t.get("amount_unused") or 0) > 0
+                        and not t.get("deleted"))
         if unused and self.rng.random() < 0.5:
             txn = self.rng.choice(unused)
             answer = self.sandbox.record_transaction_refund(txn, None, "bank_transfer", self.sandbox.now())
             self.note(f"finance records a refund of {answer['transaction']['amount']} unused of {txn}")
             return
-        paid = [invoice for invoice in self.sandbox.store.all("invoice") if invoice["status"] == "paid" and any(
+        paid = [invoice for invoice in self.sandbox.store.all("invoice") if invoice["status"] == "paid"
+                and not invoice.get("deleted") and any(
             (self.sandbox.store.get("transaction", link["txn_id"]) or {}).get("reference_number") in charges
             for link in invoice.get("linked_payments") or [])]
         if not paid:
@@ -465,7 +480,7 @@ class Model:
                           f"{' (webhook lost)' if drop else ''}")
 
     def cancel_by_operator(self) -> None:
-        subs = [s for s in self.sandbox.store.all("subscription") if s["status"] in ("active", "future")]
+        subs = [s for s in self.subscriptions() if s["status"] in ("active", "future")]
         if subs:
             sub = self.rng.choice(subs)
             self.note(f"operator cancels {sub['id']}: {self.operator_cancel(sub['id'])}")
@@ -589,12 +604,18 @@ class Model:
         # What such a payment leaves standing may be named: a person's review queue, a removal from its
         # invoice a person could not answer yet (its refund refused while a dispute is open), two live
         # subscriptions of one plan once support reactivated one (decision 186: a person cancels one).
-        held = self.held_by_a_person() | self.removals_unanswered()
+        held = self.held_by_a_person() | self.removals_unanswered() | self.deleted_at_provider()
         unexpected = [v for v in report["violations"] if (v["check"], v.get("payment_id")) not in parked
                       and not held & {v.get("payment_id"), *(v.get("payment_ids") or ())}
                       and not (v["check"] == "two_live_subscriptions"
                                and set(v["subscription_ids"]) & set(self.reactivated))]
         assert not unexpected, f"reconcile reports what the books do not show (a false alarm): {unexpected[:5]}"
+
+    def deleted_at_provider(self) -> set[str]:
+        """Our payments whose record the provider deleted with their subscription (decision 215): told to a
+        person, and named by reconcile while in its window."""
+        return {t["reference_number"] for t in self.sandbox.store.all("transaction")
+                if t.get("deleted") and t.get("type") == "payment" and t.get("reference_number")}
 
     def removals_unanswered(self) -> set[str]:
         """Our payments finance removed from their invoices whose alert a person could not answer yet: its
@@ -643,6 +664,13 @@ class Model:
                 alert_outbox.c.sink == "chat")).scalars())
             disputes = Counter(m.get("dispute_id") for m in uow.execute(select(fraud_event.c.metadata).where(
                 fraud_event.c.event_type == "dispute_opened")).scalars())
+            ours_now = dict(uow.execute(select(subscription.c.id, subscription.c.status)).all())
+        # A subscription support deleted at the provider is cancelled here, and told to a person at most once
+        # (decision 215).
+        found += [f"deleted at the provider, {ours_now[sid]} here: {sid}" for sid in sorted(self.deleted)
+                  if ours_now.get(sid) not in (None, "cancelled")]
+        found += [f"subscription-deleted:{sid}: {chat[f'subscription-deleted:{sid}']} alerts"
+                  for sid in sorted(self.deleted) if chat[f"subscription-deleted:{sid}"] > 1]
         owned = {row["payment_id"]: row["status"] for row in orphan_rows}
         settled = sandbox.payments("SETTLED")
         for p in settled:  # every settled charge recorded once, or owned by recovery or a person
@@ -715,8 +743,9 @@ class Model:
             # invoice, entered there, is a purchase for the books that credits nothing and leaves the rest due;
             # a payment refunded in full holds nothing: a person may void the invoice it was removed from)
             ours = (row.transaction_id in charges or row.credits) and row.transaction_id not in given_back
-            if ours and row.invoice_id and row.provider_recorded_at and row.transaction_id not in unanswered and \
-                    sandbox.store.get("invoice", row.invoice_id)["status"] != "paid":
+            invoice = sandbox.store.get("invoice", row.invoice_id) if row.invoice_id else None
+            if ours and invoice and row.provider_recorded_at and row.transaction_id not in unanswered and \
+                    invoice["status"] != "paid" and not invoice.get("deleted"):  # deleted: told to a person
                 found.append(f"not paid at the provider: {row.invoice_id}")
         # One billed subscription per customer and plan at the provider (two tabs must not bill twice; a
         # paused one is billed again once it resumes).
@@ -724,7 +753,7 @@ class Model:
         # Support may make two live by reactivating a cancelled one at its console (decision 186): then
         # the customer is charged for one of them only, from the reactivation on.
         live_subs: dict[tuple[str, str], list[str]] = {}
-        for sub in sandbox.store.all("subscription"):
+        for sub in self.subscriptions():
             if sub["status"] in ("in_trial", "active", "non_renewing", "paused"):
                 live_subs.setdefault((sub["customer_id"], sub["subscription_items"][0]["item_price_id"]),
                                      []).append(sub["id"])
