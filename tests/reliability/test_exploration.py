@@ -60,7 +60,8 @@ RUNNING = ("active", "non_renewing")  # a term that ends: renewed, or cancelled 
 SKEWS = (-90, -7, 0, 7, 90)  # seconds our clock runs ahead of the sandbox's (negative: behind)
 FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, "refused_refunds": 0,
            "excesses_returned": 0, "payments_removed": 0, "charges_hung": 0, "hung_charges_ended": 0,
-           "invoices_voids": 0, "invoices_deletes": 0, "invoices_credits": 0, "refunds_at_provider": 0}
+           "invoices_voids": 0, "invoices_deletes": 0, "invoices_credits": 0, "refunds_at_provider": 0,
+           "subscriptions_deleted": 0, "replays": 0}
 CONTEXT: dict = {}
 STEPS_SEEN: Counter = Counter()  # (lifecycle, from, to, step) of every step an aggregate was asked to take
 HISTORY_EDGES: set = set()  # the edges the current history applied
@@ -109,7 +110,8 @@ def _summary() -> str:
             f"answered ({FIGURES['hung_charges_ended']} ended by our age limit), {FIGURES['invoices_voids']} "
             f"unpaid invoices finance voided, {FIGURES['invoices_deletes']} it deleted and "
             f"{FIGURES['invoices_credits']} it credited, {FIGURES['refunds_at_provider']} refunds it recorded "
-            "at the provider\n"
+            f"at the provider, {FIGURES['subscriptions_deleted']} subscriptions support deleted there, "
+            f"{FIGURES['replays']} events an operator replayed\n"
             "transitions the histories asked of each table:\n" + "\n".join(_edges_report()))
 
 
@@ -156,6 +158,8 @@ class Exploration(RuleBasedStateMachine):
                 FIGURES[f"invoices_{verb}"] += sum(1 for line in self.m.trace if f"finance {verb} inv" in line
                                                    and "refused" not in line)
             FIGURES["refunds_at_provider"] += sum(1 for line in self.m.trace if "finance records a refund of" in line)
+            FIGURES["subscriptions_deleted"] += len(self.m.deleted)
+            FIGURES["replays"] += sum(1 for line in self.m.trace if "  events replay " in line)
             FIGURES["charges_hung"] += len(self.m.hung)
             FIGURES["hung_charges_ended"] += sum(1 for p in self.m.sandbox.payments() if p["id"] in self.m.hung
                                                  and p["status"] not in ("PENDING", "AUTHORIZED"))
