@@ -142,9 +142,10 @@ def sync_subscription(container, subscription_id: str, dry_run: bool = False) ->
     require_id(subscription_id, "subscription_id")
     try:
         remote = container.provider.get_subscription(subscription_id)
-    except e.ExternalError as exc:
-        if not isinstance(exc, e.ExternalNotFound):
-            container.metrics.sync_errors.inc()
+    except e.ExternalNotFound as exc:
+        return _sync_gone(container, subscription_id, dry_run, exc)
+    except e.ExternalError:
+        container.metrics.sync_errors.inc()
         raise
     with container.uow() as uow:
         local = uow.subscriptions.get(subscription_id)
@@ -153,6 +154,20 @@ def sync_subscription(container, subscription_id: str, dry_run: bool = False) ->
         apply_remote_subscription(container, remote, "sync", force=True)
     return {"subscription_id": subscription_id, "dry_run": dry_run, "changed": bool(changes),
             "differences": changes}
+
+
+def _sync_gone(container, subscription_id: str, dry_run: bool, not_found: Exception) -> dict:
+    """A re-read the provider answers not found: a copy we hold is of a subscription deleted there, cancelled
+    here as at its event (decision 215); one we never held is the caller's mistake (the error stands)."""
+    with container.uow() as uow:
+        held = uow.subscriptions.status(subscription_id)
+    if held is None:
+        raise not_found
+    if not dry_run:
+        subscription_gone(container, subscription_id, source="sync")
+    changes = {} if held == "cancelled" else {"status": {"local": held, "provider": "cancelled"}}
+    return {"subscription_id": subscription_id, "dry_run": dry_run, "changed": bool(changes),
+            "differences": changes, "deleted_at_provider": True}
 
 
 def _resume_key(since: datetime | None) -> str:
@@ -182,13 +197,10 @@ def sync_all(container, since: datetime | None, progress=None) -> dict:
     # A cancellation or deletion at the provider the listing did not show.
     with container.uow() as uow:
         missing = [sid for sid in uow.subscriptions.ids_in(LIVE, since) if sid not in seen]
-    for sid in missing:
+    for sid in missing:  # one the provider no longer holds is cancelled by the re-read (decision 215)
         try:
             if sync_subscription(container, sid)["changed"]:
                 updated += 1
-        except e.ExternalNotFound:
-            subscription_gone(container, sid)
-            updated += 1
         except e.BillingError as exc:
             failed.append({"id": sid, "error": exc.message})
     with container.uow() as uow:

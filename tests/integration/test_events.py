@@ -267,8 +267,7 @@ def test_sync_all_catches_a_cancellation_and_a_deletion(world):
     world.sandbox.pay(second["order_id"])
     since = world.c.clock.now()
     world.sandbox.cancel(first["subscription_id"])  # the local copy never heard of it
-    with world.sandbox.store.tx() as db:  # the second vanishes at the provider
-        db.execute("DELETE FROM objects WHERE kind='subscription' AND id=?", (second["subscription_id"],))
+    world.sandbox.delete_subscription(second["subscription_id"])  # support deletes the second there
     with world.c.uow() as uow:
         uow.execute(update(subscription).values(provider_updated_at=since))
         uow.commit()
@@ -277,6 +276,26 @@ def test_sync_all_catches_a_cancellation_and_a_deletion(world):
     with world.c.uow() as uow:
         statuses = dict(uow.execute(select(subscription.c.id, subscription.c.status)).all())
     assert statuses == {first["subscription_id"]: "cancelled", second["subscription_id"]: "cancelled"}
+
+
+def test_an_operators_sync_of_a_subscription_deleted_at_the_provider_cancels_our_copy(world):
+    """Decision 215: `billingctl sync ID` of a subscription the provider no longer finds (deleted there, its
+    event not yet read) failed with not found and left our copy active; it now cancels it, as the event
+    does, and says so (a dry run only says so). An id we never held is still not found."""
+    co = world.checkout("u3")
+    world.sandbox.pay(co["order_id"])
+    world.sandbox.delete_subscription(co["subscription_id"])
+    dry = sync_subscription(world.c, co["subscription_id"], dry_run=True)
+    assert dry["differences"] == {"status": {"local": "active", "provider": "cancelled"}}
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(co["subscription_id"]) == "active"
+    done = sync_subscription(world.c, co["subscription_id"])
+    assert (done["changed"], done["deleted_at_provider"]) == (True, True)
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(co["subscription_id"]) == "cancelled"
+    assert sync_subscription(world.c, co["subscription_id"])["changed"] is False  # safe to re-run
+    with pytest.raises(e.NotFound):
+        sync_subscription(world.c, "sub_never_held")
 
 
 def test_sync_all_pages_through_the_provider(world):
