@@ -230,8 +230,7 @@ class Exploration(RuleBasedStateMachine):
     @rule(action=st.sampled_from(["cancel_at_provider", "pause_at_provider", "resume_at_provider",
                                   "reactivate_at_provider", "cancel_unpaid_at_provider",
                                   "cancel_at_term_end_at_provider", "remove_scheduled_cancellation_at_provider",
-                                  "change_term_end_at_provider", "write_off", "delete_at_provider"]),
-          seed=st.integers(0, 2**32))
+                                  "change_term_end_at_provider", "write_off"]), seed=st.integers(0, 2**32))
     def support_at_the_providers_console(self, action, seed):
         self.act(action, seed)
 
@@ -286,6 +285,14 @@ class Exploration(RuleBasedStateMachine):
         flight for it (decision 204)."""
         self.step(seed, f"world: credit 1/{divisor} of an unpaid invoice")
         self.m.credit_unpaid(divisor)
+
+    @rule(seed=st.integers(0, 2**32))
+    def support_deletes_a_subscription(self, seed):
+        """Support deletes a subscription at the provider's console, with its invoices and transactions,
+        whatever its state and whatever is in flight for it (decision 215): a rule of its own, since as one
+        console action in ten it was drawn twice in 267 histories."""
+        self.step(seed, "world: delete_at_provider")
+        self.m.delete_at_provider()
 
     @rule(seed=st.integers(0, 2**32))
     def finance_removes_a_payment(self, seed):
