@@ -83,6 +83,12 @@ class CircuitOpen(ExternalError):
     code = "circuit_open"
 
 
+def outage(exc: BaseException) -> bool:
+    """An outside system's outage, not a fault of what was asked: a server error, a system unreachable, a
+    rate limit, an open breaker, an answer lost. The same request later may go through (decision 216)."""
+    return isinstance(exc, CircuitOpen | OutcomeUnknown) or bool(getattr(exc, "retryable", False))
+
+
 class LeaseHeld(BillingError):
     """Another instance holds the job's lease."""
 

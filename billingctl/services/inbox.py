@@ -33,8 +33,9 @@ def accept(uow, clock, source: str, event_id: str, event_type: str, payload: dic
     return uow.inbox.accept(source, event_id, event_type, payload, occurred_at, clock.now(), via).status
 
 
-def finish(uow, clock, source: str, event_id: str, error: str | None = None, max_attempts: int = 10) -> str:
-    """Mark one processing attempt: processed, or still pending, or parked after max_attempts."""
+def finish(uow, clock, source: str, event_id: str, error: str | None = None, max_attempts: int | None = 10) -> str:
+    """Mark one processing attempt: processed, or still pending, or parked after max_attempts (None: an
+    outage's failure, which never parks)."""
     return uow.inbox.finish(source, event_id, error, max_attempts, clock.now())
 
 
@@ -82,11 +83,13 @@ def process_once(container, source: str, event_id: str, event_type: str, payload
 
     if receive(container, source, event_id, event_type, payload, via=via, duplicate_read=duplicate_read) != "pending":
         return duplicate_answer(event_id)
-    error, result = None, {}
+    from billingctl.domain.errors import outage
+
+    error, result, down = None, {}, False
     try:
         result = handler() or {}
     except BillingError as exc:
-        error, result = exc.message, {"outcome": "failed", "error": exc.message}
+        error, result, down = exc.message, {"outcome": "failed", "error": exc.message}, outage(exc)
         logging.getLogger("billingctl.inbox").warning("event failed; kept in the inbox: %s", exc.message,
                                                       extra={"source": source, "event_id": event_id})
     except Exception as exc:
@@ -97,7 +100,7 @@ def process_once(container, source: str, event_id: str, event_type: str, payload
             logging.getLogger("billingctl.inbox").warning(
                 "event attempt not counted: %s", type(finish_exc).__name__, extra={"event_id": event_id})
         raise
-    _finish_and_alert(container, source, event_id, event_type, error)
+    _finish_and_alert(container, source, event_id, event_type, error, down)
     return {"event_id": event_id, **result}
 
 
@@ -114,9 +117,10 @@ def count_stale_pending(container) -> int:
         return uow.inbox.count_pending_received_before(container.clock.now() - REDRIVE_AFTER)
 
 
-def _finish_and_alert(container, source: str, event_id: str, event_type: str, error: str | None) -> None:
+def _finish_and_alert(container, source: str, event_id: str, event_type: str, error: str | None,
+                      outage: bool = False) -> None:
     record_attempt(container, source, event_id, error, f"Inbox event {source}:{event_id} ({event_type}) parked "
-                   "after repeated failures - manual review required")
+                   "after repeated failures - manual review required", outage=outage)
 
 
 def receive(container, source: str, event_id: str, event_type: str, payload: dict, occurred_at=None,
@@ -132,10 +136,15 @@ def receive(container, source: str, event_id: str, event_type: str, payload: dic
 
 
 def record_attempt(container, source: str, event_id: str, error: str | None, parked_text: str,
-                   max_attempts: int = 10) -> str:
+                   max_attempts: int = 10, outage: bool = False) -> str:
     """Count one processing attempt. A success is one statement; a failure that parks the event raises
-    its chat alert in the same transaction, so a parked event is never silent."""
+    its chat alert in the same transaction, so a parked event is never silent. A failure that is an outside
+    system's outage never parks (decision 216): the event stays pending, the poll re-drives it until the
+    outage ends, and one pending over 15 minutes pages (EventsParked)."""
     from billingctl.services import alerts
+
+    if outage:
+        max_attempts = None
 
     if error is None:
         with container.uow(autocommit=True) as uow:

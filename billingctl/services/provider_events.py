@@ -156,17 +156,17 @@ def handle_event(container, event: EventEnvelope, via: str = "poller") -> str:
     status = inbox.receive(container, SOURCE, event_id, kind, event.wire(), parse_time(event.occurred_at), via=via)
     if status != "pending":
         return status
-    error = None
+    error, down = None, False
     try:
         process_event(container, event.wire())
     except e.BillingError as exc:
-        error = exc.message
+        error, down = exc.message, e.outage(exc)
     except Exception as exc:  # one bad event must not stop the others
         error = f"{type(exc).__name__}: {exc}"
         item_failed(log, "event processing", exc, event_id=event_id)
     status = inbox.record_attempt(container, SOURCE, event_id, error, f"Provider event {event_id} ({kind}) parked "
                                   f"after {MAX_EVENT_ATTEMPTS} failed attempts - manual review required",
-                                  MAX_EVENT_ATTEMPTS)
+                                  MAX_EVENT_ATTEMPTS, outage=down)
     if error:
         log.warning("event processing failed: %s", error, extra={"event_id": event_id, "status": status})
     return status

@@ -87,25 +87,26 @@ def test_every_alert_has_its_runbook_test():
 # ---- the inbox, orphans and the outbox ------------------------------------------------------------------
 
 def test_runbook_EventsParked(ops):
-    """A refund's provider events fail at every attempt while the orchestrator is down and are parked; once
-    the outage ends the runbook replays them: nothing is parked, the refund stands reversed once."""
+    """A refund's provider events fail at every attempt while the orchestrator refuses our key (rotated
+    there, not here) and are parked; once the key is fixed the runbook replays them: nothing is parked, the
+    refund stands reversed once. (An outage parks nothing: decision 216.)"""
     from billingctl.services import events
 
     co, payment = ops.paid("user_parked")
-    ops.sandbox.store.add_fault("orchestrator", "503", count=-1)
+    ops.sandbox.store.add_fault("orchestrator", "401", count=-1)
     ops.c.orchestrator.http.sleep = ops.c.provider.http.sleep = lambda s: None
     ops.sandbox.refund(payment["id"])
     for _ in range(events.MAX_EVENT_ATTEMPTS + 1):
         ops.advance(600)
         events.poll(ops.c)
     assert value(ops.scrape(), "billing_inbox_events", state="parked") == 2
-    ops.sandbox.store.clear_faults()  # the outage ended
+    ops.sandbox.store.clear_faults()  # the key is fixed
 
     book = ops.runbook("EventsParked")
     parked = table(book.run("events list --state parked").stdout)
     assert {row["event_type"] for row in parked} == {"credit_note_created", "payment_refunded"}
     for row in parked:
-        assert "Circuit breaker is open" in book.run("events show ID", ID=row["id"]).stdout
+        assert "orchestrator" in book.run("events show ID", ID=row["id"]).stdout
         book.run("events replay ID", ID=row["id"])
     book.run("events list --state pending")
     book.followed()

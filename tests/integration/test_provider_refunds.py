@@ -130,3 +130,29 @@ def test_a_payment_removed_from_its_invoice_and_paid_back_by_wire_takes_its_cred
     poll(world.c)
     assert world.credits() == 0
     assert _inbox_failures(world) == []
+
+
+def test_a_refund_whose_events_meet_a_long_orchestrator_outage_is_taken_back_when_it_ends(world):
+    """Decision 216, found by the exploration: finance recorded a refund at the provider while the
+    orchestrator was down for longer than five polls' re-drives. Its events failed at each one (the poll
+    reads the payment at the orchestrator) and were parked after five attempts, as if they were broken:
+    nothing re-drove them when the outage ended, the customer kept the credits of money paid back, and once
+    the refund was older than reconcile's window nothing named it either. An outage (a server error, an
+    unreachable system, a rate limit, an open breaker, an answer lost) is not the event's fault: it keeps
+    the event pending (paged like any event waiting over 15 minutes) and the poll re-drives it until it
+    goes through; only a failure of the event's own (a refusal, a bug) counts toward parking."""
+    from billingctl.services.events import poll
+
+    payment, invoice = _checkout_payment(world)
+    world.sandbox.store.add_fault("orchestrator", "503", count=-1)  # the orchestrator is down for hours
+    _wire_back(world, invoice, None)
+    for _ in range(8):
+        poll(world.c)
+        world.advance(3 * 3600)
+    assert world.credits() == 2000  # not taken back yet: the orchestrator cannot be read
+    assert [status for _, status in _inbox_failures(world)] == ["pending", "pending"]
+    world.sandbox.store.clear_faults()
+    world.advance(600)
+    poll(world.c)
+    assert world.credits() == 0
+    assert _inbox_failures(world) == [] or {s for _, s in _inbox_failures(world)} == {"processed"}

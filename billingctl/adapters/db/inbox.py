@@ -82,10 +82,11 @@ class Inbox(Repository):
             self.execute(update(event_inbox).where(event_inbox.c.id == row.id).values(seen_by=[*seen, via]))
         return row
 
-    def finish(self, source: str, event_id: str, error: str | None, max_attempts: int, now) -> str:
-        """One processing attempt: processed, or still pending, or parked after max_attempts; the new status."""
+    def finish(self, source: str, event_id: str, error: str | None, max_attempts: int | None, now) -> str:
+        """One processing attempt: processed, or still pending, or parked after max_attempts (None: never, a
+        failure that is an outside system's outage); the new status."""
         attempts = event_inbox.c.attempts + 1
-        status = literal("processed") if error is None else case(
+        status = literal("processed") if error is None else literal("pending") if max_attempts is None else case(
             (attempts >= max_attempts, literal("parked")), else_=literal("pending"))
         return self.execute(update(event_inbox).where(
             event_inbox.c.source == source, event_inbox.c.event_id == key(event_id)).values(
