@@ -593,7 +593,7 @@ class Sandbox:
         invoice, txn = self.invoice(invoice_id), self.transaction(txn_id)
         if invoice["status"] not in PAYABLE_INVOICE_STATUSES:
             raise SandboxError(400, f"The invoice is in {invoice['status']} state", "invalid_state_for_request")
-        if txn is None or int(txn.get("amount_unused") or 0) <= 0:
+        if int(txn.get("amount_unused") or 0) <= 0:
             raise SandboxError(400, "transactions[id][0] : has no unused amount", "param_wrong_value",
                                "transactions[id][0]")
         amount, now = min(int(txn["amount_unused"]), int(invoice["amount_due"])), self.now()

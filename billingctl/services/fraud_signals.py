@@ -10,8 +10,8 @@ each moves the dispute along domain.lifecycle.DISPUTE:
   charge of a card that charged back), one chat alert.
 
 Stale news changes nothing (a decided dispute opens again only with a later stage: decision 214); a
-contradiction (anything after lost but lost) and an undocumented type or
-status are reported: logged, counted, alerted."""
+contradiction (anything after lost but lost) and an undocumented type or status are reported: logged,
+counted, alerted."""
 
 from __future__ import annotations
 
