@@ -112,7 +112,9 @@ def subscription_gone(container, subscription_id: str, version: int | None = Non
     `subscription_deleted` event, or a re-read answered not found): our copy is cancelled, so nothing
     renews it and the customer may buy its plan again. The provider deleted its invoices and transactions
     with it, so a person is told once when a payment of ours was recorded on them: the provider's books no
-    longer hold it, and the customer keeps the credits it paid for unless that person refunds it."""
+    longer hold it, and the customer keeps the credits it paid for unless that person refunds it. Our copies
+    of those invoices are noted deleted: a payment whose record on one was still to do reached the provider
+    after the deletion, nobody owes it, and its follow-up refunds it as for a deleted invoice (decision 217)."""
     from billingctl.services import alerts
     from billingctl.services.subscriptions import invalidate_customer
 
@@ -121,7 +123,8 @@ def subscription_gone(container, subscription_id: str, version: int | None = Non
         kept = {"provider_resource_version": version} if version is not None else {}
         moved = move_subscription(container, uow, subscription_id, "cancelled", synced_at=now, **kept)
         local = uow.subscriptions.get(subscription_id)
-        paid = uow.purchases.paying_subscription(subscription_id)
+        uow.invoices.delete_of_subscription(subscription_id, now)  # a record still to do is refunded (decision 217)
+        paid = uow.purchases.on_provider_books(subscription_id)
         if local is not None and paid is not None:
             alerts.raise_alert(
                 uow, container.clock,

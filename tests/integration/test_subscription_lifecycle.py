@@ -1239,3 +1239,34 @@ def test_a_subscription_support_deletes_at_the_provider_is_cancelled_here_and_fr
     poll(world.c)
     with world.c.uow() as uow:
         assert uow.subscriptions.status(co["subscription_id"]) == "cancelled"
+
+
+@pytest.mark.parametrize("first", ["event poll", "follow-up"])
+def test_a_card_payment_still_to_record_when_support_deletes_its_subscription_is_refunded_once(world, first):
+    """Found by the exploration (8edf9e0, after 115 histories): the card payment was credited while the
+    provider refused every record, and support then deleted the subscription at the provider's console (its
+    invoices deleted with it; no `invoice_deleted` event comes for them). Our record was retried against
+    the deleted invoice for ever, and reconcile named it every day. The deletion reached the provider before
+    our payment did: nobody owes that invoice (decision 201's rule), so the payment is refunded once, its
+    credits reversed, its purchase closed, one alert for it and none telling a person to refund it again."""
+    from billingctl.services.events import poll
+    from billingctl.services.payments import retry_pending
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    card, invoice = card_payment_waiting_for_its_record(world)
+    world.sandbox.delete_subscription(invoice["subscription_id"])
+    advance_with_sandbox(world.c, 60)
+    for job in ((poll, retry_pending) if first == "event poll" else (retry_pending, poll)) * 2:
+        job(world.c)
+    paid = world.sandbox.store.get("payment", card["id"])
+    assert paid["processor"]["amountRefunded"] == paid["amount"]  # given back, once
+    assert world.credits("user_chq") == 0
+    with world.c.uow() as uow:
+        assert uow.purchases.by_payment_id(card["id"])["closed_reason"] == "invoice_deleted"
+        assert uow.invoices.get(invoice["id"])["deleted_at"] is not None
+        assert uow.subscriptions.status(invoice["subscription_id"]) == "cancelled"
+    assert _chat_keys(world) == {f"deleted-invoice:{card['id']}"}  # not also "refund it" for a person
+    assert retry_pending(world.c).outcome.failed == 0
+    advance_with_sandbox(world.c, 3600)
+    assert reconcile(world.c)["violations"] == []

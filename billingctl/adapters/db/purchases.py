@@ -110,6 +110,13 @@ class Purchases(Repository):
         return self.execute(select(purchase.c.transaction_id).where(purchase.c.subscription_id == subscription_id)
                             .order_by(purchase.c.id)).scalar()
 
+    def on_provider_books(self, subscription_id: str) -> str | None:
+        """The payment id of the (first) purchase of a subscription recorded on its provider invoice and not
+        closed since: the one its invoice's deletion takes out of the provider's books (decision 215)."""
+        return self.execute(select(purchase.c.transaction_id).where(
+            purchase.c.subscription_id == subscription_id, purchase.c.provider_recorded_at.is_not(None),
+            purchase.c.closed_at.is_(None)).order_by(purchase.c.id)).scalar()
+
     def exists_for_subscription(self, subscription_id: str) -> bool:
         return self.execute(select(purchase.c.id).where(purchase.c.subscription_id == subscription_id)
                             ).first() is not None

@@ -130,3 +130,13 @@ class Invoices(Repository):
                                 | (invoice.c.provider_resource_version <= version))
             values["provider_resource_version"] = version
         return self.execute(query.values(**values)).rowcount == 1
+
+    def delete_of_subscription(self, subscription_id: str, now) -> int:
+        """The provider deleted the subscription, and its invoices with it (decision 217): no `invoice_deleted`
+        is sent for those, so our copies of them, and of the invoices its purchases were for, are noted deleted
+        here. Like the flag a copy brings (decision 201), this is not a status. The number noted."""
+        of_purchases = select(purchase.c.invoice_id).where(purchase.c.subscription_id == subscription_id,
+                                                           purchase.c.invoice_id.is_not(None))
+        return self.execute(update(invoice).where(
+            or_(invoice.c.subscription_id == subscription_id, invoice.c.id.in_(of_purchases)),
+            invoice.c.deleted_at.is_(None)).values(deleted_at=now)).rowcount
