@@ -620,9 +620,10 @@ class Sandbox:
         """The orchestrator's workflow mirrors a refund: a refund transaction against the payment's. A payment
         applied to an invoice is refunded through a refundable credit note on it; one finance removed from its
         invoice (`remove_payment`) is refunded from its unused amount, lowering the customer's excess
-        payments, with no credit note."""
+        payments, with no credit note. Nothing while the workflow's steps are switched off (`workflow_reports`:
+        a workflow edited at the orchestrator's console, or its step failing, as for its record of a payment)."""
         ref = self.store.get("transaction_by_ref", reference_number)
-        if ref is None:
+        if ref is None or not self.store.meta("workflow_reports", True):
             return None
         original = self.store.get("transaction", ref["id"])
         if original.get("deleted"):

@@ -116,6 +116,53 @@ def test_reconcile_names_a_refund_recorded_at_the_provider_whose_credits_stand(w
     assert reconcile(world.c, full=True)["violations"] == []
 
 
+@pytest.mark.parametrize("order", ["orchestrator first", "provider first", "mirror lost"])
+def test_reconcile_names_a_payment_refunded_at_both_consoles_until_a_person_acknowledges_it(world, order):
+    """A refund at the orchestrator and one finance recorded at the provider for the same payment: a split
+    made on purpose, a duplicate record of the orchestrator's refund, or the customer paid back twice by
+    mistake (2,999 given back of a 1,999 payment). The provider's books hold the workflow's mirror and the
+    refunds made outside alike, so nothing here can tell which (and a mirror that never landed hides the
+    card refund there); the credits follow the larger book, and reconcile said nothing. It now names
+    `refunded_at_both_consoles` for a person, who acknowledges it once checked."""
+    from billingctl.services.events import poll
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.reconcile.acks import acknowledge
+
+    payment, invoice = _checkout_payment(world)
+    if order == "orchestrator first":
+        world.sandbox.refund(payment["id"], 500)  # mirrored: 1,499 left refundable at the provider
+        _wire_back(world, world.sandbox.invoice(invoice["id"]), None)
+        detail = "refunded 500 at the orchestrator and 1999 at the provider"
+    else:
+        _wire_back(world, invoice, 1000)
+        if order == "mirror lost":  # the workflow's step failed: the provider never hears of the card refund
+            world.sandbox.store.set_meta("workflow_reports", False)
+        world.sandbox.refund(payment["id"], 1999)  # the processor gives it all back; the workflow mirrors it
+        detail = "refunded 1999 at the orchestrator and " + ("1000" if order == "mirror lost" else "2999") + \
+            " at the provider"
+    poll(world.c)
+    assert world.credits() == 0
+    world.advance(2 * 3600)
+    named = [v for v in reconcile(world.c, full=True)["violations"] if v["check"] == "refunded_at_both_consoles"]
+    assert [(v["payment_id"], v["detail"].split(" (")[0]) for v in named] == [(payment["id"], detail)]
+    assert reconcile(world.c)["violations"] == named  # the daily run names it too, and nothing else
+    acknowledge(world.c, "refunded_at_both_consoles", payment["id"], "split on purpose: ticket 42", "ops")
+    assert reconcile(world.c, full=True)["violations"] == []
+
+
+def test_a_refund_at_the_orchestrator_mirrored_to_the_provider_is_no_refund_at_both_consoles(world):
+    """The workflow's mirror of a refund at the orchestrator is the provider's copy of the same refund: not
+    named (no false alarm)."""
+    from billingctl.services.events import poll
+    from billingctl.services.reconcile import reconcile
+
+    payment, _ = _checkout_payment(world)
+    world.sandbox.refund(payment["id"], 700)
+    poll(world.c)
+    world.advance(2 * 3600)
+    assert reconcile(world.c, full=True)["violations"] == []
+
+
 def test_a_payment_removed_from_its_invoice_and_paid_back_by_wire_takes_its_credits_back(world):
     """Finance removed our payment from its invoice (the customer's excess payments hold it, decision 184),
     then paid it back by wire and recorded that on the transaction: its credits are taken back."""

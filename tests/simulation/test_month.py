@@ -604,7 +604,8 @@ class Model:
         # What such a payment leaves standing may be named: a person's review queue, a removal from its
         # invoice a person could not answer yet (its refund refused while a dispute is open), two live
         # subscriptions of one plan once support reactivated one (decision 186: a person cancels one).
-        held = self.held_by_a_person() | self.removals_unanswered() | self.deleted_at_provider()
+        held = self.held_by_a_person() | self.removals_unanswered() | self.deleted_at_provider() | \
+            self.refunded_at_both_consoles()
         unexpected = [v for v in report["violations"] if (v["check"], v.get("payment_id")) not in parked
                       and not held & {v.get("payment_id"), *(v.get("payment_ids") or ())}
                       and not (v["check"] == "two_live_subscriptions"
@@ -616,6 +617,24 @@ class Model:
         person, and named by reconcile while in its window."""
         return {t["reference_number"] for t in self.sandbox.store.all("transaction")
                 if t.get("deleted") and t.get("type") == "payment" and t.get("reference_number")}
+
+    def provider_books(self) -> tuple[Counter, Counter]:
+        """What the provider holds each of our payments paid on its invoices, and given back of it (refunds,
+        the workflow's mirrored ones with those finance recorded there)."""
+        applied, wired = Counter(), Counter()
+        for txn in self.sandbox.store.all("transaction"):
+            if txn.get("type") == "payment" and txn.get("reference_number"):
+                applied[txn["reference_number"]] += sum(link["applied_amount"] for link in txn["linked_invoices"])
+                wired[txn["reference_number"]] += sum(r["txn_amount"] for r in txn.get("linked_refunds") or []
+                                                      if r["txn_status"] == "success")
+        return applied, wired
+
+    def refunded_at_both_consoles(self) -> set[str]:
+        """Orchestrator payments refunded there and at the provider, the two books' totals apart (a refund
+        finance recorded at the provider besides the workflow's mirror): named for a person (decision 218)."""
+        _, wired = self.provider_books()
+        return {p["id"] for p in self.sandbox.store.all("payment")
+                if 0 < p["processor"].get("amountRefunded", 0) != wired[p["id"]] and wired[p["id"]]}
 
     def removals_unanswered(self) -> set[str]:
         """Our payments finance removed from their invoices whose alert a person could not answer yet: its
@@ -681,13 +700,7 @@ class Model:
             if int(balance) != int(sums.get(user) or 0):
                 found.append(f"credits differ from the ledger for {user}")
         charged_back = sandbox.charged_back()
-        applied = Counter()  # what the provider holds each of our payments paid on its invoice
-        wired = Counter()  # and given back of it (refunds, the mirrored ones with those recorded there)
-        for txn in sandbox.store.all("transaction"):
-            if txn.get("type") == "payment" and txn.get("reference_number"):
-                applied[txn["reference_number"]] += sum(link["applied_amount"] for link in txn["linked_invoices"])
-                wired[txn["reference_number"]] += sum(r["txn_amount"] for r in txn.get("linked_refunds") or []
-                                                      if r["txn_status"] == "success")
+        applied, wired = self.provider_books()
         for p in settled:  # what the orchestrator refunded is taken back: the refunded share of the credits
             # (all of them once a chargeback returned the money); of a payment whose invoice another payment
             # paid in part, what the invoice did not take is an excess, and giving it back takes back nothing

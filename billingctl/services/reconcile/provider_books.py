@@ -53,7 +53,8 @@ def _check_transactions(container, since, add) -> None:
 def _check_refunds(container, now, since, add) -> None:
     """A refund the provider holds (the workflow's mirror of one at the orchestrator, or one finance recorded
     there, made outside the orchestrator: decision 212) whose share of its payment's credits is not taken
-    back. The refunds in the window name their payments; each payment is read once for all its refunds."""
+    back; and a payment refunded at both consoles (decision 218). The refunds in the window name their
+    payments; each payment is read once for all its refunds."""
     named: dict[str, object] = {}
     for txn in container.provider.list_transactions("refund", since):
         at = parse_time(txn.date)
@@ -73,6 +74,26 @@ def _check_refunds(container, now, since, add) -> None:
                 "payment_id": payment_id, "user_id": bought["user_id"],
                 "detail": f"refunded {paid.refunded} of {bought['amount']} at the provider: {done} of {expected} "
                           "credits reversed"}, at=at)
+        _check_both_consoles(container, payment_id, bought["user_id"], paid.refunded, at, add)
+
+
+def _check_both_consoles(container, payment_id: str, user_id: str, at_provider: int, at, add) -> None:
+    """Both consoles hold refunds of an orchestrator payment and disagree on what was given back (decision
+    218): the provider holds more (refunds finance recorded there besides the workflow's mirror), or less
+    (a mirror that never landed, with refunds recorded there). Its books hold the mirror and the refunds
+    recorded there alike, so a split made on purpose, a duplicate record and a customer paid back twice look
+    the same: a person checks (and acknowledges it). Equal totals are the mirror alone. One orchestrator
+    read per refunded payment; refunds are rare."""
+    try:
+        at_orchestrator = container.orchestrator.get_payment(payment_id).refunded
+    except e.ExternalNotFound:  # entered at the provider (a cheque): its books alone
+        return
+    if 0 < at_orchestrator != at_provider:
+        add("refunded_at_both_consoles", {
+            "payment_id": payment_id, "user_id": user_id,
+            "detail": f"refunded {at_orchestrator} at the orchestrator and {at_provider} at the provider (the "
+                      "workflow's mirror and refunds recorded there alike): check the customer was not paid back "
+                      "twice"}, at=at)
 
 
 def _check_invoices(container, now, since, add) -> None:
