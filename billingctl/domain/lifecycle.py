@@ -128,15 +128,16 @@ def payment_status(orchestrator_status: str | None) -> str | None:
 # The aggregate's state is its newest row's status. `pending` is the one row a later outcome resolves in
 # place (its `resolved_at`), so whichever path observes the charge's end (the tick, the webhook, the poller)
 # closes it exactly once, and the outcome row follows it.
-RETRYABLE = ("declined", "failed", "error", "aborted", "quota_blocked", "skipped_disputed")
+# A renewal skipped (a frozen customer, an undecided dispute) writes no row: the tick answers why, and the
+# next tick decides again, so no state stands for it.
+RETRYABLE = ("declined", "failed", "error", "aborted", "quota_blocked")
 DUNNING = Lifecycle(
     name="dunning",
     states=("pending", "succeeded", "held", "exhausted", *RETRYABLE),
     edges={
         None: ("pending", "succeeded", "held", *RETRYABLE),
         "pending": ("succeeded", "held", "declined", "failed"),
-        **{state: ("pending", "succeeded", "held", *RETRYABLE) for state in ("error", "aborted", "quota_blocked",
-                                                                            "skipped_disputed")},
+        **{state: ("pending", "succeeded", "held", *RETRYABLE) for state in ("error", "aborted", "quota_blocked")},
         # A counted failure may end the schedule: the exhausted row follows the last one.
         "declined": ("pending", "succeeded", "held", "exhausted", *RETRYABLE),
         "failed": ("pending", "succeeded", "held", "exhausted", *RETRYABLE),
