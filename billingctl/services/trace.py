@@ -162,7 +162,8 @@ def _provider(container, user_id: str, books: dict, payments: dict, reversed_: d
 def _provider_refunds(invoice, books: dict, payments: dict, reversed_: dict[str, int], line, **ids) -> None:
     """The refunds the provider records on an invoice (the workflow's mirror of the orchestrator's, or one
     finance recorded: decision 212), flagged when it holds more given back than the orchestrator and the
-    share of credits of the invoice's one purchase is not taken back."""
+    share of credits of the invoice's one purchase is not taken back, or, that done, when the orchestrator
+    gave some back and the two totals differ (decision 218, as reconcile names it)."""
     notes = [n for n in invoice.issued_credit_notes if n.cn_status == "refunded"]
     on_it = [r for r in books["purchases"] if r["invoice_id"] == invoice.id]
     for number, note in enumerate(notes, 1):
@@ -175,5 +176,7 @@ def _provider_refunds(invoice, books: dict, payments: dict, reversed_: dict[str,
                                           max(given, at_orchestrator))
             if given > at_orchestrator and reversed_.get(bought["transaction_id"], 0) < expected:
                 flag = "refund_not_reversed"
+            elif 0 < at_orchestrator != given:  # refunds at both consoles, the totals apart (decision 218)
+                flag = "refunded_at_both_consoles"
         line(note.cn_date, PROVIDER, f"refund of {note.cn_total} {invoice.currency_code} recorded (credit note "
              f"{note.cn_id})", flag, invoice=invoice.id, **ids)

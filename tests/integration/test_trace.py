@@ -110,3 +110,24 @@ def test_a_refund_recorded_at_the_provider_is_on_the_timeline_and_flagged_until_
         f"refund of 999 USD recorded (credit note {world.sandbox.store.all('credit_note')[-1]['id']})"]
     poll(world.c)
     assert trace(world.c, "user_t")["agree"]
+
+
+def test_a_payment_refunded_at_both_consoles_is_flagged_as_reconcile_names_it(one_try_world):
+    """Decision 218: refunded by card at the orchestrator and by a wire finance recorded at the provider.
+    Reconcile names `refunded_at_both_consoles`; the timeline the runbook sends the person to flagged
+    nothing (each book's credits were taken back). It now flags the provider's last refund the same way."""
+    from billingctl.services.events import poll
+    from tests.integration.test_provider_refunds import _invoice_paid_by
+
+    world = one_try_world
+    _, payment = paid(world)
+    invoice = _invoice_paid_by(world, payment["id"])
+    world.sandbox.refund(payment["id"], 500)
+    poll(world.c)
+    assert trace(world.c, "user_t")["agree"]  # the workflow's mirror alone
+    world.sandbox.record_refund(invoice["id"], 400, "bank_transfer", world.sandbox.now(), "WIRE-8")
+    poll(world.c)
+    traced = trace(world.c, "user_t")
+    assert [(d["check"], d["invoice"]) for d in traced["disagreements"]] == [
+        ("refunded_at_both_consoles", invoice["id"])]
+
