@@ -18,6 +18,7 @@ from billingctl.adapters.payloads import (
     SubscriptionAnswer,
     Transaction,
 )
+from billingctl.domain import errors as e
 
 PAGE_LIMIT = 100
 
@@ -168,5 +169,16 @@ class SubscriptionProviderClient:
             "/transactions", {"type[is]": kind, "date[after]": _ts(after), "sort_by[asc]": "date"},
             wrapper="transaction"))
 
-    def get_transaction(self, transaction_id: str) -> Transaction:
-        return self._typed(Transaction, self._get(f"/transactions/{seg(transaction_id)}").get("transaction"))
+    def get_transaction(self, transaction_id: str, include_deleted: bool = False) -> Transaction:
+        """`include_deleted`: one the provider deleted (with its subscription, decision 220) is no longer
+        found, but its list still holds it when asked (`id[is]`, `include_deleted=true`): read so, one call
+        more, only then."""
+        try:
+            return self._typed(Transaction, self._get(f"/transactions/{seg(transaction_id)}").get("transaction"))
+        except e.ExternalNotFound:
+            if not include_deleted:
+                raise
+            answer = self._get("/transactions", {"id[is]": transaction_id, "include_deleted": "true", "limit": 1})
+            if not answer.get("list"):
+                raise
+            return self._typed(Transaction, answer["list"][0].get("transaction"))

@@ -131,7 +131,7 @@ def _refunded_payment(container, txn: Transaction | None, note) -> tuple[str | N
     """The payment a provider refund gives money back of, and all the provider holds as given back of it
     (read from the payment's transaction that the refund names; 0 when it names none)."""
     if txn is not None and txn.type == "refund" and txn.reference_transaction_id:
-        paid = container.provider.get_transaction(txn.reference_transaction_id)
+        paid = container.provider.get_transaction(txn.reference_transaction_id, include_deleted=True)
         return paid.payment_reference(), paid.refunded
     payment_id = None
     invoice_id = note.reference_invoice_id if note is not None else None

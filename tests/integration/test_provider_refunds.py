@@ -163,6 +163,24 @@ def test_a_refund_at_the_orchestrator_mirrored_to_the_provider_is_no_refund_at_b
     assert reconcile(world.c, full=True)["violations"] == []
 
 
+def test_a_wire_refund_whose_subscription_support_deleted_before_we_read_it_takes_its_credits_back(world):
+    """Found by the exploration (662ac69, after 193 histories): finance paid a customer back by wire and
+    recorded it at the provider; support then deleted the subscription, its transactions with it, before
+    the poll read the refund. The refund's event names the payment's transaction, which the provider no
+    longer finds: the event failed at every poll and was parked, the customer kept the credits of money
+    paid back. A deleted transaction is still listed with `include_deleted`: it is read so (decision 220)."""
+    from billingctl.services.events import poll
+
+    payment, invoice = _checkout_payment(world)
+    _wire_back(world, invoice, 999)
+    world.sandbox.delete_subscription(invoice["subscription_id"])
+    for _ in range(6):
+        poll(world.c)
+        world.advance(61)
+    assert world.credits() == 2000 - 2000 * 999 // 1999  # its share taken back, once
+    assert _inbox_failures(world) == []
+
+
 def test_a_payment_removed_from_its_invoice_and_paid_back_by_wire_takes_its_credits_back(world):
     """Finance removed our payment from its invoice (the customer's excess payments hold it, decision 184),
     then paid it back by wire and recorded that on the transaction: its credits are taken back."""

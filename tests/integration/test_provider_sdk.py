@@ -276,8 +276,8 @@ def test_the_sdk_deletes_only_an_invoice_with_no_payment_linked_and_no_longer_fi
 
 def test_the_sdk_deletes_a_subscription_with_its_invoices_and_transactions(sdk, served):
     """Decision 215: the provider deletes a subscription with its invoices, credit notes and transactions;
-    none of them is found or listed afterwards (a list shows them only with include_deleted), nothing
-    renews it, and it is sent as subscription_deleted."""
+    none of them is found or listed afterwards (a list shows them only with include_deleted, by id too),
+    nothing renews it, and it is sent as subscription_deleted."""
     sdk.Customer.create({"id": "d2", "auto_collection": "off"})
     made = sdk.Subscription.create_with_items("d2", {"subscription_items": [{"item_price_id": PLAN}]})
     sub, invoice = made.subscription, made.invoice
@@ -291,6 +291,10 @@ def test_the_sdk_deletes_a_subscription_with_its_invoices_and_transactions(sdk, 
     assert refused(lambda: sdk.Transaction.retrieve(txn)) == (404, "resource_not_found")
     assert sub.id not in [s.subscription.id for s in sdk.Subscription.list({"limit": 100}).list]
     assert txn not in [t.transaction.id for t in sdk.Transaction.list({"limit": 100}).list]
+    # Decision 220: a deleted transaction is still found by its id in the list, with include_deleted.
+    found = sdk.Transaction.list({"id": {"is": txn}, "include_deleted": True, "limit": 1}).list
+    assert [(t.transaction.id, t.transaction.deleted) for t in found] == [(txn, True)]
+    assert sdk.Transaction.list({"id": {"is": txn}, "limit": 1}).list == []
     every = sdk.Subscription.list({"include_deleted": True, "limit": 100}).list
     assert [s.subscription.deleted for s in every if s.subscription.id == sub.id] == [True]
     served.sandbox.store.advance_clock(40 * 86400)

@@ -613,10 +613,11 @@ class Model:
         assert not unexpected, f"reconcile reports what the books do not show (a false alarm): {unexpected[:5]}"
 
     def deleted_at_provider(self) -> set[str]:
-        """Our payments whose record the provider deleted with their subscription (decision 215): told to a
-        person, and named by reconcile while in its window."""
-        return {t["reference_number"] for t in self.sandbox.store.all("transaction")
-                if t.get("deleted") and t.get("type") == "payment" and t.get("reference_number")}
+        """Payments the provider deleted with their subscription (decision 215): ours (its reference names
+        them) and those entered there (a cheque: its own id names it here). Told to a person, and named by
+        reconcile while in its window."""
+        return {ref for t in self.sandbox.store.all("transaction") if t.get("deleted") and t.get("type") == "payment"
+                for ref in (t.get("reference_number"), t["id"]) if ref}
 
     def provider_books(self) -> tuple[Counter, Counter]:
         """What the provider holds each of our payments paid on its invoices, and given back of it (refunds,
