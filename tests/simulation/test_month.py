@@ -515,7 +515,8 @@ class Model:
                 (self.dispute, 0.5), (self.expire_card, 0.3), (self.charges_in_flight, 0.5),
                 (self.finish_charges, 2), (self.cancel_by_operator, 0.5),
                 (self.hang_charge, 0.2), (self.cancel_at_term_end_at_provider, 0.2),
-                (self.remove_scheduled_cancellation_at_provider, 0.1), (self.refund_at_provider, 0.2)]
+                (self.remove_scheduled_cancellation_at_provider, 0.1), (self.refund_at_provider, 0.2),
+                (self.delete_at_provider, 0.1)]
 
     def day(self) -> None:
         actions, weights = zip(*self.actions(), strict=True)
