@@ -22,7 +22,7 @@ from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, review
 from billingctl.services.cursors import read_value, write_value
 from billingctl.services.fraud_signals import deciding_dispute, refuse_if_disputed
-from billingctl.services.payments import record_payment, refund, reverse_refund
+from billingctl.services.payments import CAPTURED_STATUSES, record_payment, refund, reverse_refund
 
 log = logging.getLogger("billingctl.orphans")
 
@@ -208,11 +208,9 @@ def _recover(container, row: dict, payment: Payment) -> str:
         # Held because the account was frozen, now unfrozen: the payment pays its own subscription. Once
         # recorded there (its activation may have failed since), it stays there: never a resubscription.
         return _record_on_own_subscription(container, row, payment)
-    with container.uow(autocommit=True) as uow:
-        paid_already = recorded_on is None and uow.purchases.other_payment_of(row["subscription_id"], row["payment_id"])
-    holding = row["subscription_id"] if paid_already else \
-        _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
-    if holding:  # the plan is held (by another subscription, or by its own, paid by another payment)
+    paid_by = _order_paid_by_another(container, row, payment) if recorded_on is None else None
+    holding = paid_by or _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
+    if holding:  # the plan is held (by another subscription), or the order was paid by another payment
         return _refund_duplicate(container, row, holding)  # idempotent: a refund already made is not repeated
     refunded = payment.refunded
     if refunded >= payment.charged > 0:
@@ -266,6 +264,26 @@ def _recorded_on(container, payment_id: str) -> str | None:
     with container.uow(autocommit=True) as uow:
         bought = uow.purchases.by_payment_id(payment_id)
     return bought["subscription_id"] if bought is not None else None
+
+
+def _order_paid_by_another(container, row: dict, payment: Payment) -> str | None:
+    """The subscription holding another payment of this payment's order that we keep: the order was paid
+    already, and this charge is its duplicate. Another purchase on the order's subscription answers without
+    a call; a payment recovery moved to a subscription of its own is found through the orchestrator's
+    payments of the order, kept when its purchase is not closed (decision 221)."""
+    with container.uow(autocommit=True) as uow:
+        if uow.purchases.other_payment_of(row["subscription_id"], row["payment_id"]):
+            return row["subscription_id"]
+    if not payment.order_id:
+        return None
+    others = [p.id for p in container.orchestrator.payments_of_order(payment.order_id)
+              if p.id != payment.id and p.status in CAPTURED_STATUSES]
+    with container.uow(autocommit=True) as uow:
+        for other in others:
+            kept = uow.purchases.by_payment_id(other)
+            if kept is not None and kept["closed_at"] is None:
+                return kept["subscription_id"]
+    return None
 
 
 def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -> str | None:

@@ -335,3 +335,31 @@ def test_the_schedule_is_timed_from_when_each_attempt_was_due_not_from_the_late_
         world.c.clock.advance((due - world.c.clock.now()).total_seconds() + 40)  # the tick comes 40 s late
         orphans.run_orphans(world.c)
     assert dues == [1, 3, 7, 15, 31]  # cumulative 1, 2, 4, 8, 16 minutes from the first attempt
+
+
+def test_an_order_paid_again_after_its_first_charge_was_recovered_elsewhere_is_refunded(world):
+    """Found by the exploration at e77de16 (decision 221): one checkout form paid twice with recovery
+    between. The first charge was recovered onto a new subscription (its purchase names that one), an
+    operator cancelled it, and the second charge of the same order was recovered into a third subscription
+    and credited too: the paid-twice check looked only at purchases on the order's own subscription."""
+    from billingctl.services.sync import cancel_subscription
+
+    co, first = orphan(world, "user_t")
+    assert orphans.run_orphans(world.c)["outcomes"] == {"recovered": 1}
+    recovered_on = row(world, first["id"])["subscription_id"]
+    assert recovered_on != co["subscription_id"] and world.credits("user_t") == 2000
+    cancel_subscription(world.c, recovered_on, "customer asked", "ops")
+    second = world.sandbox.pay(co["order_id"])  # the same payment form, paid again
+    assert world.purchases(second["id"]) == 0
+    advance(world, 16)
+    orphans.run_orphans(world.c)
+    state = row(world, second["id"])
+    assert (state["status"], state["resolution"]) == ("duplicate_refunded", "refunded")
+    refunded = world.sandbox.store.get("payment", second["id"])  # the orchestrator's books: given back once
+    assert refunded["processor"]["amountRefunded"] == second["amount"] and len(refunded["refunds"]) == 1
+    live = [s["id"] for s in world.sandbox.store.all("subscription")
+            if s["customer_id"] == "user_t" and s["status"] != "cancelled"]
+    assert live == []  # no third subscription for a charge of an order paid already
+    assert world.purchases(second["id"]) == 0 and world.credits("user_t") == 2000  # one term credited
+    assert orphans.run_orphans(world.c)["outcomes"] == {"duplicate_refunded": 1}  # re-run: its row answers
+    assert len(world.sandbox.store.get("payment", second["id"])["refunds"]) == 1 and world.credits("user_t") == 2000
