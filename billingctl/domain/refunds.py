@@ -16,3 +16,10 @@ def credits_to_reverse(credits: int, amount: int, returned_excess: int, refunded
     """All the credits a payment's refunds so far take back: the same share of its credits."""
     share, paying = share_refunded(amount, returned_excess, refunded_total)
     return (int(credits) * share) // paying
+
+
+def apart_at_both_consoles(at_orchestrator: int, at_provider: int) -> bool:
+    """A payment refunded at both consoles whose totals disagree (decision 218): the orchestrator gave some
+    back and the provider's books hold more (refunds recorded there besides the workflow's mirror) or less
+    (a mirror that never landed). Equal totals are the mirror alone."""
+    return 0 < int(at_orchestrator) != int(at_provider)

@@ -11,7 +11,7 @@ from datetime import datetime
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
-from billingctl.domain.refunds import credits_to_reverse
+from billingctl.domain.refunds import apart_at_both_consoles, credits_to_reverse
 from billingctl.services.payments import CAPTURED_STATUSES
 
 OURS, PROVIDER, ORCHESTRATOR = "ours", "provider", "orchestrator"
@@ -176,7 +176,7 @@ def _provider_refunds(invoice, books: dict, payments: dict, reversed_: dict[str,
                                           max(given, at_orchestrator))
             if given > at_orchestrator and reversed_.get(bought["transaction_id"], 0) < expected:
                 flag = "refund_not_reversed"
-            elif 0 < at_orchestrator != given:  # refunds at both consoles, the totals apart (decision 218)
+            elif apart_at_both_consoles(at_orchestrator, given):  # the totals apart (decision 218)
                 flag = "refunded_at_both_consoles"
         line(note.cn_date, PROVIDER, f"refund of {note.cn_total} {invoice.currency_code} recorded (credit note "
              f"{note.cn_id})", flag, invoice=invoice.id, **ids)

@@ -10,7 +10,7 @@ from billingctl.adapters.db.books import BILLED
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
 from billingctl.domain.lifecycle import REVIEW_HUMAN, REVIEW_OPEN, REVIEW_REFUNDED
-from billingctl.domain.refunds import credits_to_reverse
+from billingctl.domain.refunds import apart_at_both_consoles, credits_to_reverse
 from billingctl.services.reconcile.orchestrator_books import _pages
 from billingctl.services.reconcile.rules import GRACE, REFUND_WINDOW
 
@@ -88,7 +88,7 @@ def _check_both_consoles(container, payment_id: str, user_id: str, at_provider: 
         at_orchestrator = container.orchestrator.get_payment(payment_id).refunded
     except e.ExternalNotFound:  # entered at the provider (a cheque): its books alone
         return
-    if 0 < at_orchestrator != at_provider:
+    if apart_at_both_consoles(at_orchestrator, at_provider):
         add("refunded_at_both_consoles", {
             "payment_id": payment_id, "user_id": user_id,
             "detail": f"refunded {at_orchestrator} at the orchestrator and {at_provider} at the provider (the "
