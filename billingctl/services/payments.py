@@ -28,7 +28,7 @@ from billingctl.services import alerts, catalog, fraud_quota, review
 from billingctl.services.invoices import apply_copy, name_invoice, save_copy
 from billingctl.services.lifecycles import report_illegal
 from billingctl.services.processor_lock import lock_after_settle
-from billingctl.services.sync import write_remote_subscription
+from billingctl.services.sync import subscription_gone, write_remote_subscription
 
 log = logging.getLogger("billingctl.payments")
 REFUND_FAILED_TEXT = "Refund of payment {payment_id} failed at the processor - manual action required"
@@ -905,6 +905,9 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
         crash_point(container.settings, "activate.after_provider")
     except CancelledAtProvider as cancelled:
         return _orphan_cancelled_checkout(container, subscription_id, cancelled.remote)
+    except e.ExternalNotFound:  # deleted at the provider (its event not read yet): a cancelled one (decision 222)
+        subscription_gone(container, subscription_id, source="activation")
+        return _orphan_cancelled_checkout(container, subscription_id)
     except e.ExternalError as exc:
         container.metrics.activation_errors.inc()
         with container.uow() as uow:

@@ -1270,3 +1270,36 @@ def test_a_card_payment_still_to_record_when_support_deletes_its_subscription_is
     assert retry_pending(world.c).outcome.failed == 0
     advance_with_sandbox(world.c, 3600)
     assert reconcile(world.c)["violations"] == []
+
+
+@pytest.mark.parametrize("poll_between", [False, True])
+def test_a_cheque_on_a_cancelled_subscription_support_then_deletes_leaves_no_activation_pending(world, poll_between):
+    """Found by the exploration at 423f45d (decision 222): an operator cancelled a subscription whose renewal
+    invoice was unpaid, finance entered the customer's cheque on that invoice, and support deleted the
+    subscription. The cheque's record marked the cancelled subscription for activation; its activation asked
+    the provider, which no longer holds it (not found): the activations job failed on it at every run and
+    reconcile named it `paid_not_active` every day. A subscription the provider no longer holds is handled
+    as a cancelled one: nothing to activate, its copy cancelled, a checkout's payment to orphan recovery."""
+    from billingctl.services.events import poll
+    from billingctl.services.payments import pending_activations, retry_pending
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.sync import cancel_subscription
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    invoice = world.sandbox.renew_due()[0]
+    cancel_subscription(world.c, co["subscription_id"], "customer asked", "ops")
+    world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0091", payment_method="check")
+    if poll_between:
+        poll(world.c)
+    world.sandbox.delete_subscription(co["subscription_id"])
+    advance_with_sandbox(world.c, 60)
+    poll(world.c)
+    assert retry_pending(world.c).outcome.failed == 0
+    assert pending_activations(world.c) == []
+    assert world.credits() == 2000 + 2000  # the checkout's term and the cheque's, once
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(co["subscription_id"]) == "cancelled"
+    advance_with_sandbox(world.c, 3600)
+    assert "paid_not_active" not in {v["check"] for v in reconcile(world.c)["violations"]}
