@@ -69,8 +69,8 @@ def write_remote_subscription(container, uow, remote: Subscription, source: str,
     updated_at, version = _ts(remote.updated_at), remote.resource_version
     now = container.clock.now()
     local = uow.subscriptions.get(remote.id)
-    if local is not None and not force and _older(local, version, updated_at):
-        return "older_ignored"
+    if local is not None and not force and (local["deleted_at"] is not None or _older(local, version, updated_at)):
+        return "older_ignored"  # a subscription the provider deleted has no newer copy (decision 223)
     current = local["status"] if local is not None else None
     step = provider_status(container, uow, SUBSCRIPTION, remote.id, current, fields["status"])
     if step is None:
@@ -79,6 +79,8 @@ def write_remote_subscription(container, uow, remote: Subscription, source: str,
     if local is None:
         uow.subscriptions.add({"id": remote.id, "created_at": _ts(remote.created_at) or now, **fields})
     values = {**fields, "provider_updated_at": updated_at, "synced_at": now, **extra}
+    if force:  # a copy just read: the provider holds it
+        values["deleted_at"] = None
     if fields["status"] == "active":
         values.update(activation_pending_since=None, activation_error=None)
     if not uow.subscriptions.set_if_not_older(remote.id, None if force else version, **values):
@@ -114,7 +116,9 @@ def subscription_gone(container, subscription_id: str, version: int | None = Non
     with it, so a person is told once when a payment of ours was recorded on them: the provider's books no
     longer hold it, and the customer keeps the credits it paid for unless that person refunds it. Our copies
     of those invoices are noted deleted: a payment whose record on one was still to do reached the provider
-    after the deletion, nobody owes it, and its follow-up refunds it as for a deleted invoice (decision 217)."""
+    after the deletion, nobody owes it, and its follow-up refunds it as for a deleted invoice (decision 217).
+    Our copy notes when it learnt the deletion: a copy read after that (an event polled late) is older news
+    (decision 223)."""
     from billingctl.services import alerts
     from billingctl.services.subscriptions import invalidate_customer
 
@@ -123,6 +127,8 @@ def subscription_gone(container, subscription_id: str, version: int | None = Non
         kept = {"provider_resource_version": version} if version is not None else {}
         moved = move_subscription(container, uow, subscription_id, "cancelled", synced_at=now, **kept)
         local = uow.subscriptions.get(subscription_id)
+        if local is not None and local["deleted_at"] is None:  # its copies read from now on are older news
+            uow.subscriptions.set(subscription_id, deleted_at=now)
         uow.invoices.delete_of_subscription(subscription_id, now)  # a record still to do is refunded (decision 217)
         paid = uow.purchases.on_provider_books(subscription_id)
         if local is not None and paid is not None:

@@ -1303,3 +1303,32 @@ def test_a_cheque_on_a_cancelled_subscription_support_then_deletes_leaves_no_act
         assert uow.subscriptions.status(co["subscription_id"]) == "cancelled"
     advance_with_sandbox(world.c, 3600)
     assert "paid_not_active" not in {v["check"] for v in reconcile(world.c)["violations"]}
+
+
+@pytest.mark.parametrize("read_by", ["sync", "activation"])
+def test_a_subscription_found_deleted_before_its_events_are_read_takes_none_of_its_older_copies(world, read_by):
+    """Found by the exploration at f995b9e (decision 223): support deleted a pending checkout's subscription
+    at the provider, and we learnt it from a read the provider answered "not found" (an operator's sync; the
+    activation of the old checkout's payment, decision 222) before the event poll read its events. The
+    poll then applied the subscription's creation copy, no older than the version we held, over our
+    cancelled copy: future again, an illegal step counted and alerted for a person at every such poll. A
+    subscription the provider deleted has no newer copy: its copies are older news."""
+    from billingctl.services.events import poll
+    from billingctl.services.sync import sync_subscription
+
+    co = world.checkout("user_a", PRO)
+    sub = co["subscription_id"]
+    world.sandbox.delete_subscription(sub)
+    if read_by == "sync":
+        sync_subscription(world.c, sub)
+    else:
+        world.sandbox.pay(co["order_id"])  # the old form paid: its activation finds the subscription gone
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(sub) == "cancelled"
+    before = _illegal(world, "subscription")
+    poll(world.c)
+    poll(world.c)
+    with world.c.uow() as uow:
+        assert uow.subscriptions.status(sub) == "cancelled"
+    assert _illegal(world, "subscription") == before
+    assert not [k for k in _chat_keys(world) if k.startswith("illegal:")]  # nobody told of a contradiction

@@ -92,6 +92,9 @@ subscription = Table(
     # The provider's resource_version (milliseconds) of the copy applied last: a copy is applied only
     # when it is not older (its reference orders updates by it; updated_at has whole seconds).
     Column("provider_resource_version", BigInteger),
+    # When we learnt the provider no longer holds it (deleted there: its event, or a read answered not
+    # found): a deleted subscription has no newer copy, so every copy read after is older news (decision 223).
+    _ts("deleted_at"),
 )
 
 invoice = Table(
