@@ -931,6 +931,21 @@ class Sandbox:
         self.send_webhook("PAYMENT.STATUS", payment)
         return payment
 
+    def progress_payment(self, payment_id: str, status: str, drop_webhook: bool = False) -> dict:
+        """An in-flight payment takes its next in-flight status (Primer: PENDING, then AUTHORIZED, then
+        SETTLING), never an earlier one; the PAYMENT.STATUS webhook follows."""
+        payment = self._payment(payment_id)
+        if payment["status"] not in IN_FLIGHT or status not in IN_FLIGHT or \
+                IN_FLIGHT.index(status) <= IN_FLIGHT.index(payment["status"]):
+            raise SandboxError(400, f"Payment {payment_id} is {payment['status']}: it cannot move to {status}",
+                               "invalid_state_for_request")
+        payment["status"] = status
+        payment["dateUpdated"] = self.now()
+        self.store.put("payment", payment_id, payment)
+        if not drop_webhook:
+            self.send_webhook("PAYMENT.STATUS", payment)
+        return payment
+
     def finish_payment(self, payment_id: str, settle: bool = True, drop_webhook: bool = False,
                        captured: int | None = None, failed: bool = False) -> dict:
         """An in-flight payment reaches its final status; the PAYMENT.STATUS webhook follows. `captured`

@@ -329,6 +329,44 @@ def test_a_renewal_reported_in_flight_then_settled_takes_each_step_once(world, i
     assert world.credits() == 2 * world.sandbox.item_price(NSFW)["metadata"]["credits"]
 
 
+def test_a_renewal_charge_that_moves_through_each_status_in_flight_then_fails_is_counted_once(world):
+    """A processor moves a charge on (PENDING, then AUTHORIZED, then SETTLING; each a PAYMENT.STATUS) and
+    may end it FAILED, a processor error rather than the issuer's decision. The sandbox could only end a
+    charge, never move it on, and the month's processor ended none FAILED: the exploration applied no
+    PAYMENT step between two statuses in flight. The row follows every step; the attempt stays pending
+    until the tick reads the end, which counts once as a decline, and a later tick charges again."""
+    from billingctl.adapters.db.tables import transaction
+    from billingctl.sandbox.model import SandboxError
+
+    subscribed(world, plan=NSFW)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    world.sandbox.async_charges(None)
+    [charge] = renewal_charges(world)
+
+    def status():
+        with world.c.uow() as uow:
+            return uow.execute(select(transaction.c.status).where(
+                transaction.c.transaction_id == charge["id"])).scalar_one()
+
+    for step, ours in (("AUTHORIZED", "authorized"), ("SETTLING", "settling")):
+        world.sandbox.progress_payment(charge["id"], step)
+        assert status() == ours and attempts(world) == [("pending", "PENDING")]
+    with pytest.raises(SandboxError):  # never back to an earlier status
+        world.sandbox.progress_payment(charge["id"], "AUTHORIZED")
+    world.sandbox.finish_payment(charge["id"], settle=False, failed=True)
+    assert status() == "failed" and attempts(world) == [("pending", "PENDING")]
+    assert run_renewals(world.c)["outcomes"] == {"declined": 1}  # the tick reads the end: a counted failure
+    assert attempts(world) == [("pending", "PENDING"), ("declined", "PROCESSOR_ERROR")]
+    assert purchases_of(world, charge["id"]) == []
+    world.c.clock.advance(3 * 86400)
+    world.sandbox.store.advance_clock(3 * 86400)
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    assert [a[0] for a in attempts(world)] == ["pending", "declined", "succeeded"]
+    assert len(renewal_charges(world)) == 2
+
+
 @pytest.mark.parametrize("user", ["user_a", "user_n"])
 def test_a_checkout_the_workflow_authorizes_then_captures_is_reported_at_each_step_and_recorded_once(world, user):
     """Primer reports each status a payment takes ("PENDING, then AUTHORIZED, then SETTLED, depending on how

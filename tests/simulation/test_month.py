@@ -470,14 +470,28 @@ class Model:
                 and (p.get("paymentMethod") or {}).get("paymentType") == "SUBSCRIPTION" and p["id"] not in self.hung]
 
     def finish_charges(self, everything: bool = False) -> None:
+        """The processor moves charges in flight on: each, half the time, to its next status in flight
+        (PENDING, AUTHORIZED, SETTLING), or to its end: settled (in full, or in part for a renewal charge),
+        declined by the issuer, or failed (a processor error). With `everything`, each settles in full."""
         for payment in self.sandbox.payments():
             if payment["status"] in IN_FLIGHT and payment["id"] not in self.hung and \
                     (everything or self.rng.random() < 0.5):
-                settle = everything or self.rng.random() < 0.8
                 drop = not everything and self.rng.random() < 0.2
-                self.sandbox.finish_payment(payment["id"], settle=settle, drop_webhook=drop)
-                self.note(f"in flight {payment['id']} -> {'settled' if settle else 'declined'}"
-                          f"{' (webhook lost)' if drop else ''}")
+                end = "settled" if everything else self.rng.choices(
+                    ["next", "settled", "settled in part", "declined", "failed"], [2, 6, 1, 1.5, 1])[0]
+                later = IN_FLIGHT[IN_FLIGHT.index(payment["status"]) + 1:]
+                renewal = (payment.get("paymentMethod") or {}).get("paymentType") == "SUBSCRIPTION"
+                if end == "next" and later:
+                    end = self.rng.choice(later)
+                    self.sandbox.progress_payment(payment["id"], end, drop_webhook=drop)
+                elif end == "settled in part" and renewal:
+                    self.sandbox.finish_payment(payment["id"], captured=max(payment["amount"] // 2, 1),
+                                                drop_webhook=drop)
+                else:
+                    end = end if end in ("declined", "failed") else "settled"
+                    self.sandbox.finish_payment(payment["id"], settle=end == "settled", failed=end == "failed",
+                                                drop_webhook=drop)
+                self.note(f"in flight {payment['id']} -> {end}{' (webhook lost)' if drop else ''}")
 
     def cancel_by_operator(self) -> None:
         subs = [s for s in self.subscriptions() if s["status"] in ("active", "future")]
