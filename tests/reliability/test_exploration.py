@@ -14,7 +14,9 @@ unfreeze, an operator resolving or retrying an orphan, recording or refunding an
 any subscription and replaying any stored event, `sync-all`, each job on its own, and our clock moving
 ahead of or behind the sandbox's.
 
-`make test` runs EXPLORE_EXAMPLES (8) histories; `make explore` runs 2,000."""
+Each history runs on the embedded container (the sandbox in process) or on production's (the NSFW quota
+enforced, Redis, the sandbox over HTTP, a customer under quota pressure: the renewal that meets a full
+quota). `make test` runs EXPLORE_EXAMPLES (8) histories on each; `make explore` runs 2,000."""
 
 from __future__ import annotations
 
@@ -52,6 +54,10 @@ from tests.simulation.test_month import PLANS, Model
 
 pytestmark = pytest.mark.reliability
 EXAMPLES = int(os.environ.get("EXPLORE_EXAMPLES", 8))
+# Two containers: the embedded one (the sandbox in process), and production's (tests.helpers.ProductionStack:
+# the NSFW quota enforced, real secrets, Redis, the sandbox reached over HTTP) with a customer under quota
+# pressure. EXPLORE_MODE (in_process or production) runs one of them only, as a long run does.
+MODES = [m for m in ("in_process", "production") if os.environ.get("EXPLORE_MODE", m) == m]
 STEPS = int(os.environ.get("EXPLORE_STEPS", 30))
 USERS = ("ex_0", "ex_1", "ex_2")
 JOBS = {"poll": events.poll, "orphans": orphans.run_orphans, "activations": payments.retry_pending,
@@ -135,12 +141,32 @@ class Exploration(RuleBasedStateMachine):
         FIGURES["examples"] += 1
         ILLEGAL_NOW.clear()
         _truncate_postgres(CONTEXT["db_url"])
-        sandbox_db = Path(CONTEXT["tmp"]) / f"sandbox-{FIGURES['examples']}.db"
-        self.c = Container(CONTEXT["make_settings"](database_url=CONTEXT["db_url"], sandbox_db=str(sandbox_db),
-                                                    http_max_attempts=2, provider_rate_limit=1_000_000),
-                           clock=ManualClock())
+        tmp = Path(CONTEXT["tmp"]) / f"history-{FIGURES['examples']}"
+        tmp.mkdir()
+        self.stack = None
+        if CONTEXT.get("production"):
+            import redis
+
+            from tests.helpers import ProductionStack
+            from tests.simulation.test_month import ProductionModel
+
+            redis.Redis.from_url(CONTEXT["redis_url"]).flushdb()  # no breaker, budget or cache of the last one
+
+            def production_settings(**kw):
+                return CONTEXT["make_settings"](http_max_attempts=2, provider_rate_limit=1_000_000, **kw)
+
+            self.stack = ProductionStack(production_settings, CONTEXT["db_url"], tmp, clock=ManualClock(),
+                                         redis_url=CONTEXT["redis_url"]).__enter__()
+            self.c = self.stack.container
+            self.stack.sandbox.disputes_secret = self.c.settings.secret("orchestrator_disputes_secret")
+            self.m = ProductionModel(random.Random(0), self.c, users=list(USERS))
+            self.m.production_sandbox = self.stack.sandbox
+        else:
+            self.c = Container(CONTEXT["make_settings"](
+                database_url=CONTEXT["db_url"], sandbox_db=str(tmp / "sandbox.db"), http_max_attempts=2,
+                provider_rate_limit=1_000_000), clock=ManualClock())
+            self.m = Model(random.Random(0), self.c, users=list(USERS))
         self.c.provider.http.sleep = self.c.orchestrator.http.sleep = lambda s: None
-        self.m = Model(random.Random(0), self.c, users=list(USERS))
         self.m.advance(0)
         self.steps = 0
         HISTORY_EDGES.clear()
@@ -172,7 +198,10 @@ class Exploration(RuleBasedStateMachine):
             FIGURES["charges_hung"] += len(self.m.hung)
             FIGURES["hung_charges_ended"] += sum(1 for p in self.m.sandbox.payments() if p["id"] in self.m.hung
                                                  and p["status"] not in ("PENDING", "AUTHORIZED"))
-            self.c.close()
+            if self.stack is not None:
+                self.stack.__exit__(None, None, None)
+            else:
+                self.c.close()
             if report := os.environ.get("EXPLORE_REPORT"):
                 Path(report).write_text(_summary() + "\n")
 
@@ -214,6 +243,14 @@ class Exploration(RuleBasedStateMachine):
         self.step(seed, "world: checkout and pay")
         self.m.checkout()
         self.m.pay()
+
+    @precondition(lambda self: self.stack is not None)
+    @rule(seed=st.integers(0, 2**32))
+    def quota_pressure(self, seed):
+        """Production only: a customer keeps starting NSFW checkouts declined in the payment form, and may
+        pay for one plan: its renewals then meet a full quota."""
+        self.step(seed, "world: quota pressure")
+        self.m.pressure()
 
     @rule(seed=st.integers(0, 2**32))
     def refund_at_the_orchestrator(self, seed):
@@ -524,10 +561,15 @@ class Exploration(RuleBasedStateMachine):
         assert_books_hold_at_every_moment(self.c)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("db_url", ["postgresql"], indirect=True)
 def test_histories_the_machine_chooses_keep_every_book(db_url, make_settings, tmp_path, record_property,
-                                                        monkeypatch):
-    CONTEXT.update(db_url=db_url, make_settings=make_settings, tmp=tmp_path)
+                                                        monkeypatch, request, mode):
+    CONTEXT.update(db_url=db_url, make_settings=make_settings, tmp=tmp_path, production=mode == "production")
+    if CONTEXT["production"]:
+        CONTEXT["redis_url"] = request.getfixturevalue("redis_url")
+    FIGURES.update(dict.fromkeys(FIGURES, 0))  # each container's run reports its own figures and edges
+    STEPS_SEEN.clear()
     _record_steps(monkeypatch)
     run_state_machine_as_test(Exploration, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=EXAMPLES <= 8,
