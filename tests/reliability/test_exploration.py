@@ -273,12 +273,23 @@ class Exploration(RuleBasedStateMachine):
     def the_processor(self, action, seed):
         self.act(action, seed)
 
-    @rule(action=st.sampled_from(["cancel_at_provider", "pause_at_provider", "resume_at_provider",
-                                  "reactivate_at_provider", "cancel_unpaid_at_provider",
-                                  "cancel_at_term_end_at_provider", "remove_scheduled_cancellation_at_provider",
-                                  "change_term_end_at_provider", "write_off"]), seed=st.integers(0, 2**32))
+    CONSOLE = ("cancel_at_provider", "pause_at_provider", "resume_at_provider", "reactivate_at_provider",
+               "cancel_unpaid_at_provider", "cancel_at_term_end_at_provider",
+               "remove_scheduled_cancellation_at_provider", "change_term_end_at_provider", "write_off")
+
+    @rule(action=st.sampled_from(CONSOLE), seed=st.integers(0, 2**32))
     def support_at_the_providers_console(self, action, seed):
-        self.act(action, seed)
+        """Support's action, or, when no subscription or invoice is in a state it applies to, another that
+        applies (each needs its own state: drawn blind, 107 histories of 36 steps never scheduled a cancel at
+        a term's end, took one back or resumed a paused subscription, 2026-11-28)."""
+        rng = self.step(seed, f"world: {action}")
+        others = [a for a in self.CONSOLE if a != action]
+        rng.shuffle(others)
+        for name in (action, *others):
+            noted = len(self.m.trace)
+            getattr(self.m, name)()
+            if len(self.m.trace) > noted:
+                return
 
     @rule(action=st.sampled_from(["freeze", "cancel_by_operator"]), seed=st.integers(0, 2**32))
     def an_operator(self, action, seed):
@@ -380,15 +391,26 @@ class Exploration(RuleBasedStateMachine):
         """A DISPUTE.STATUS notification of any type and status Primer documents: a new dispute of a settled
         payment, or the next step of one of its disputes that has not ended (a retrieval that becomes a
         chargeback, a won chargeback taken to pre-arbitration)."""
+        self.dispute_notification(seed, kind, outcome, moves_on=None)
+
+    @rule(seed=st.integers(0, 2**32), kind=st.sampled_from(["DISPUTE", "RETRIEVAL", "PREARBITRATION"]),
+          outcome=st.sampled_from(["OPEN", "LOST", "WON", "ACCEPTED", "CHALLENGED", "EXPIRED", "CANCELLED"]))
+    def a_dispute_moves_on(self, seed, kind, outcome):
+        """The next step of a dispute that has not ended: a rule of its own, since the one rule drawn about
+        once in a hundred steps moved no open dispute to won in 506 histories (2026-11-28)."""
+        self.dispute_notification(seed, kind, outcome, moves_on=True)
+
+    def dispute_notification(self, seed, kind, outcome, moves_on: bool | None):
         rng = self.step(seed, f"dispute {kind} {outcome}")
         settled = self.m.sandbox.payments("SETTLED")
         if not settled:
             return
-        # Half the time the next step of a dispute still going, whichever payment it is on: chosen after a
-        # random payment, it was one in 484 histories that never moved an open dispute on (2026-11-28).
+        # Half the time (always, `moves_on`) the next step of a dispute still going, whichever payment it is
+        # on: chosen after a random payment, it was one in 484 histories that never moved an open dispute on
+        # (2026-11-28).
         going = [(d["paymentId"], d["id"]) for d in self.m.sandbox.store.all("dispute")
                  if not _dispute_ended(d["type"], d["status"])]
-        payment_id, dispute_id = (rng.choice(going) if going and rng.random() < 0.5
+        payment_id, dispute_id = (rng.choice(going) if going and (moves_on or rng.random() < 0.5)
                                   else (rng.choice(settled)["id"], None))
         if dispute_id is not None:  # the processor's next step: never back to an earlier stage (decision 214)
             held = self.m.sandbox.store.get("dispute", dispute_id)
