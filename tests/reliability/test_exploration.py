@@ -39,7 +39,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import func, select
 
-from billingctl.adapters.db.tables import event_inbox, purchase, subscription
+from billingctl.adapters.db.tables import dunning_attempt, event_inbox, purchase, subscription
 from billingctl.bootstrap import Container
 from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
@@ -69,7 +69,7 @@ SKEWS = (-90, -7, 0, 7, 90)  # seconds our clock runs ahead of the sandbox's (ne
 FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, "refused_refunds": 0,
            "excesses_returned": 0, "payments_removed": 0, "charges_hung": 0, "hung_charges_ended": 0,
            "invoices_voids": 0, "invoices_deletes": 0, "invoices_credits": 0, "refunds_at_provider": 0,
-           "subscriptions_deleted": 0, "replays": 0}
+           "subscriptions_deleted": 0, "replays": 0, "quota_refusals": 0, "quota_blocked": 0}
 CONTEXT: dict = {}
 STEPS_SEEN: Counter = Counter()  # (lifecycle, from, to, step) of every step an aggregate was asked to take
 HISTORY_EDGES: set = set()  # the edges the current history applied
@@ -125,7 +125,8 @@ def _summary() -> str:
             f"unpaid invoices finance voided, {FIGURES['invoices_deletes']} it deleted and "
             f"{FIGURES['invoices_credits']} it credited, {FIGURES['refunds_at_provider']} refunds it recorded "
             f"at the provider, {FIGURES['subscriptions_deleted']} subscriptions support deleted there, "
-            f"{FIGURES['replays']} events an operator replayed\n"
+            f"{FIGURES['replays']} events an operator replayed, {FIGURES['quota_refusals']} checkouts the quota "
+            f"refused and {FIGURES['quota_blocked']} renewal attempts it blocked (production only)\n"
             "transitions the histories asked of each table:\n" + "\n".join(_edges_report()))
 
 
@@ -187,6 +188,9 @@ class Exploration(RuleBasedStateMachine):
             with self.c.uow() as uow:  # card payments that paid the rest of an invoice a cheque paid in part
                 FIGURES["excesses_returned"] += uow.execute(select(func.count()).select_from(purchase).where(
                     purchase.c.returned_excess > 0)).scalar_one()
+                FIGURES["quota_blocked"] += uow.execute(select(func.count()).select_from(dunning_attempt).where(
+                    dunning_attempt.c.status == "quota_blocked")).scalar_one()
+            FIGURES["quota_refusals"] += sum(1 for line in self.m.trace if "refused (quota_exhausted)" in line)
             FIGURES["payments_removed"] += sum(1 for line in self.m.trace if "finance removes" in line
                                                and "refused" not in line)
             for verb in ("voids", "deletes", "credits"):
