@@ -151,7 +151,9 @@ class Exploration(RuleBasedStateMachine):
             from tests.helpers import ProductionStack
             from tests.simulation.test_month import ProductionModel
 
-            redis.Redis.from_url(CONTEXT["redis_url"]).flushdb()  # no breaker, budget or cache of the last one
+            client = redis.Redis.from_url(CONTEXT["redis_url"])
+            client.flushdb()  # no breaker, budget or cache of the last history
+            client.close()
 
             def production_settings(**kw):
                 return CONTEXT["make_settings"](http_max_attempts=2, provider_rate_limit=1_000_000, **kw)
