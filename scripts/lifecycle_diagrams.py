@@ -12,7 +12,10 @@ Each aggregate moves only along its table. An event that names a state the aggre
 behind is stale news (no change); any other event outside the table is illegal: logged as `illegal
 lifecycle transition`, counted in `billing_lifecycle_illegal_transitions_total{lifecycle}` (alert
 IllegalLifecycleTransition) and raised once as a chat alert. Repositories write a step with a conditional
-update from the table's allowed from-states, so racing writers cannot move a row backwards.
+update from the table's allowed from-states, so racing writers cannot move a row backwards. The provider's
+subscription and invoice are copies, each the resource at one instant, ordered by its resource_version: a
+copy whose status the table's steps reach from ours is applied (it skipped steps whose own copies come
+later, as older news, or never); only one that no sequence of steps reaches is illegal (decision 225).
 """
 
 NOTES = {

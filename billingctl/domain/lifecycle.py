@@ -36,6 +36,12 @@ class Lifecycle:
     # self-loops): an event behind the current state is stale news. False for one we write ourselves in
     # order (the dunning log, whose retries loop): every step outside the table is illegal.
     stale_news: bool = True
+    # True for the provider's resources, of which we hold copies ordered by resource_version (decision 225):
+    # a copy is the resource at one instant, and the steps between two copies we read may each have had a
+    # copy of their own we read later or never (an event still to poll, a direct read). A status reachable
+    # from ours by the table's steps is applied; one no sequence of steps reaches (a voided invoice paid, a
+    # subscription future again) contradicts what we hold.
+    snapshots: bool = False
     _reach: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
@@ -76,6 +82,8 @@ class Lifecycle:
             return Step.SAME
         if self.stale_news and source is not None and source in self.reachable(target):
             return Step.STALE
+        if self.snapshots and source is not None and target in self.reachable(source):
+            return Step.APPLY  # the copy skipped steps whose own copies come later as older news, or never
         return Step.ILLEGAL
 
     def mermaid(self) -> str:
@@ -267,6 +275,7 @@ SUBSCRIPTION = Lifecycle(
     },
     final=("transferred",),
     stale_news=False,
+    snapshots=True,
 )
 
 
@@ -293,6 +302,7 @@ INVOICE = Lifecycle(
     },
     final=("voided",),
     stale_news=False,
+    snapshots=True,
 )
 
 LIFECYCLES = (PAYMENT, DUNNING, DISPUTE, ORPHAN, SUBSCRIPTION, INVOICE)

@@ -32,10 +32,13 @@ def test_every_pair_is_taken_when_allowed_and_refused_otherwise(machine):
             assert step == lc.Step.SAME, (source, target)
         elif machine.stale_news and source is not None and source in machine.reachable(target):
             assert step == lc.Step.STALE, (source, target)  # older news than what we hold
+        elif machine.snapshots and source is not None and target in machine.reachable(source):
+            assert step == lc.Step.APPLY, (source, target)  # a copy past steps not read yet (decision 225)
         else:
             assert step == lc.Step.ILLEGAL, (source, target)
-        if source is not None:  # the conditional update's IN list is exactly the allowed from-states
-            assert (step == lc.Step.APPLY) == (source in machine.sources(target)), (source, target)
+        if source is not None:  # the conditional update's IN list is exactly the table's from-states
+            direct = target in machine.edges.get(source, ())
+            assert direct == (source in machine.sources(target)), (source, target)
     assert machine.step(machine.states[0], "no_such_state") == lc.Step.ILLEGAL
 
 
@@ -81,6 +84,21 @@ def test_a_decided_dispute_opens_again_only_with_a_later_stage():
     assert lc.dispute_step("open", None, "won", "RETRIEVAL") == lc.Step.APPLY  # opened by DISPUTE.OPENED
     assert lc.dispute_step("open", "DISPUTE", "open", "DISPUTE") == lc.Step.SAME
     assert lc.dispute_step("lost", "DISPUTE", "won", "PREARBITRATION") == lc.Step.STALE  # lost stays final
+
+
+def test_a_provider_copy_may_skip_steps_but_never_reach_what_no_step_reaches():
+    """Decision 225: the provider's subscription and invoice are copies, each the resource at one instant;
+    the steps between two copies we read are each allowed, so the jump is; a status no sequence of steps
+    reaches from ours contradicts it. Copies fed by notifications (payments, disputes) keep their tables."""
+    assert lc.SUBSCRIPTION.snapshots and lc.INVOICE.snapshots
+    assert not any(m.snapshots for m in (lc.PAYMENT, lc.DUNNING, lc.DISPUTE, lc.ORPHAN))
+    assert lc.SUBSCRIPTION.step("cancelled", "paused") == lc.Step.APPLY  # reactivated, then paused
+    assert lc.SUBSCRIPTION.step("future", "paused") == lc.Step.APPLY  # started, then paused
+    assert lc.SUBSCRIPTION.step("cancelled", "future") == lc.Step.ILLEGAL  # nothing becomes future again
+    assert lc.SUBSCRIPTION.step("transferred", "active") == lc.Step.ILLEGAL  # final
+    assert lc.INVOICE.step("paid", "voided") == lc.Step.APPLY  # its payment removed, then voided (decision 188)
+    assert lc.INVOICE.step("voided", "paid") == lc.Step.ILLEGAL  # a voided invoice is final
+    assert lc.INVOICE.step("paid", "pending") == lc.Step.ILLEGAL
 
 
 def test_the_diagrams_are_generated_from_the_tables():
