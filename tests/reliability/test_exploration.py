@@ -571,6 +571,35 @@ class Exploration(RuleBasedStateMachine):
                 self.m.advance(rng.choice((61, 15 * 60)))
                 self.m.jobs()
 
+    @precondition(lambda self: self.stack is not None)
+    @rule(seed=st.integers(0, 2**32))
+    def a_renewal_meets_a_full_quota(self, seed):
+        """Production only: the quota-pressure customer tries the payment form again and again (declined
+        each time) just before its subscription's term ends, the renewal takes the slot kept for it and is
+        declined, and its retry an hour later finds the daily window full: `quota_blocked` (spec, the
+        quota's rule 2). 121 production histories had blocked no renewal (2026-11-28): the pressure's
+        attempts and a renewal's retry seldom fall in one day."""
+        rng = self.step(seed, "a renewal meets a full quota")
+        heavy = self.m.HEAVY
+        for _ in range(6):  # the customer pays for one plan at last (one time in five)
+            subs = [s for s in self.m.subscriptions() if s["status"] in RUNNING and s["customer_id"] == heavy]
+            if subs:
+                break
+            self.m.pressure()
+            self.m.jobs()
+        if not subs:
+            return
+        sub = rng.choice(subs)
+        self.m.sandbox.decline_customer(heavy)  # until the world says otherwise, as "declines"
+        self.m.advance(max(sub["current_term_end"] - self.m.sandbox.now() - 600, 0))
+        for _ in range(3):
+            self.m.pressure()
+        self.m.note(f"  {sub['id']}'s term ends; its renewal is declined")
+        self.m.advance(661)
+        self.m.jobs()
+        self.m.advance(3660)  # the first retry's wait
+        self.m.jobs()
+
     @rule(skew=st.sampled_from(SKEWS))
     def our_clock_drifts(self, skew):
         self.step(0, f"our clock {skew:+} s from the sandbox's")
