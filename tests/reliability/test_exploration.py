@@ -566,10 +566,32 @@ class Exploration(RuleBasedStateMachine):
         if processor in ("answers later", "moves it on"):
             self.m.sandbox.async_charges(answers_before)
         if processor == "moves it on":
-            for _ in range(3):
-                self.m.finish_charges()
-                self.m.advance(rng.choice((61, 15 * 60)))
-                self.m.jobs()
+            self.moves_on(rng)
+
+    def moves_on(self, rng: random.Random) -> None:
+        """The processor moves each renewal charge in flight to a later status in flight, perhaps once more,
+        then ends it (settled in full or in part, declined or failed), each webhook perhaps lost, the ticks
+        running between. Left to `Model.finish_charges` (half the charges, each to one of five ends), 115
+        histories took no step between two statuses in flight (2026-11-28)."""
+        for round_no in range(3):
+            for payment in self.m.sandbox.payments():
+                if payment["status"] not in IN_FLIGHT or payment["id"] in self.m.hung or \
+                        (payment.get("paymentMethod") or {}).get("paymentType") != "SUBSCRIPTION":
+                    continue
+                later = IN_FLIGHT[IN_FLIGHT.index(payment["status"]) + 1:]
+                drop = rng.random() < 0.2
+                if later and round_no < 2 and rng.random() < 0.8:
+                    status = rng.choice(later)
+                    self.m.sandbox.progress_payment(payment["id"], status, drop_webhook=drop)
+                    self.m.note(f"  in flight {payment['id']} -> {status}{' (webhook lost)' if drop else ''}")
+                    continue
+                end = rng.choice(["settled", "settled in part", "declined", "failed"])
+                self.m.sandbox.finish_payment(payment["id"], settle=end.startswith("settled"),
+                                              failed=end == "failed", drop_webhook=drop,
+                                              captured=payment["amount"] // 2 if end == "settled in part" else None)
+                self.m.note(f"  in flight {payment['id']} -> {end}{' (webhook lost)' if drop else ''}")
+            self.m.advance(rng.choice((61, 15 * 60)))
+            self.m.jobs()
 
     @precondition(lambda self: self.stack is not None)
     @rule(seed=st.integers(0, 2**32))
