@@ -59,7 +59,8 @@ fuzz: venv servers
 		tests/e2e/test_webhook_fuzz.py -s
 
 # The model-based exploration at its long target: 2,000 histories the machine chooses (make test runs 8),
-# each audited against the outside world's books with reconcile required to agree (docs/reliability.md).
+# each audited against the outside world's books with reconcile required to agree (docs/reliability.md), on
+# the embedded container and on production's (EXPLORE_MODE=in_process or production runs one of them).
 explore: venv servers
 	EXPLORE_EXAMPLES=$${EXPLORE_EXAMPLES:-2000} $(BIN)/pytest -p no:cacheprovider --basetemp=.pytest-tmp \
 		tests/reliability/test_exploration.py -s
