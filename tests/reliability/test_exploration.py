@@ -50,7 +50,7 @@ from billingctl.services.sync import sync_all
 from billingctl.services.users import freeze, unfreeze
 from tests.conftest import _truncate_postgres
 from tests.helpers import assert_books_hold_at_every_moment
-from tests.simulation.test_month import PLANS, Model
+from tests.simulation.test_month import PLANS, Model, renewal_charge
 
 pytestmark = pytest.mark.reliability
 EXAMPLES = int(os.environ.get("EXPLORE_EXAMPLES", 8))
@@ -581,21 +581,14 @@ class Exploration(RuleBasedStateMachine):
         histories took no step between two statuses in flight (2026-11-28)."""
         for round_no in range(3):
             for payment in self.m.sandbox.payments():
-                if payment["status"] not in IN_FLIGHT or payment["id"] in self.m.hung or \
-                        (payment.get("paymentMethod") or {}).get("paymentType") != "SUBSCRIPTION":
+                if payment["status"] not in IN_FLIGHT or payment["id"] in self.m.hung or not renewal_charge(payment):
                     continue
                 later = IN_FLIGHT[IN_FLIGHT.index(payment["status"]) + 1:]
                 drop = rng.random() < 0.2
                 if later and round_no < 2 and rng.random() < 0.8:
-                    status = rng.choice(later)
-                    self.m.sandbox.progress_payment(payment["id"], status, drop_webhook=drop)
-                    self.m.note(f"  in flight {payment['id']} -> {status}{' (webhook lost)' if drop else ''}")
-                    continue
-                end = rng.choice(["settled", "settled in part", "declined", "failed"])
-                self.m.sandbox.finish_payment(payment["id"], settle=end.startswith("settled"),
-                                              failed=end == "failed", drop_webhook=drop,
-                                              captured=payment["amount"] // 2 if end == "settled in part" else None)
-                self.m.note(f"  in flight {payment['id']} -> {end}{' (webhook lost)' if drop else ''}")
+                    self.m.move_charge(payment, rng.choice(later), drop)
+                else:
+                    self.m.move_charge(payment, rng.choice(["settled", "settled in part", "declined", "failed"]), drop)
             self.m.advance(rng.choice((61, 15 * 60)))
             self.m.jobs()
 

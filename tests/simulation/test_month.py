@@ -65,6 +65,11 @@ def applied_or_unused(txn: dict) -> int:
     return sum(link["applied_amount"] for link in txn.get("linked_invoices") or []) + int(txn.get("amount_unused") or 0)
 
 
+def renewal_charge(payment: dict) -> bool:
+    """A merchant-initiated charge of a subscription (a renewal), not a checkout's payment."""
+    return (payment.get("paymentMethod") or {}).get("paymentType") == "SUBSCRIPTION"
+
+
 @dataclass
 class Model:
     rng: random.Random
@@ -467,7 +472,7 @@ class Model:
 
     def _renewals_in_flight(self) -> list[str]:
         return [p["id"] for p in self.sandbox.payments() if p["status"] in ("PENDING", "AUTHORIZED")
-                and (p.get("paymentMethod") or {}).get("paymentType") == "SUBSCRIPTION" and p["id"] not in self.hung]
+                and renewal_charge(p) and p["id"] not in self.hung]
 
     def finish_charges(self, everything: bool = False) -> None:
         """The processor moves charges in flight on: each, half the time, to its next status in flight
@@ -480,18 +485,23 @@ class Model:
                 end = "settled" if everything else self.rng.choices(
                     ["next", "settled", "settled in part", "declined", "failed"], [2, 6, 1, 1.5, 1])[0]
                 later = IN_FLIGHT[IN_FLIGHT.index(payment["status"]) + 1:]
-                renewal = (payment.get("paymentMethod") or {}).get("paymentType") == "SUBSCRIPTION"
                 if end == "next" and later:
                     end = self.rng.choice(later)
-                    self.sandbox.progress_payment(payment["id"], end, drop_webhook=drop)
-                elif end == "settled in part" and renewal:
-                    self.sandbox.finish_payment(payment["id"], captured=max(payment["amount"] // 2, 1),
-                                                drop_webhook=drop)
-                else:
-                    end = end if end in ("declined", "failed") else "settled"
-                    self.sandbox.finish_payment(payment["id"], settle=end == "settled", failed=end == "failed",
-                                                drop_webhook=drop)
-                self.note(f"in flight {payment['id']} -> {end}{' (webhook lost)' if drop else ''}")
+                elif end == "next" or (end == "settled in part" and not renewal_charge(payment)):
+                    end = "settled"
+                self.move_charge(payment, end, drop)
+
+    def move_charge(self, payment: dict, to: str, drop: bool = False) -> None:
+        """The processor moves one charge in flight on: to a later status in flight (PENDING, AUTHORIZED,
+        SETTLING), or to its end ("settled", "settled in part", "declined", "failed"), its webhook lost
+        with `drop`."""
+        if to in IN_FLIGHT:
+            self.sandbox.progress_payment(payment["id"], to, drop_webhook=drop)
+        else:
+            self.sandbox.finish_payment(payment["id"], settle=to.startswith("settled"), failed=to == "failed",
+                                        captured=max(payment["amount"] // 2, 1) if to == "settled in part" else None,
+                                        drop_webhook=drop)
+        self.note(f"in flight {payment['id']} -> {to}{' (webhook lost)' if drop else ''}")
 
     def cancel_by_operator(self) -> None:
         subs = [s for s in self.subscriptions() if s["status"] in ("active", "future")]
@@ -853,8 +863,7 @@ class Model:
                 tries.setdefault(p["customerId"], []).append(p["date"])
         starts = [(s["customerId"], s["clientExpirationDate"] - 86400, CUSTOMER)
                   for s in sandbox.store.all("client_session") if (s["metadata"] or {}).get("lane") == "nsfw"]
-        starts += [(p["customerId"], p["date"], MERCHANT) for p in payments
-                   if (p.get("paymentMethod") or {}).get("paymentType") == "SUBSCRIPTION"]
+        starts += [(p["customerId"], p["date"], MERCHANT) for p in payments if renewal_charge(p)]
         for user, at, initiator in starts:
             for name, length, limit in WINDOWS:
                 # our clock and the sandbox's differ by the real seconds of a step: a minute of tolerance
