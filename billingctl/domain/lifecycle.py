@@ -149,12 +149,16 @@ DUNNING = Lifecycle(
         # A counted failure may end the schedule: the exhausted row follows the last one.
         "declined": ("pending", "succeeded", "held", "exhausted", *RETRYABLE),
         "failed": ("pending", "succeeded", "held", "exhausted", *RETRYABLE),
+        # A charge held as captured in part that is captured in full afterwards (a capture that was not
+        # final, then the rest): it matches the invoice and is recorded (decision 226).
+        "held": ("succeeded",),
     },
     # succeeded: paid. held: money captured that does not match the invoice (a partial settle, another
     # amount or currency): a person decides, no automatic charge follows. exhausted: cancelled.
-    final=("succeeded", "held", "exhausted"),
+    final=("succeeded", "exhausted"),
     stale_news=False,
 )
+DUNNING_ENDED = ("succeeded", "held", "exhausted")  # no automatic charge follows
 IN_FLIGHT = ("PENDING", "AUTHORIZED", "SETTLING")  # orchestrator statuses of a charge not yet ended
 VOIDABLE = ("PENDING", "AUTHORIZED")  # in flight and not yet moving money: the orchestrator still voids it
 

@@ -908,16 +908,34 @@ class Sandbox:
 
     def capture(self, payment_id: str, amount: int | None = None, final: bool = True) -> dict:
         """POST /payments/{id}/capture: an AUTHORIZED payment captured in full (SETTLED) or in part
-        (PARTIALLY_SETTLED); no payload captures the whole amount. Anything else is refused."""
+        (PARTIALLY_SETTLED); no payload captures what is left. Primer's `final`: "after a final capture, no
+        subsequent captures are allowed", so a payment captured in part by a capture that was not final
+        may be captured again, up to its amount (SETTLED once all of it is). Anything else is refused."""
         payment = self._payment(payment_id)
-        if payment["status"] != "AUTHORIZED":
-            raise SandboxError(400, f"Payment {payment_id} is {payment['status']}: only an AUTHORIZED payment can "
-                                    "be captured", "invalid_state_for_request")
-        amount = payment["amount"] if amount is None else int(amount)
-        if not 0 < amount <= payment["amount"]:
-            raise SandboxError(400, "amount must be positive and at most the authorized amount", "invalid_request",
-                               "amount")
-        return self.finish_payment(payment_id, captured=amount)
+        again = payment["status"] == "PARTIALLY_SETTLED" and self.store.meta(f"capture_open:{payment_id}", False)
+        if payment["status"] != "AUTHORIZED" and not again:
+            raise SandboxError(400, f"Payment {payment_id} is {payment['status']}: only an AUTHORIZED payment, or "
+                                    "one captured in part by a capture that was not final, can be captured",
+                               "invalid_state_for_request")
+        before = payment["processor"].get("amountCaptured", 0) if again else 0
+        left = payment["amount"] - before
+        amount = left if amount is None else int(amount)
+        if not 0 < amount <= left:
+            raise SandboxError(400, "amount must be positive and at most what is authorized and not captured",
+                               "invalid_request", "amount")
+        self.store.set_meta(f"capture_open:{payment_id}", not final and before + amount < payment["amount"])
+        if not again:
+            return self.finish_payment(payment_id, captured=amount)
+        payment["dateUpdated"] = self.now()
+        payment["processor"]["amountCaptured"] = before + amount
+        if before + amount < payment["amount"]:
+            self.store.put("payment", payment_id, payment)
+            self.send_webhook("PAYMENT.STATUS", payment)
+            return payment
+        payment["status"] = "SETTLED"
+        self.store.put("payment", payment_id, payment)
+        self._after_settle(payment, True, False, 1)
+        return payment
 
     def cancel_payment(self, payment_id: str) -> dict:
         """POST /payments/{id}/cancel: voids a payment that has not settled (PENDING or AUTHORIZED)."""

@@ -15,7 +15,7 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
-from billingctl.adapters.db.purchases import ledger_row, transaction_row
+from billingctl.adapters.db.purchases import CAPTURED_IN_PART, ledger_row, transaction_row
 from billingctl.adapters.faults import crash_point
 from billingctl.adapters.payloads import Invoice, Payment, Subscription
 from billingctl.domain import errors as e
@@ -222,15 +222,15 @@ def set_primary_after_first_payment(container, user_id: str, token: str | None) 
     return True
 
 
-def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool, bool, bool, bool]:
+def _unrecorded_gates(uow, facts: PaymentFacts) -> tuple[bool, bool, bool, bool, bool, bool]:
     """(the subscription is cancelled, the user is frozen, the user already holds another live subscription
-    of the plan, a dispute on the payment was lost), each only while this payment has no purchase yet, and
-    whether the user's row exists: one read."""
+    of the plan, a dispute on the payment was lost), each only while this payment has no purchase yet,
+    whether the user's row exists, and whether the payment waits for a person as captured in part: one read."""
     row = uow.purchases.gates(facts.payment_id, facts.subscription_id, facts.user_id, facts.item_price_id)
     bought = row["bought"]
     return (row["status"] == "cancelled" and not bought, row["frozen_at"] is not None and not bought,
             bool(row["same_plan"] or row["paid_other"]) and not bought, bool(row["charged_back"]) and not bought,
-            bool(row["user_exists"]))
+            bool(row["user_exists"]), bool(row["held_in_part"]))
 
 
 def _left_to_orphan_recovery(facts: PaymentFacts, message: str) -> dict:
@@ -252,7 +252,7 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
     now = container.clock.now()
     with container.uow() as uow:
         # The gates first: they take the user's row, as the quota's reservation does before its own writes.
-        cancelled, frozen, same_plan, charged_back, known = _unrecorded_gates(uow, facts)  # holds the user's row
+        cancelled, frozen, same_plan, charged_back, known, held_in_part = _unrecorded_gates(uow, facts)  # user's row
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
         if charged_back:
             # A chargeback lost before this payment was recorded (its notification lost, the poller behind):
@@ -330,6 +330,8 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
         if not written.transaction:  # opened by an earlier status report: moved through its lifecycle
             save_transaction(container, uow, facts.payment_id, "SETTLED", now, **transaction)
         credited = written.credited
+        if held_in_part:  # captured in full since it was held for review: it matches its order (decision 226)
+            review.captured_in_full(container, uow, facts.payment_id, facts.user_id)
         if facts.invoice_id:  # a renewal charge ends here, whichever path saw it settle
             end_renewal_attempt(container, uow, _invoice_of(facts), facts.payment_id, "succeeded",
                                 amount=facts.amount)
@@ -420,7 +422,10 @@ def end_renewal_attempt(container, uow, invoice: dict, payment_id: str, outcome:
     newest = uow.dunning.newest(invoice["id"])
     if newest is None and not attempted:
         return False  # not an invoice the renewals tick charged
-    if newest is not None and (newest["status"] in lifecycle.DUNNING.final or newest["status"] == "pending"):
+    if newest is not None and newest["status"] == "held" and outcome == "succeeded" \
+            and newest["payment_id"] == payment_id:  # held as captured in part, captured in full since
+        return dunning_step(container, uow, invoice, outcome, payment_id=payment_id, **facts)
+    if newest is not None and (newest["status"] in lifecycle.DUNNING_ENDED or newest["status"] == "pending"):
         return False  # ended already (or another charge is in flight: its own end will come)
     return dunning_step(container, uow, invoice, outcome, payment_id=payment_id, **facts)
 
@@ -476,7 +481,7 @@ def _mismatch(container, payment: Payment, facts: PaymentFacts) -> str | None:
     amount captured below the amount, another amount or another currency than the order's."""
     captured = payment.processor.amount_captured
     if payment.status == "PARTIALLY_SETTLED" or (captured is not None and captured < facts.amount):
-        return "partially_settled"
+        return CAPTURED_IN_PART
     amount, currency = _expected_charge(container, facts)
     if currency is not None and facts.currency_code != currency:
         return "currency_mismatch"
@@ -492,7 +497,7 @@ def _hold_mismatch(container, payment: Payment, facts: PaymentFacts, reason: str
     now = container.clock.now()
     captured = int(payment.processor.amount_captured or 0)
     detail = (f"{reason}: captured {captured} of {facts.amount} {facts.currency_code}"
-              if reason == "partially_settled" else f"{reason}: {facts.amount} {facts.currency_code}")
+              if reason == CAPTURED_IN_PART else f"{reason}: {facts.amount} {facts.currency_code}")
     with container.uow() as uow:
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
         save_transaction(container, uow, facts.payment_id, payment.status, now, amount=facts.amount,

@@ -31,7 +31,7 @@ log = logging.getLogger("billingctl.renewals")
 # Attempts that count toward the retry schedule (a lock-read abort, a quota block, or an orchestrator
 # error whose outcome is unknown do not: the next tick simply tries again).
 COUNTED = ("declined", "failed")
-FINAL = lifecycle.DUNNING.final
+FINAL = lifecycle.DUNNING_ENDED
 IN_FLIGHT = lifecycle.IN_FLIGHT  # orchestrator statuses of a charge still in flight: neither paid nor declined
 VOIDABLE = lifecycle.VOIDABLE
 

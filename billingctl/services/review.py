@@ -90,6 +90,18 @@ def hold_mismatch(uow, clock, *, payment_id: str, user_id: str, reason: str, **f
     return new
 
 
+def captured_in_full(container, uow, payment_id: str, user_id: str) -> None:
+    """A payment held for review as captured in part, captured in full since (Primer: a capture that was not
+    final, then the rest), is being recorded in this transaction: it matches its order, so its row ends
+    `recovered` (resolution `recorded`), and one chat alert says nothing is left to review (decision 226)."""
+    if move(container, uow, payment_id, "recovered", resolution="recorded", resolved_by="system",
+            next_attempt_at=None):
+        alerts.raise_alert(uow, container.clock, f"Payment {payment_id} of user {user_id}, held for review as "
+                                                 "captured in part, is now captured in full: recorded and credited, "
+                                                 "nothing left to review", f"payment-captured-in-full:{payment_id}",
+                           payment_id=payment_id, user_id=user_id)
+
+
 def alert_frozen(uow, clock, payment_id: str, user_id: str) -> None:
     alerts.raise_alert(uow, clock, f"Payment {payment_id} settled for frozen user {user_id} - manual review required "
                                    "(refund it, or unfreeze and retry)", f"frozen-payment:{payment_id}",

@@ -911,3 +911,78 @@ def test_every_dispute_state_pair_is_taken_or_refused_by_the_conditional_update(
             uow.commit()
         assert moved == lc.DISPUTE.allowed(first, second), (first, second)
         assert held == (second if moved else first), (first, second)
+
+
+
+# ---- decision 226: a payment held as captured in part, captured in full afterwards --------------------------
+
+def test_a_capture_that_was_not_final_leaves_the_rest_capturable_and_a_final_one_does_not(world):
+    """Primer's capture: "indicates whether the capture request is the final capture request. After a final
+    capture, no subsequent captures are allowed." The sandbox ignored `final`; now a capture in part that
+    was not final may be followed by others up to the amount, and one that was final by none."""
+    from billingctl.sandbox.model import SandboxError
+
+    payments = []
+    for final in (False, True):
+        co = world.checkout(f"user_{'f' if final else 'o'}", PRO)
+        payment = world.sandbox.pay(co["order_id"], capture=False)
+        world.sandbox.capture(payment["id"], 500, final=final)
+        payments.append(payment["id"])
+    open_, closed = payments
+    with pytest.raises(SandboxError) as refused:
+        world.sandbox.capture(closed, 100)
+    assert (refused.value.status, refused.value.api_error_code) == (400, "invalid_state_for_request")
+    with pytest.raises(SandboxError) as refused:
+        world.sandbox.capture(open_, 1500)  # more than is left
+    assert (refused.value.status, refused.value.api_error_code) == (400, "invalid_request")
+    assert world.sandbox.capture(open_, 400, final=False)["processor"]["amountCaptured"] == 900
+    assert world.sandbox.capture(open_)["status"] == "SETTLED"  # no amount: what is left
+    assert world.sandbox.store.get("payment", open_)["processor"]["amountCaptured"] == 1999
+    with pytest.raises(SandboxError):
+        world.sandbox.capture(open_, 1)
+
+
+@pytest.mark.parametrize("kind", ["renewal", "checkout"])
+def test_a_payment_held_as_captured_in_part_then_captured_in_full_is_recorded_once_and_its_review_closed(
+        world, kind):
+    """Found by widening the exploration to Primer's `final` capture: a payment held for review as captured
+    in part (decision 102) whose rest was captured afterwards was recorded and credited when its SETTLED
+    report came, but its review row stayed open ("held for manual review, nothing credited"), inviting a
+    person to refund a payment already credited, and a renewal's dunning stayed `held` on an invoice paid.
+    Now the row ends `recovered` by the system, one alert says so, and the dunning ends `succeeded`."""
+    from billingctl.adapters.db.tables import transaction
+
+    co = subscribed(world) if kind == "renewal" else world.checkout("user_a", PRO)
+    if kind == "renewal":
+        month_passes(world)
+        total = due_invoice(world, co)["total"]
+        world.sandbox.async_charges("AUTHORIZED")
+        assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+        [charge] = renewal_charges(world)
+    else:
+        charge = world.sandbox.pay(co["order_id"], capture=False)
+        total = charge["amount"]
+    credits_before = world.credits()
+    world.sandbox.capture(charge["id"], total // 2, final=False)  # the workflow captures a part, not its last
+    if kind == "renewal":
+        assert run_renewals(world.c)["outcomes"] == {"closed": 1}
+    assert review_row(world, charge["id"])["status"] == "needs_review"
+    assert purchases_of(world, charge["id"]) == [] and world.credits() == credits_before
+
+    world.sandbox.capture(charge["id"])  # then the rest: SETTLED
+    row = review_row(world, charge["id"])
+    assert (row["status"], row["resolution"], row["resolved_by"]) == ("recovered", "recorded", "system")
+    assert len(purchases_of(world, charge["id"])) == 1
+    assert world.credits() == credits_before + world.sandbox.item_price(PRO)["metadata"]["credits"]
+    assert chat_keys(world).count(f"payment-captured-in-full:{charge['id']}") == 1
+    with world.c.uow() as uow:
+        assert uow.execute(select(transaction.c.status).where(
+            transaction.c.transaction_id == charge["id"])).scalar_one() == "captured"
+    if kind == "renewal":
+        assert attempts(world) == [("pending", "AUTHORIZED"), ("held", None), ("succeeded", None)]
+        assert run_renewals(world.c)["outcomes"] == {}  # nothing is charged again
+    assert world.sandbox.send_webhook("PAYMENT.STATUS", world.sandbox.store.get("payment", charge["id"])) == 200
+    assert len(purchases_of(world, charge["id"])) == 1  # a repeated report changes nothing
+    assert chat_keys(world).count(f"payment-captured-in-full:{charge['id']}") == 1
+    from billingctl.services.reconcile import reconcile
+    assert reconcile(world.c)["violations"] == []

@@ -28,7 +28,7 @@ from billingctl.adapters.db.tables import (
     subscription,
     users,
 )
-from billingctl.domain.lifecycle import DUNNING, REVIEW_OPEN
+from billingctl.domain.lifecycle import DUNNING_ENDED, REVIEW_OPEN
 
 # A subscription billed every period (spec 3): at most one per customer and plan (decision 110).
 # Billed each term; a paused subscription is billed again once it resumes (decision 181).
@@ -227,7 +227,7 @@ def _checks(now, limits: Limits, since=None) -> list[Check]:
         Check("dunning_unfinished",
               select(dunning_attempt.c.invoice_id, dunning_attempt.c.user_id, dunning_attempt.c.status,
                      dunning_attempt.c.resolved_at)
-              .where(dunning_attempt.c.id.in_(newest), dunning_attempt.c.status.not_in(DUNNING.final), or_(
+              .where(dunning_attempt.c.id.in_(newest), dunning_attempt.c.status.not_in(DUNNING_ENDED), or_(
                   (dunning_attempt.c.status == "pending") & dunning_attempt.c.resolved_at.is_not(None)
                   & (dunning_attempt.c.resolved_at < now - grace),
                   dunning_attempt.c.invoice_id.in_(select(live.c.invoice_id).where(live.c.created_at < now - grace)))),

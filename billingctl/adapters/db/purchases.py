@@ -24,7 +24,10 @@ from billingctl.adapters.db.tables import (
     transaction,
     users,
 )
-from billingctl.domain.lifecycle import INVOICE_PAYABLE
+from billingctl.domain.lifecycle import INVOICE_PAYABLE, REVIEW_HUMAN
+
+# The reason a payment captured in part is held for review with (services.payments._mismatch).
+CAPTURED_IN_PART = "partially_settled"
 
 SUCCESSFUL_TRANSACTION = ("captured", "settled")
 # Ledger reasons that take a payment's credits back: a refund, a lost dispute.
@@ -124,7 +127,8 @@ class Purchases(Repository):
     def gates(self, payment_id: str, subscription_id: str, user_id: str, item_price_id: str | None = None):
         """One read, holding the user's row: the subscription's status, the user's frozen_at, whether the
         payment is bought, whether another subscription of the user holds the plan (`holds_its_plan`),
-        whether the user's row exists, and whether a dispute on the payment was lost."""
+        whether the user's row exists, whether a dispute on the payment was lost, and whether the payment
+        waits for a person as captured in part."""
         return self.uow.first(on_driver(_gates_statement()), {
             "payment_id": str(payment_id), "subscription_id": str(subscription_id), "user_id": str(user_id),
             "item_price_id": item_price_id or ""})
@@ -338,9 +342,13 @@ def _gates_statement():
     # A chargeback lost before the payment was recorded (its notification lost, a poller behind): decision 203.
     charged_back = select(dispute.c.dispute_id).where(dispute.c.payment_id == payment_id,
                                                       dispute.c.state == "lost").exists()
+    # Held for review as captured in part, and a person has not ended its row (decision 226).
+    held_in_part = select(orphan_recovery.c.payment_id).where(
+        orphan_recovery.c.payment_id == payment_id, orphan_recovery.c.status.in_(REVIEW_HUMAN),
+        orphan_recovery.c.last_error.like(f"{CAPTURED_IN_PART}:%")).exists()
     return select(status.label("status"), frozen.label("frozen_at"), bought.label("bought"),
                   same_plan.label("same_plan"), paid_other.label("paid_other"), known.label("user_exists"),
-                  charged_back.label("charged_back"))
+                  charged_back.label("charged_back"), held_in_part.label("held_in_part"))
 
 
 @lru_cache(maxsize=1)
