@@ -176,9 +176,12 @@ DISPUTE = Lifecycle(
     edges={
         None: ("open", "won", "closed", "lost"),
         "open": ("won", "closed", "lost"),
-        # The issuer may take a won dispute to pre-arbitration: it is open again.
-        "won": ("open", "lost"),
-        "closed": ("open",),
+        # The issuer may take a won dispute to pre-arbitration: it is open again. A later stage may also be
+        # decided before its opening arrives (deliveries come in any order): a chargeback lost or won after
+        # a closed retrieval, a pre-arbitration cancelled after a won chargeback (decision 227). Each of these
+        # cycles is taken only by a later stage (`dispute_step`).
+        "won": ("open", "lost", "closed"),
+        "closed": ("open", "won", "lost"),
     },
     final=("lost",),
 )
@@ -187,17 +190,25 @@ DISPUTE = Lifecycle(
 def dispute_step(source: str | None, held_kind: str | None, target: str, kind: str | None) -> Step:
     """A dispute's step judged by its stage as well as its state (decision 214). Primer's types are stages
     in order (an inquiry, a chargeback, a pre-arbitration), and the table's cycles (a won or closed dispute
-    open again) are taken only by a later stage: news of an earlier stage than the one held, of the held
-    stage once decided, or naming no stage (DISPUTE.OPENED, `kind` None, for a dispute already held) is
-    stale, whatever state it names."""
+    open again, or decided otherwise) are taken only by a later stage: news of an earlier stage than the one
+    held, or naming no stage (DISPUTE.OPENED, `kind` None, for a dispute already held) is stale, whatever
+    state it names; so is the held stage's opening once it is decided, and its other decision (closed then
+    won or lost, won then closed) is illegal. Won -> lost is taken by the held stage as well, as before."""
     if source is None:
         return DISPUTE.step(None, target)
     held = DISPUTE_TYPES.index(held_kind) if held_kind in DISPUTE_TYPES else 0
     if kind is None or DISPUTE_TYPES.index(kind) < held:
         return Step.STALE
-    if target == "open" and source in ("won", "closed") and DISPUTE_TYPES.index(kind) == held:
-        return Step.STALE
+    if source in ("won", "closed") and target != source and DISPUTE_TYPES.index(kind) == held:
+        if target == "open":
+            return Step.STALE
+        if (source, target) in LATER_STAGE_ONLY:
+            return Step.ILLEGAL  # one stage decided two ways
     return DISPUTE.step(source, target)
+
+
+# Steps of the table a later stage takes, never the stage that was decided (decision 227).
+LATER_STAGE_ONLY = {("won", "closed"), ("closed", "won"), ("closed", "lost")}
 
 
 def dispute_state(kind: str | None, status: str | None) -> str | None:

@@ -591,6 +591,44 @@ def test_a_decided_dispute_is_reopened_only_by_a_later_stage_never_by_older_news
     assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
 
 
+
+@pytest.mark.parametrize("first", ["RETRIEVAL ACCEPTED", "DISPUTE WON"])
+def test_a_later_stage_decided_before_its_opening_arrives_is_applied_and_its_money_moves(world, first):
+    """Found by the exploration once a closed retrieval could become a chargeback: Primer sends a
+    notification for each change, but deliveries are retried and arrive in any order. A retrieval accepted
+    (closed), then the chargeback's LOST delivered before its OPEN: closed -> lost was outside the table,
+    counted and alerted, and nothing moved: the customer had the money back and kept the credits; the late
+    OPEN then reopened the dispute for good (every renewal skipped). A later stage's decision is applied
+    from a decided state (closed -> lost or won, won -> closed); its late opening is older news."""
+    co = subscribed(world)
+    paid = world.sandbox.store.all("payment")[0]
+    kind, status = first.split()
+    opened = world.sandbox.dispute_status(paid["id"], "OPEN", kind=kind)["dispute"]
+    dispute_id = opened["processorDisputeId"]
+    world.sandbox.dispute_status(paid["id"], status, kind=kind, dispute_id=dispute_id)
+    later = "DISPUTE" if kind == "RETRIEVAL" else "PREARBITRATION"
+    decision = "LOST" if kind == "RETRIEVAL" else "CANCELLED"
+    reachable = world.sandbox.deliver
+    world.sandbox.deliver = lambda path, body, headers: 503  # the later stage's OPEN is not delivered yet
+    try:
+        world.sandbox.dispute_status(paid["id"], "OPEN", kind=later, dispute_id=dispute_id)
+    finally:
+        world.sandbox.deliver = reachable
+    world.sandbox.dispute_status(paid["id"], decision, kind=later, dispute_id=dispute_id)
+    row = dispute_row(world, dispute_id)
+    expected = "lost" if decision == "LOST" else "closed"
+    assert (row["state"], row["kind"], row["status"]) == (expected, later, decision)
+    world.advance(10)  # Primer's retry of the OPEN, after the decision: older news
+    assert dispute_row(world, dispute_id)["state"] == expected
+    assert world.c.metrics.sample("billing_lifecycle_illegal_transitions_total", {"lifecycle": "dispute"}) in (None, 0)
+    if expected == "lost":
+        assert world.credits() == 0
+        assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"
+    else:
+        assert world.credits() == 2000
+        month_passes(world)
+        assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}  # the sale stands: renewals go on
+
 def dispute_lost_while_the_database_was_away(world, make_settings):
     """A checkout paid, then a dispute opened and lost on it while every delivery and every retry Primer
     makes meets a database that is away: the two notifications end in the web app's spool."""

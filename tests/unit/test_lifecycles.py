@@ -86,6 +86,17 @@ def test_a_decided_dispute_opens_again_only_with_a_later_stage():
     assert lc.dispute_step("lost", "DISPUTE", "won", "PREARBITRATION") == lc.Step.STALE  # lost stays final
 
 
+def test_a_later_stage_may_be_decided_before_its_opening_is_read_never_the_decided_stage_again():
+    """Decision 227: deliveries arrive in any order, so a later stage's decision may be read first."""
+    assert lc.dispute_step("closed", "RETRIEVAL", "lost", "DISPUTE") == lc.Step.APPLY
+    assert lc.dispute_step("closed", "RETRIEVAL", "won", "DISPUTE") == lc.Step.APPLY
+    assert lc.dispute_step("won", "DISPUTE", "closed", "PREARBITRATION") == lc.Step.APPLY
+    assert lc.dispute_step("closed", "RETRIEVAL", "lost", "RETRIEVAL") == lc.Step.ILLEGAL  # decided twice
+    assert lc.dispute_step("won", "DISPUTE", "closed", "DISPUTE") == lc.Step.ILLEGAL
+    assert lc.dispute_step("won", "DISPUTE", "lost", "DISPUTE") == lc.Step.APPLY  # as before
+    assert lc.dispute_step("lost", "DISPUTE", "open", "PREARBITRATION") == lc.Step.STALE  # its late opening
+
+
 def test_a_provider_copy_may_skip_steps_but_never_reach_what_no_step_reaches():
     """Decision 225: the provider's subscription and invoice are copies, each the resource at one instant;
     the steps between two copies we read are each allowed, so the jump is; a status no sequence of steps
