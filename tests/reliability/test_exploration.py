@@ -131,9 +131,11 @@ def _summary() -> str:
 
 
 def _dispute_ended(kind: str, status: str) -> bool:
-    """A dispute no processor takes further: lost, cancelled, or accepted or let expire (a retrieval that
-    expired may still become a chargeback)."""
-    return status in ("LOST", "CANCELLED") or status == "ACCEPTED" or (kind != "RETRIEVAL" and status == "EXPIRED")
+    """A dispute no processor takes further: lost (a chargeback or pre-arbitration accepted or let expire),
+    or closed at its last stage. A retrieval that expired may still become a chargeback, and so may one
+    accepted or cancelled (closed -> open, by the next stage); a won one may go to pre-arbitration."""
+    state = lifecycle.dispute_state(kind, status)
+    return state == "lost" or (state == "closed" and kind == lifecycle.DISPUTE_TYPES[-1])
 
 
 class Exploration(RuleBasedStateMachine):
@@ -270,7 +272,8 @@ class Exploration(RuleBasedStateMachine):
 
     # The month's other actions, one rule per actor: as one rule of twenty actions, each was drawn about once
     # in 560 steps, and 306 histories (2026-11-28) never paused, resumed or reactivated a subscription.
-    @rule(action=st.sampled_from(["abandon", "pay_late", "expire_card"]), seed=st.integers(0, 2**32))
+    @rule(action=st.sampled_from(["abandon", "pay_late", "expire_card", "remove_payment_methods"]),
+          seed=st.integers(0, 2**32))
     def world(self, action, seed):
         self.act(action, seed)
 
@@ -384,6 +387,17 @@ class Exploration(RuleBasedStateMachine):
         self.step(seed, "renewal charges settle in part")
         self.m.sandbox.async_charges("PARTIALLY_SETTLED")
 
+    @rule(seed=st.integers(0, 2**32), fresh=st.booleans())
+    def the_workflow_captures_in_parts(self, seed, fresh):
+        """The workflow captures an authorized payment in parts, the first capture not its last (Primer's
+        `final`): the payment is PARTIALLY_SETTLED, held for review, then captured in full (decision 226).
+        `fresh`, or nothing authorized: a customer pays a new checkout whose workflow only authorizes first."""
+        self.step(seed, "the workflow captures in parts")
+        if fresh or not self.m.sandbox.payments("AUTHORIZED"):
+            self.m.checkout()
+            self.m.pay("uncaptured")
+        self.m.capture_in_parts()
+
     @rule(outcome=st.sampled_from(["SETTLED", "FAILED"]))
     def refunds_take_time(self, outcome):
         """From now on (but while the books are read), each refund is answered pending and reaches `outcome`
@@ -429,10 +443,13 @@ class Exploration(RuleBasedStateMachine):
             stages = lifecycle.DISPUTE_TYPES
             stage = max(stages.index(kind), stages.index(held["type"]))
             decided = lifecycle.dispute_state(held["type"], held["status"]) != "open"
-            if decided and stage == stages.index(held["type"]) and lifecycle.dispute_state(kind, outcome) == "open":
+            if decided and stage == stages.index(held["type"]):
                 if stage + 1 == len(stages):
                     return  # a decided pre-arbitration opens no further stage
-                stage += 1  # a decided stage opens again only as the next one (a won chargeback taken further)
+                # A decided stage moves on only as the next one (a won chargeback taken further, a closed
+                # retrieval become a chargeback), whose news may come first as its decision (deliveries
+                # arrive in any order: decision 227).
+                stage += 1
             kind = stages[stage]
             self.m.note(f"  dispute {dispute_id}: {held['type']} {held['status']} -> {kind} {outcome}")
         self.m.sandbox.dispute_status(payment_id, outcome, kind=kind, dispute_id=dispute_id)
@@ -498,6 +515,26 @@ class Exploration(RuleBasedStateMachine):
                 webhook_events.replay(self.c, inbox_id, "exploration", "explorer")
             except e.BillingError:
                 pass
+
+    @rule(seed=st.integers(0, 2**32))
+    def recovery_meets_a_long_outage(self, seed):
+        """The provider answers 503 for hours while orphan recovery retries on its schedule (1 minute,
+        doubling, capped at 30): a payment waiting for recovery runs out of attempts (`exhausted`, alerted)
+        and waits for a person, whose retry or resolution the operators' rules make. Every run's report to
+        2026-11-29 listed the steps out of `exhausted` as never applied: no outage lasted the schedule's
+        2.5 hours."""
+        self.step(seed, "the provider is down for hours while recovery retries")
+        if not any(r["status"] == "retrying" for r in orphans.list_orphans(self.c)):
+            return
+        self.m.sandbox.store.add_fault("provider", "503", count=-1)
+        for _ in range(11):
+            self.m.advance(31 * 60)
+            try:
+                orphans.run_orphans(self.c)
+            except e.BillingError:
+                pass
+        self.m.sandbox.store.clear_faults()  # the outage ends (and any fault another rule left with it)
+        self.m.note("  the provider is back")
 
     @rule(seed=st.integers(0, 2**32))
     def operator_retries_an_orphan(self, seed):

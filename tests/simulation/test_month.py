@@ -125,11 +125,11 @@ class Model:
         self.open_checkouts.append(co)
         self.note(f"checkout {user} {plan} -> {co['subscription_id']}")
 
-    def pay(self) -> None:
+    def pay(self, mode: str | None = None) -> dict | None:
         if not self.open_checkouts:
-            return
+            return None
         co = self.open_checkouts.pop(self.rng.randrange(len(self.open_checkouts)))
-        mode = self.rng.choice(["deliver", "deliver", "drop", "duplicate", "reorder", "uncaptured"])
+        mode = mode or self.rng.choice(["deliver", "deliver", "drop", "duplicate", "reorder", "uncaptured"])
         method = "PAYPAL" if self._customer(co) in WALLET_USERS else "PAYMENT_CARD"
         if self.rng.random() < 0.15:
             self.sandbox.decline_checkout(co["order_id"])  # a declined try first
@@ -146,6 +146,7 @@ class Model:
             payment = self.sandbox.pay(co["order_id"], method=method, drop_webhook=mode == "drop",
                                        duplicates=2 if mode == "duplicate" else 1)
         self.note(f"pay {co['subscription_id']} ({mode}) -> {payment['id']}")
+        return payment
 
     def abandon(self) -> None:
         if self.open_checkouts and self.rng.random() < 0.3:
@@ -436,6 +437,14 @@ class Model:
                 self.sandbox.store.put("instrument", card["token"], card)
         self.note(f"cards of {user} expired")
 
+    def remove_payment_methods(self) -> None:
+        """A customer deletes every payment method vaulted for them at the orchestrator: their next renewal
+        finds none (dunning `failed`, no_payment_method) until a new checkout vaults one."""
+        user = self.rng.choice(self.users)
+        for instrument in self.sandbox.instruments(user):
+            self.sandbox.store.put("instrument", instrument["token"], {**instrument, "deleted": True, "default": False})
+        self.note(f"{user} removes their payment methods")
+
     def charges_in_flight(self) -> None:
         """Renewal charges answer an asynchronous status for a while, then settle or decline."""
         status = self.rng.choice(["PENDING", "AUTHORIZED", "SETTLING", None])
@@ -490,6 +499,22 @@ class Model:
                 elif end == "next" or (end == "settled in part" and not renewal_charge(payment)):
                     end = "settled"
                 self.move_charge(payment, end, drop)
+
+    def capture_in_parts(self) -> None:
+        """The workflow captures an authorized payment in parts (Primer's capture with `final` false, then
+        the rest, decision 226): the rest of one captured in part, or a part of one still AUTHORIZED (a
+        checkout's, or a renewal charge answered AUTHORIZED)."""
+        parted = [p for p in self.sandbox.payments("PARTIALLY_SETTLED")
+                  if self.sandbox.store.meta(f"capture_open:{p['id']}", False)]
+        authorized = self.sandbox.payments("AUTHORIZED")
+        if parted and (not authorized or self.rng.random() < 0.6):
+            payment = self.rng.choice(parted)
+            self.sandbox.capture(payment["id"])
+            self.note(f"the workflow captures the rest of {payment['id']}")
+        elif authorized:
+            payment = self.rng.choice(authorized)
+            self.sandbox.capture(payment["id"], max(payment["amount"] // 2, 1), final=False)
+            self.note(f"the workflow captures half of {payment['id']}, not its last capture")
 
     def move_charge(self, payment: dict, to: str, drop: bool = False) -> None:
         """The processor moves one charge in flight on: to a later status in flight (PENDING, AUTHORIZED,
