@@ -254,10 +254,16 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
         # The gates first: they take the user's row, as the quota's reservation does before its own writes.
         cancelled, frozen, same_plan, charged_back, known, held_in_part = _unrecorded_gates(uow, facts)  # user's row
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
+
+        def held(to: str) -> None:  # captured in full since it was held as captured in part (decision 226)
+            if held_in_part:
+                review.captured_in_full(container, uow, facts.payment_id, facts.user_id, to)
+
         if charged_back:
             # A chargeback lost before this payment was recorded (its notification lost, the poller behind):
             # the money went back to the customer, and the loss found no credits to take back. Nothing is
             # credited or subscribed; orphan recovery ends its row `charged_back` (decision 203).
+            held("retrying")
             return _hand_to_recovery(uow, now, facts, "payment charged back before it was recorded; left to orphan "
                                                       "recovery")
         if path == "orphan_recovery":  # recovery decided the rest; a freeze made meanwhile still holds
@@ -268,6 +274,7 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
             # A second checkout of a plan the customer already holds live, or a checkout paid twice (two
             # tabs of one payment form): the same-plan duplicate path of orphan recovery refunds it with one
             # alert; nothing is credited (a future subscription of its own is cancelled by the cleanup job).
+            held("retrying")
             return _hand_to_recovery(uow, now, facts, "second payment for a plan the customer already holds; left "
                                                       "to orphan recovery to refund")
         if cancelled and facts.invoice_id and payment.is_renewal:
@@ -279,6 +286,7 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
             log.info("renewal settled after its subscription was cancelled: its paid period is honoured",
                      extra={"payment_id": facts.payment_id, "subscription_id": facts.subscription_id})
         if cancelled:
+            held("retrying")
             uow.commit()
             # A checkout-retry orphan: settled for a cancelled subscription. The settled-payments poller
             # recovers it (re-subscribe or refund); recording it here would credit a dead plan.
@@ -287,6 +295,7 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
         if frozen:
             # Spec section 4: a freeze disables further payments. A person decides (refund, or unfreeze
             # and retry); nothing is credited or activated meanwhile.
+            held("needs_review")
             review.hold_frozen(uow, container.clock, payment_id=facts.payment_id, user_id=facts.user_id,
                                subscription_id=facts.subscription_id, item_price_id=facts.item_price_id,
                                amount=facts.amount, currency_code=facts.currency_code, settled_at=facts.settled_at)
@@ -330,8 +339,7 @@ def _record_locally(container, facts: PaymentFacts, path: str, payment: Payment)
         if not written.transaction:  # opened by an earlier status report: moved through its lifecycle
             save_transaction(container, uow, facts.payment_id, "SETTLED", now, **transaction)
         credited = written.credited
-        if held_in_part:  # captured in full since it was held for review: it matches its order (decision 226)
-            review.captured_in_full(container, uow, facts.payment_id, facts.user_id)
+        held("recovered")  # it matches its order: recorded
         if facts.invoice_id:  # a renewal charge ends here, whichever path saw it settle
             end_renewal_attempt(container, uow, _invoice_of(facts), facts.payment_id, "succeeded",
                                 amount=facts.amount)

@@ -90,15 +90,23 @@ def hold_mismatch(uow, clock, *, payment_id: str, user_id: str, reason: str, **f
     return new
 
 
-def captured_in_full(container, uow, payment_id: str, user_id: str) -> None:
+def captured_in_full(container, uow, payment_id: str, user_id: str, to: str = "recovered") -> None:
     """A payment held for review as captured in part, captured in full since (Primer: a capture that was not
-    final, then the rest), is being recorded in this transaction: it matches its order, so its row ends
-    `recovered` (resolution `recorded`), and one chat alert says nothing is left to review (decision 226)."""
-    if move(container, uow, payment_id, "recovered", resolution="recorded", resolved_by="system",
-            next_attempt_at=None):
+    final, then the rest), now matches its order (decision 226). Recorded in this transaction (`to`
+    recovered: resolution `recorded`), or, when recording hands it to orphan recovery as any payment of a
+    checkout no longer owed (a cancelled checkout, a same-plan duplicate, a chargeback), sent back to
+    recovery (`to` retrying); a frozen customer's stays with a person, for that reason. One chat alert
+    when it leaves a person's queue."""
+    if to == "needs_review":
+        move(container, uow, payment_id, to, last_error=FROZEN)
+        return
+    values = ({"resolution": "recorded", "resolved_by": "system", "next_attempt_at": None} if to == "recovered"
+              else {"attempts": 0, "next_attempt_at": container.clock.now()})
+    what = "recorded and credited" if to == "recovered" else "handed to orphan recovery"
+    if move(container, uow, payment_id, to, **values):
         alerts.raise_alert(uow, container.clock, f"Payment {payment_id} of user {user_id}, held for review as "
-                                                 "captured in part, is now captured in full: recorded and credited, "
-                                                 "nothing left to review", f"payment-captured-in-full:{payment_id}",
+                                                 f"captured in part, is now captured in full: {what}, nothing "
+                                                 "left to review", f"payment-captured-in-full:{payment_id}",
                            payment_id=payment_id, user_id=user_id)
 
 

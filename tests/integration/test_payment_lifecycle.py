@@ -1024,3 +1024,39 @@ def test_a_payment_held_as_captured_in_part_then_captured_in_full_is_recorded_on
     assert chat_keys(world).count(f"payment-captured-in-full:{charge['id']}") == 1
     from billingctl.services.reconcile import reconcile
     assert reconcile(world.c)["violations"] == []
+
+
+
+@pytest.mark.parametrize("meanwhile", ["cancelled", "frozen"])
+def test_a_checkout_captured_in_full_after_it_was_held_goes_where_such_a_payment_goes(world, meanwhile):
+    """Decision 226, the paths that do not credit: a checkout's payment held as captured in part, then, after
+    the clean-up cancelled its checkout (or an operator froze its customer), captured in full. Recording
+    handed it to orphan recovery (or held it for the freeze), but its row stayed in a person's queue for the
+    partial capture: recovery never saw it, and its reason was no longer true. Now it goes back to recovery,
+    which re-subscribes the customer (or, frozen, it waits for a person for that reason)."""
+    from billingctl.services.checkout import cleanup_expired
+    from billingctl.services.orphans import run_orphans
+    from billingctl.services.users import freeze
+    from tests.conftest import advance_with_sandbox
+
+    co = world.checkout("user_a", PRO)
+    charge = world.sandbox.pay(co["order_id"], capture=False)
+    world.sandbox.capture(charge["id"], charge["amount"] // 2, final=False)
+    if meanwhile == "cancelled":
+        advance_with_sandbox(world.c, 2 * 86400)
+        assert cleanup_expired(world.c)["cancelled"] == [co["subscription_id"]]
+    else:
+        freeze(world.c, "user_a", "fraud review", "operator")
+    world.sandbox.capture(charge["id"])  # the rest
+    row = review_row(world, charge["id"])
+    if meanwhile == "frozen":
+        assert (row["status"], row["last_error"]) == ("needs_review", "user is frozen")
+        assert chat_keys(world).count(f"frozen-payment:{charge['id']}") == 1
+        assert purchases_of(world, charge["id"]) == [] and world.credits() == 0
+        return
+    assert row["status"] == "retrying"
+    assert chat_keys(world).count(f"payment-captured-in-full:{charge['id']}") == 1
+    advance_with_sandbox(world.c, 600)
+    assert run_orphans(world.c)["outcomes"] == {"recovered": 1}
+    assert review_row(world, charge["id"])["status"] == "recovered"
+    assert len(purchases_of(world, charge["id"])) == 1 and world.credits() == 2000
