@@ -442,11 +442,12 @@ def list_orphans(container, state: str | None = None) -> list[dict]:
 
 def show(container, payment_id: str) -> dict:
     row, payment, holds = _looked_up(container, payment_id)
-    return {"orphan": row, "payment": payment.wire() if isinstance(payment, Payment) else {"unavailable": payment},
+    return {"orphan": row,
+            "payment": payment.wire() if isinstance(payment, Payment) else {"unavailable": payment.message},
             "user_subscriptions": holds}
 
 
-def _looked_up(container, payment_id: str) -> tuple[dict, Payment | str, list]:
+def _looked_up(container, payment_id: str) -> tuple[dict, Payment | e.BillingError, list]:
     """(the review row, the orchestrator's payment or why it could not be read, the user's holdings)."""
     with container.uow() as uow:
         row = uow.orphans.get(payment_id)
@@ -456,7 +457,7 @@ def _looked_up(container, payment_id: str) -> tuple[dict, Payment | str, list]:
     try:
         payment = container.orchestrator.get_payment(payment_id)
     except e.BillingError as exc:
-        payment = exc.message
+        payment = exc
     return dict(row), payment, holds
 
 
@@ -475,6 +476,11 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
     row, payment, _ = _looked_up(container, payment_id)
     if row["status"] not in (*OPEN, *HUMAN):
         raise e.Refused(f"payment {payment_id} is already {row['status']}")
+    if isinstance(payment, e.BillingError) and not isinstance(payment, e.ExternalNotFound):
+        # Every action is checked against the orchestrator's payment (a second charge of its order, a refund
+        # or dispute); unread, none is taken (decision 228). One it does not hold may still be marked handled.
+        raise e.ExternalUnavailable(f"payment {payment_id} could not be read at the orchestrator ({payment.message}):"
+                                    " nothing was changed; try again", dependency="orchestrator")
     refunded = payment.refunded if isinstance(payment, Payment) else 0  # 0 when it could not be read
     if action == "refund" and refunded > 0:
         raise e.Refused(f"payment {payment_id} was already refunded ({refunded})")
@@ -483,7 +489,7 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
     if action not in ("refund", "create-subscription", "mark-handled"):
         raise e.InvalidInput("choose one of --create-subscription, --refund, --mark-handled")
     if action != "mark-handled" and not isinstance(payment, Payment):
-        raise e.ExternalUnavailable(f"payment {payment_id} could not be read at the orchestrator: {payment}",
+        raise e.ExternalUnavailable(f"payment {payment_id} could not be read at the orchestrator: {payment.message}",
                                     dependency="orchestrator")
     if action in ("refund", "create-subscription"):
         refuse_if_disputed(container, payment_id, f"--{action}")

@@ -456,6 +456,37 @@ def test_a_second_charge_of_one_order_cannot_be_kept_by_an_operator(world, actio
     assert world.sandbox.store.get("payment", second["id"])["processor"]["amountRefunded"] == second["amount"]
 
 
+
+@pytest.mark.parametrize("fault", ["timeout", "503"])
+def test_a_payment_the_orchestrator_cannot_read_is_not_marked_handled_unchecked(world, fault):
+    """Found by the exploration on production's container (2026-11-29): a checkout paid twice, its first
+    payment's notification lost; the customer was frozen before the poller found it, so it was held for a
+    person (needs_review, frozen). An orchestrator timeout then met `orphans resolve --mark-handled`: the
+    payment could not be read, and mark-handled went on without the check that refuses a second charge of
+    an order (decision 145): the customer stayed charged twice, with reconcile naming it. An action that
+    cannot be checked is refused (exit 4, try again); a payment the orchestrator says it does not hold (a
+    payment entered at the provider) may still be marked handled."""
+    from billingctl.services.users import freeze
+
+    co = world.checkout("user_twice")
+    first = world.sandbox.pay(co["order_id"], drop_webhook=True)
+    world.sandbox.pay(co["order_id"])  # the same form paid again: this one is recorded
+    freeze(world.c, "user_twice", "fraud review", "ops")
+    world.advance(180)
+    orphans.run_orphans(world.c)  # the settled-payments poller finds the first payment: held for the freeze
+    assert (row(world, first["id"])["status"], row(world, first["id"])["last_error"]) == ("needs_review",
+                                                                                          "user is frozen")
+    world.sandbox.store.add_fault("orchestrator", fault, method="GET", count=-1)
+    with pytest.raises(e.ExternalError) as failed:
+        orphans.resolve(world.c, first["id"], "mark-handled", "customer asked", "ops")
+    assert isinstance(failed.value, e.ExternalUnavailable)  # exit 4: try again
+    assert "could not be read at the orchestrator" in failed.value.message
+    assert row(world, first["id"])["status"] == "needs_review"
+    assert [a for a in audits(world) if a[1].startswith("orphans.")] == []
+    world.sandbox.store.clear_faults()
+    with pytest.raises(e.Refused):  # readable again: the second charge of the order is refused, as before
+        orphans.resolve(world.c, first["id"], "mark-handled", "customer asked", "ops")
+
 def test_an_operator_cannot_give_a_payment_a_second_subscription_of_a_plan_the_customer_holds(world):
     """Found by the exploration: support refunded the customer's first payment in full at the orchestrator's
     console; the customer paid the same checkout's form again, held as a same-plan duplicate (the first
