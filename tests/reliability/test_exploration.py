@@ -577,8 +577,9 @@ class Exploration(RuleBasedStateMachine):
     @precondition(lambda self: any(s["status"] in RUNNING for s in self.m.subscriptions()))
     @rule(seed=st.integers(0, 2**32), processor=st.sampled_from(["answers", "answers later", "moves it on",
                                                                   "PENDING", "AUTHORIZED", "declines",
-                                                                  "is unreachable"]))
-    def a_renewal_falls_due(self, seed, processor):
+                                                                  "is unreachable", "finds no payment method"]),
+          retries=st.booleans())
+    def a_renewal_falls_due(self, seed, processor, retries):
         """Time runs to the end of a live subscription's term and the jobs run, as a tick does. PENDING or
         AUTHORIZED: the processor leaves the renewal charge they start so for ever, and only our age limit
         ends it (decisions 189 and 190). Through `time_passes` alone a renewal fell due in few histories,
@@ -591,7 +592,10 @@ class Exploration(RuleBasedStateMachine):
         on": the charge is answered PENDING and the processor moves it on while the ticks run (AUTHORIZED,
         SETTLING, then settled in full or in part, declined or failed: `Model.finish_charges`), where 187
         histories had applied no step between two statuses in flight (2026-11-28): an audit settles every
-        charge in flight, and it is drawn far more often than the processor's own rule."""
+        charge in flight, and it is drawn far more often than the processor's own rule. "finds no payment
+        method": the customer removed every method vaulted for them (dunning `failed`). `retries`: the
+        schedule's retries then run, the cause perhaps gone before each (`retries_run`): 254 histories
+        (2026-11-29) applied 7 of the dunning's 47 edges, an audit ending every schedule before its retries."""
         rng = self.step(seed, f"a renewal falls due; its processor {processor}")
         sub = rng.choice([s for s in self.m.subscriptions() if s["status"] in RUNNING])
         answers_before = self.m.sandbox.store.meta("async_charges")
@@ -601,6 +605,8 @@ class Exploration(RuleBasedStateMachine):
             self.m.sandbox.decline_customer(sub["customer_id"])
         elif processor == "is unreachable":
             self.m.sandbox.store.add_fault("orchestrator", "503", count=6)
+        elif processor == "finds no payment method":
+            self.m.remove_payment_methods(sub["customer_id"])
         elif processor != "answers":
             self.m.hang_the_next_charge(processor)
         self.m.note(f"  {sub['id']}'s term ends")
@@ -610,6 +616,26 @@ class Exploration(RuleBasedStateMachine):
             self.m.sandbox.async_charges(answers_before)
         if processor == "moves it on":
             self.moves_on(rng)
+        if retries:
+            self.retries_run(rng, sub)
+
+    def retries_run(self, rng: random.Random, sub: dict) -> None:
+        """The retry schedule's attempts (1, 24, 72, 120 hours apart) run with the ticks; before each, the
+        cause of the failure may be gone (the issuer honours the card again, the customer vaults a new one,
+        the orchestrator is back) or come back. Ends when the invoice's attempts end."""
+        customer = sub["customer_id"]
+        for wait in self.c.settings.renewal_retry_hours:
+            cause = rng.random()
+            if cause < 0.3:
+                self.m.sandbox.decline_customer(customer, decline=False)
+                if not any(not i["deleted"] for i in self.m.sandbox.instruments(customer)):
+                    self.m.sandbox.add_instrument(customer, default=True)
+                self.m.note(f"  {customer} can pay again")
+            elif cause < 0.45:
+                self.m.sandbox.store.add_fault("orchestrator", "503", count=3)
+                self.m.note("  the orchestrator answers 503 x3")
+            self.m.advance(wait * 3600 + 61)
+            self.m.jobs()
 
     def moves_on(self, rng: random.Random) -> None:
         """The processor moves each renewal charge in flight to a later status in flight, perhaps once more,

@@ -437,10 +437,10 @@ class Model:
                 self.sandbox.store.put("instrument", card["token"], card)
         self.note(f"cards of {user} expired")
 
-    def remove_payment_methods(self) -> None:
+    def remove_payment_methods(self, user: str | None = None) -> None:
         """A customer deletes every payment method vaulted for them at the orchestrator: their next renewal
         finds none (dunning `failed`, no_payment_method) until a new checkout vaults one."""
-        user = self.rng.choice(self.users)
+        user = user or self.rng.choice(self.users)
         for instrument in self.sandbox.instruments(user):
             self.sandbox.store.put("instrument", instrument["token"], {**instrument, "deleted": True, "default": False})
         self.note(f"{user} removes their payment methods")
