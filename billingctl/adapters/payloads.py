@@ -180,6 +180,13 @@ class Payment(Open):
         return int(self.processor.amount_refunded or 0)
 
     @property
+    def captured_in_part(self) -> bool:
+        """Captured, but not all of it: PARTIALLY_SETTLED, or settled with less captured than its amount."""
+        captured = self.processor.amount_captured
+        return self.status == "PARTIALLY_SETTLED" or (
+            self.status == "SETTLED" and captured is not None and int(captured) < self.charged)
+
+    @property
     def fully_refunded(self) -> bool:
         return self.refunded >= self.charged > 0
 

@@ -198,12 +198,11 @@ def finish(payment_id: str, decline: bool = typer.Option(False, "--decline", hel
 @command(app, "capture")
 def capture(payment_id: str,
             amount: int = typer.Option(None, "--amount", help="Less than authorized: a partial capture."),
-            final: bool = typer.Option(True, "--final/--not-final",
-                                       help="--not-final: a later capture may take the rest.")):
+            not_final: bool = typer.Option(False, "--not-final", help="A later capture may take the rest.")):
     """Capture an AUTHORIZED payment, or the rest of one captured in part by a capture that was not final
     (the orchestrator's capture call)."""
     cli, sandbox = _sandbox()
-    payment = _call(sandbox.capture, payment_id, amount, final)
+    payment = _call(sandbox.capture, payment_id, amount, not not_final)
     cli.output.result(payment, human=f"{payment_id} {payment['status']}")
 
 

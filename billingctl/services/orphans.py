@@ -22,7 +22,13 @@ from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, review
 from billingctl.services.cursors import read_value, write_value
 from billingctl.services.fraud_signals import deciding_dispute, refuse_if_disputed
-from billingctl.services.payments import CAPTURED_STATUSES, record_payment, refund, reverse_refund
+from billingctl.services.payments import (
+    CAPTURED_STATUSES,
+    captured_in_part_reason,
+    record_payment,
+    refund,
+    reverse_refund,
+)
 
 log = logging.getLogger("billingctl.orphans")
 
@@ -187,6 +193,9 @@ def _recover(container, row: dict, payment: Payment) -> str:
     disputed = deciding_dispute(container, row["payment_id"])
     if disputed is not None:
         return _disputed(container, row, disputed)
+    if payment.captured_in_part:  # it cannot pay a term: a person's, or the rest's capture (decision 229)
+        _finish(container, row["payment_id"], "needs_review", last_error=captured_in_part_reason(payment))
+        return "needs_review"
     with container.uow() as uow:
         frozen = uow.users.frozen_at(user_id)
     if frozen is not None:
@@ -498,6 +507,11 @@ def resolve(container, payment_id: str, action: str, reason: str, actor: str, dr
     if action == "mark-handled":
         _refuse_credits_kept_off_the_providers_books(container, payment_id)
     if action == "create-subscription":
+        if isinstance(payment, Payment) and payment.captured_in_part:
+            raise e.Refused(f"payment {payment_id} is captured in part ({int(payment.processor.amount_captured or 0)}"
+                            f" of {payment.charged}): it cannot pay a term; refund what was captured (billingctl "
+                            f"orphans resolve {payment_id} --refund --reason R --yes), or wait until the rest is "
+                            "captured")
         _refuse_a_frozen_account(container, row["user_id"], payment_id)
         _refuse_a_second_subscription_of_a_held_plan(container, row, payment_id)
     plan = {"payment_id": payment_id, "action": action, "state": row["status"]}

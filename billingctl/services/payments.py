@@ -487,8 +487,7 @@ def _expected_charge(container, facts: PaymentFacts) -> tuple[int | None, str | 
 def _mismatch(container, payment: Payment, facts: PaymentFacts) -> str | None:
     """Why a captured payment cannot be credited as its order's (None when it can): a partial settle, an
     amount captured below the amount, another amount or another currency than the order's."""
-    captured = payment.processor.amount_captured
-    if payment.status == "PARTIALLY_SETTLED" or (captured is not None and captured < facts.amount):
+    if payment.captured_in_part:
         return CAPTURED_IN_PART
     amount, currency = _expected_charge(container, facts)
     if currency is not None and facts.currency_code != currency:
@@ -498,14 +497,19 @@ def _mismatch(container, payment: Payment, facts: PaymentFacts) -> str | None:
     return None
 
 
+def captured_in_part_reason(payment: Payment) -> str:
+    """Why a payment captured in part waits for a person, as its review row says it."""
+    return (f"{CAPTURED_IN_PART}: captured {int(payment.processor.amount_captured or 0)} of {payment.charged} "
+            f"{payment.currency_code}")
+
+
 def _hold_mismatch(container, payment: Payment, facts: PaymentFacts, reason: str, path: str) -> dict:
     """Money was captured, but not what the order asked for: nothing is credited, activated or reported to
     the provider; the payment waits in the review queue (`orphans show/resolve`) with one chat alert, and a
     renewal's attempt ends `held` (no automatic charge follows it)."""
     now = container.clock.now()
-    captured = int(payment.processor.amount_captured or 0)
-    detail = (f"{reason}: captured {captured} of {facts.amount} {facts.currency_code}"
-              if reason == CAPTURED_IN_PART else f"{reason}: {facts.amount} {facts.currency_code}")
+    detail = captured_in_part_reason(payment) if reason == CAPTURED_IN_PART else \
+        f"{reason}: {facts.amount} {facts.currency_code}"
     with container.uow() as uow:
         fraud_quota.count_authorization(uow, now, payment, facts.lane, facts.user_id)
         save_transaction(container, uow, facts.payment_id, payment.status, now, amount=facts.amount,

@@ -1027,6 +1027,36 @@ def test_a_payment_held_as_captured_in_part_then_captured_in_full_is_recorded_on
 
 
 
+
+def test_a_payment_captured_in_part_is_never_given_a_subscription_by_recovery_or_an_operator(world):
+    """Found by the exploration (2026-11-29, after 191 histories): an operator ran `orphans retry` on a
+    checkout payment held for review as captured in part. Recovery re-subscribed the customer at the
+    provider, then recording held the payment again: a stray subscription, the row back in review with
+    "re-subscribed ... but its subscription was not activated", and reconcile's "orphan past its schedule".
+    A payment captured in part cannot pay a term: recovery leaves it with the person (no subscription made,
+    no attempt counted), and `--create-subscription` is refused, naming the ways out."""
+    from billingctl.domain import errors as e
+    from billingctl.services import orphans
+
+    co = world.checkout("user_a", PRO)
+    charge = world.sandbox.pay(co["order_id"], capture=False)
+    world.sandbox.capture(charge["id"], charge["amount"] // 2, final=False)
+    subscriptions = len(world.sandbox.store.all("subscription"))
+    reason = f"partially_settled: captured {charge['amount'] // 2} of {charge['amount']} USD"
+    assert orphans.retry(world.c, charge["id"], "ops")["outcome"] == "needs_review"
+    row = review_row(world, charge["id"])
+    assert (row["status"], row["attempts"], row["last_error"]) == ("needs_review", 0, reason)
+    with pytest.raises(e.Refused) as refused:
+        orphans.resolve(world.c, charge["id"], "create-subscription", "customer asked", "ops")
+    assert refused.value.message == (
+        f"payment {charge['id']} is captured in part ({charge['amount'] // 2} of {charge['amount']}): it cannot pay a "
+        f"term; refund what was captured (billingctl orphans resolve {charge['id']} --refund --reason R --yes), or "
+        "wait until the rest is captured")
+    assert len(world.sandbox.store.all("subscription")) == subscriptions
+    assert purchases_of(world, charge["id"]) == [] and world.credits() == 0
+    world.sandbox.capture(charge["id"])  # the rest: recorded on its own checkout (decision 226)
+    assert review_row(world, charge["id"])["status"] == "recovered" and world.credits() == 2000
+
 @pytest.mark.parametrize("meanwhile", ["cancelled", "frozen"])
 def test_a_checkout_captured_in_full_after_it_was_held_goes_where_such_a_payment_goes(world, meanwhile):
     """Decision 226, the paths that do not credit: a checkout's payment held as captured in part, then, after
