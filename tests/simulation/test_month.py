@@ -111,6 +111,11 @@ class Model:
 
     def advance(self, seconds: int) -> None:
         advance_with_sandbox(self.c, seconds, self.sandbox.store)
+        if self.sandbox is not self.c.sandbox:
+            # Production's sandbox, reached over HTTP: its time-driven events (Primer's retries of failed
+            # deliveries, refunds pending at the processor reaching their end) fall due as its clock moves.
+            # Before, they never did there: a refund answered pending stayed so for the whole history.
+            self.sandbox.redeliver_due()
         self.c.clock.advance(self.skew)
 
     # ---- the customers ------------------------------------------------------------------------------
