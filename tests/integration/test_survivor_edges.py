@@ -179,6 +179,9 @@ def test_a_refund_resolution_while_the_orchestrator_is_unreadable_fails_as_unava
     world.sandbox.store.add_fault("orchestrator", "500", method="GET", path="/payments/", count=-1)
     with pytest.raises(e.ExternalError):
         orphans.resolve(world.c, payment["id"], "refund", "customer asked", "ops")
+    with pytest.raises(e.ExternalUnavailable):  # unread, nothing is checked, so nothing is taken (decision 228)
+        orphans.resolve(world.c, payment["id"], "mark-handled", "refunded by phone", "ops")
+    world.sandbox.store.clear_faults()
     assert orphans.resolve(world.c, payment["id"], "mark-handled", "refunded by phone", "ops")["state"] == "resolved"
 
 
