@@ -241,6 +241,8 @@ def dispute_state(kind: str | None, status: str | None) -> str | None:
 # turns out voided is refunded and `resolved` (decision 113). Only recovery writes these rows, in order:
 # a step outside the table is illegal (no stale news). A row that ended with a refund the processor then
 # refused (its PAYMENT.REFUND reports the REFUND transaction FAILED) goes back to a person (decision 174).
+# A row that ended `recovered` because its payment was recorded on its own checkout (decision 226) goes back
+# to recovery when that checkout's activation finds the subscription cancelled at the provider (decision 230).
 REVIEW_OPEN = ("retrying",)  # recovery's own work: attempted on its schedule
 REVIEW_HUMAN = ("exhausted", "needs_review")  # a person's work (or a forced retry)
 REVIEW_REFUNDED = ("duplicate_refunded", "resolved")  # the ends a refund may have made
@@ -253,7 +255,7 @@ ORPHAN = Lifecycle(
         "retrying": ("retrying", "exhausted", "needs_review", *_REVIEW_ENDS),
         "needs_review": ("retrying", "needs_review", "exhausted", *_REVIEW_ENDS),
         "exhausted": ("retrying", "needs_review", *_REVIEW_ENDS),
-        "recovered": ("resolved",),
+        "recovered": ("resolved", "retrying"),
         "duplicate_refunded": ("needs_review",),
         "resolved": ("needs_review",),
     },

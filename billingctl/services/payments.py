@@ -1009,9 +1009,10 @@ def _orphan_cancelled_checkout(container, subscription_id: str, remote: Subscrip
     with container.uow() as uow:
         paid = uow.purchases.without_invoice(subscription_id)
         for row in paid:
-            review.open_row(uow, now, payment_id=row["transaction_id"], user_id=row["user_id"],
-                            subscription_id=subscription_id, item_price_id=row["item_price_id"], amount=row["amount"],
-                            currency_code=row["currency_code"], settled_at=row["settled_at"])
+            review.hand_to_recovery(container, uow, payment_id=row["transaction_id"], user_id=row["user_id"],
+                                    subscription_id=subscription_id, item_price_id=row["item_price_id"],
+                                    amount=row["amount"], currency_code=row["currency_code"],
+                                    settled_at=row["settled_at"])
         if remote is None:
             uow.subscriptions.set(subscription_id, activation_pending_since=None, activation_error=None,
                                   synced_at=now)

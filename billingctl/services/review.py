@@ -62,6 +62,20 @@ def open_row(uow, now, *, payment_id: str, user_id: str | None, subscription_id:
         "settled_at": settled_at or now, "created_at": now, "updated_at": now})
 
 
+def hand_to_recovery(container, uow, *, payment_id: str, **facts) -> None:
+    """A settled payment whose checkout is no longer owed goes to orphan recovery: a new row opens
+    `retrying`; a row that decision 226 ended because the payment was recorded on that checkout (its
+    resolution `recorded`) goes back to `retrying`, or the payment would keep its credits with no
+    subscription and no invoice, and no queue would hold it (decision 230). Any other row is left as it is."""
+    now = container.clock.now()
+    if open_row(uow, now, payment_id=payment_id, **facts):
+        return
+    row = uow.orphans.get(payment_id)
+    if row["status"] == "recovered" and row["resolution"] == "recorded":
+        move(container, uow, payment_id, "retrying", resolution=None, resolved_by=None, attempts=0,
+             next_attempt_at=now, last_error="its checkout was cancelled at the provider before it was activated")
+
+
 def hold_frozen(uow, clock, *, payment_id: str, user_id: str, **facts) -> None:
     """A settled payment for a frozen account: neither credited nor activated; one chat alert."""
     open_row(uow, clock.now(), payment_id=payment_id, user_id=user_id, status="needs_review", last_error=FROZEN,

@@ -1090,3 +1090,38 @@ def test_a_checkout_captured_in_full_after_it_was_held_goes_where_such_a_payment
     assert run_orphans(world.c)["outcomes"] == {"recovered": 1}
     assert review_row(world, charge["id"])["status"] == "recovered"
     assert len(purchases_of(world, charge["id"])) == 1 and world.credits() == 2000
+
+
+def test_a_checkout_captured_in_full_after_support_cancelled_its_subscription_goes_back_to_recovery(world):
+    """Found by the exploration (2026-11-29, after 92 histories): a checkout's payment held as captured in
+    part; support cancels its subscription, still future, at the provider's console; the workflow captures
+    the rest before our event poll reads the cancel. Recording saw our copy still future and credited the
+    payment, decision 226 ended its review row `recovered` (`recorded`), and the activation that followed
+    found the subscription cancelled at the provider and handed the payment to orphan recovery, whose row
+    existed already, ended: nothing happened. The customer kept the credits with no subscription, the
+    payment was on no provider invoice, and `orphans resolve` refused it ("already recovered"). Now the
+    hand-over sends that row back to recovery, which re-subscribes the customer with the same credits."""
+    from billingctl.services.orphans import run_orphans
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    co = world.checkout("user_a", PRO)
+    charge = world.sandbox.pay(co["order_id"], capture=False)
+    world.sandbox.capture(charge["id"], charge["amount"] // 2, final=False)
+    world.sandbox.cancel(co["subscription_id"])  # support, at the provider's console; not yet polled
+    world.sandbox.capture(charge["id"])  # the rest
+    row = review_row(world, charge["id"])
+    assert (row["status"], row["resolution"]) == ("retrying", None)
+    assert world.credits() == 2000 and len(purchases_of(world, charge["id"])) == 1
+    advance_with_sandbox(world.c, 600)
+    assert run_orphans(world.c)["outcomes"] == {"recovered": 1}
+    row = review_row(world, charge["id"])
+    assert (row["status"], row["resolution"]) == ("recovered", "resubscribed")
+    assert world.credits() == 2000 and len(purchases_of(world, charge["id"])) == 1
+    live = [s for s in world.sandbox.store.all("subscription")
+            if s["customer_id"] == "user_a" and s["status"] == "active"]
+    assert len(live) == 1
+    paid = [i for i in world.sandbox.store.all("invoice")
+            if i["subscription_id"] == live[0]["id"] and i["status"] == "paid"]
+    assert len(paid) == 1
+    assert reconcile(world.c)["violations"] == []

@@ -816,6 +816,19 @@ class Model:
             if ours and invoice and row.provider_recorded_at and row.transaction_id not in unanswered and \
                     invoice["status"] != "paid" and not invoice.get("deleted"):  # deleted: told to a person
                 found.append(f"not paid at the provider: {row.invoice_id}")
+        # A payment we credited stands on the provider's books: on an invoice it holds, or its subscription
+        # still live there and the payment on its way to its invoice; else it is with recovery or a person,
+        # or given back (past reconcile's grace, as reconcile judges it). Found by the exploration (decision
+        # 230): a checkout's payment credited after support cancelled its subscription, its review row
+        # ended, no queue holding it (reconcile named it daily).
+        with_someone = {pid for pid, status in owned.items() if status in (*OPEN, *REVIEW_HUMAN)}
+        for row in purchases.values():
+            sub = sandbox.store.get("subscription", row.subscription_id or "") or {}
+            if row.transaction_id in credited and row.closed_at is None and not applied[row.transaction_id] \
+                    and row.created_at < c.clock.now() - GRACE \
+                    and row.transaction_id not in given_back | with_someone | unanswered \
+                    | self.deleted_at_provider() and sub.get("status") in (None, "cancelled"):
+                found.append(f"credited, with no live subscription and on no provider invoice: {row.transaction_id}")
         # One billed subscription per customer and plan at the provider (two tabs must not bill twice; a
         # paused one is billed again once it resumes).
         kept_charges = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) < p["amount"]}
