@@ -442,6 +442,9 @@ def _invoice_of(facts: PaymentFacts) -> dict:
     return {"id": facts.invoice_id, "subscription_id": facts.subscription_id, "customer_id": facts.user_id}
 
 
+NO_ANSWER = "error"  # the dunning status of a charge whose answer was lost: it may or may not have been made
+
+
 def dunning_step(container, uow, invoice: dict, status: str, resolves: dict | None = None, **values) -> bool:
     """Write one step of an invoice's dunning (domain.lifecycle.DUNNING): `resolves` names the pending row
     this outcome ends (a conditional update: False when another path ended it first). A step the table
@@ -456,6 +459,10 @@ def dunning_step(container, uow, invoice: dict, status: str, resolves: dict | No
         source = "pending"
         for key in ("attempt_no", "lane", "processor", "amount", "payment_id"):
             values.setdefault(key, resolves[key])
+    if status == NO_ANSWER and source in lifecycle.DUNNING_ENDED:
+        # A charge whose answer was lost after another path saw the dunning end (its notification came
+        # first): no news, nothing to write (decision 231).
+        return False
     if lifecycle.DUNNING.step(source, status) != lifecycle.Step.APPLY:
         report_illegal(container, uow, lifecycle.IllegalTransition("dunning", invoice_id, source, status))
         return False

@@ -24,7 +24,7 @@ from billingctl.domain.quota import MERCHANT
 from billingctl.services import alerts, catalog, fraud_quota, fraud_signals
 from billingctl.services.invoices import owed_again
 from billingctl.services.lifecycles import report_illegal
-from billingctl.services.payments import dunning_step, end_renewal_attempt, record_payment
+from billingctl.services.payments import NO_ANSWER, dunning_step, end_renewal_attempt, record_payment
 
 log = logging.getLogger("billingctl.renewals")
 
@@ -366,8 +366,14 @@ def _charge_error(container, invoice, exc, attempt_no, lane, processor, amount, 
             break
         streak += 1
     wait = min(ERROR_BACKOFF * 2 ** streak, MAX_ERROR_BACKOFF)
-    _record(container, invoice, "error", decline_code=exc.code, attempt_no=attempt_no, lane=lane,
-            processor=processor, amount=amount, next_attempt_at=now + wait)
+    if not _record(container, invoice, NO_ANSWER, decline_code=exc.code, attempt_no=attempt_no, lane=lane,
+                   processor=processor, amount=amount, next_attempt_at=now + wait):
+        with container.uow(autocommit=True) as uow:
+            newest = uow.dunning.newest(invoice["id"])
+        if newest is not None and newest["status"] in FINAL:  # its notification ended it first (decision 231)
+            log.info("renewal charge answered nothing, but its end was seen already",
+                     extra={"invoice_id": invoice["id"], "status": newest["status"]})
+            return newest["status"]
     log.warning("renewal charge failed without an answer; same request next time: %s", exc.message,
                 extra={"invoice_id": invoice["id"], "error": exc.code, "next_attempt_in_s": wait.total_seconds()})
     return "error"

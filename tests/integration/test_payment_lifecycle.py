@@ -301,6 +301,31 @@ def test_a_renewal_settled_by_webhook_ends_its_pending_attempt(world):
     assert run_renewals(world.c)["outcomes"] == {}  # nothing due, nothing in flight
 
 
+def test_a_renewal_whose_answer_is_lost_after_its_notification_ended_the_dunning_changes_nothing(world):
+    """Found by the exploration (2026-11-29, production's container, once a renewal's answer could be lost):
+    a retry of a renewal whose first attempt ended `error` was charged, its PAYMENT.STATUS SETTLED arrived
+    and ended the invoice's dunning `succeeded` while the charge's own answer was lost (a 500 after the
+    effect). The tick then wrote `error` over `succeeded`: outside the DUNNING table, counted and alerted
+    ("manual review required") for a renewal that was paid. An answer lost after another path saw the
+    dunning end is no news: nothing is written, and the tick reports the end it finds."""
+    from tests.conftest import advance_with_sandbox
+
+    subscribed(world)
+    month_passes(world)
+    world.sandbox.store.add_fault("orchestrator", "503", count=-1)
+    assert run_renewals(world.c)["outcomes"] == {"error": 1}
+    world.sandbox.store.clear_faults()
+    advance_with_sandbox(world.c, 11 * 60)  # the first retry of an unanswered charge: ten minutes later
+    world.sandbox.store.add_fault("orchestrator", "error_after_effect", method="POST", path="/payments")
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    assert [status for status, _ in attempts(world)] == ["error", "succeeded"]
+    assert world.c.metrics.sample("billing_lifecycle_illegal_transitions_total", {"lifecycle": "dunning"}) in (None, 0)
+    assert not [key for key in chat_keys(world) if key.startswith("illegal:")]
+    assert len(renewal_charges(world)) == 1
+    advance_with_sandbox(world.c, 3600)
+    assert run_renewals(world.c)["outcomes"] == {}  # paid: nothing is charged again
+
+
 @pytest.mark.parametrize("in_flight", ["PENDING", "AUTHORIZED", "SETTLING"])
 def test_a_renewal_reported_in_flight_then_settled_takes_each_step_once(world, in_flight):
     """Primer sends PAYMENT.STATUS "when a payment's status has been updated ... PENDING, then AUTHORIZED,

@@ -580,7 +580,7 @@ class Exploration(RuleBasedStateMachine):
     @rule(seed=st.integers(0, 2**32), processor=st.sampled_from(["answers", "answers later", "moves it on",
                                                                   "PENDING", "AUTHORIZED", "declines",
                                                                   "is unreachable", "finds no payment method",
-                                                                  "meets a lock it cannot read"]),
+                                                                  "meets a lock it cannot read", "loses its answer"]),
           retries=st.booleans())
     def a_renewal_falls_due(self, seed, processor, retries):
         """Time runs to the end of a live subscription's term and the jobs run, as a tick does. PENDING or
@@ -599,9 +599,12 @@ class Exploration(RuleBasedStateMachine):
         method": the customer removed every method vaulted for them (dunning `failed`). "meets a lock it
         cannot read": the table of processor locks fails while the tick runs (renamed away, as in
         tests/integration/test_renewals.py), so the renewal is `aborted` and whatever else the jobs write there
-        fails and is retried; 333 histories had never applied a step into or out of `aborted`. `retries`: the
-        schedule's retries then run, the cause perhaps gone before each (`retries_run`): 254 histories
-        (2026-11-29) applied 7 of the dunning's 47 edges, an audit ending every schedule before its retries."""
+        fails and is retried; 333 histories had never applied a step into or out of `aborted`. "loses its
+        answer": the charge is made but its answer is lost (a 500 after the effect), so the attempt ends
+        `error` and the next reads the order back (or its notification ended the dunning first, decision
+        231); 545 histories had applied no step out of `error`. `retries`: the schedule's retries then run,
+        the cause perhaps gone before each (`retries_run`): 254 histories (2026-11-29) applied 7 of the
+        dunning's 47 edges, an audit ending every schedule before its retries."""
         rng = self.step(seed, f"a renewal falls due; its processor {processor}")
         sub = rng.choice([s for s in self.m.subscriptions() if s["status"] in RUNNING])
         answers_before = self.m.sandbox.store.meta("async_charges")
@@ -611,6 +614,9 @@ class Exploration(RuleBasedStateMachine):
             self.m.sandbox.decline_customer(sub["customer_id"])
         elif processor == "is unreachable":
             self.m.sandbox.store.add_fault("orchestrator", "503", count=6)
+        elif processor == "loses its answer":
+            # a charge is sent once (adapters/orchestrator.py): its one answer lost
+            self.m.sandbox.store.add_fault("orchestrator", "error_after_effect", method="POST", path="/payments")
         elif processor == "finds no payment method":
             self.m.remove_payment_methods(sub["customer_id"])
         elif processor in ("PENDING", "AUTHORIZED"):

@@ -822,9 +822,12 @@ class Model:
         # 230): a checkout's payment credited after support cancelled its subscription, its review row
         # ended, no queue holding it (reconcile named it daily).
         with_someone = {pid for pid, status in owned.items() if status in (*OPEN, *REVIEW_HUMAN)}
+        on_invoices = {ref for t in sandbox.store.all("transaction") if t.get("type") == "payment"  # ours, or a
+                       and any(link["applied_amount"] for link in t.get("linked_invoices") or [])  # cheque: its id
+                       for ref in (t.get("reference_number"), t["id"]) if ref}
         for row in purchases.values():
             sub = sandbox.store.get("subscription", row.subscription_id or "") or {}
-            if row.transaction_id in credited and row.closed_at is None and not applied[row.transaction_id] \
+            if row.transaction_id in credited and row.closed_at is None and row.transaction_id not in on_invoices \
                     and row.created_at < c.clock.now() - GRACE \
                     and row.transaction_id not in given_back | with_someone | unanswered \
                     | self.deleted_at_provider() and sub.get("status") in (None, "cancelled"):
