@@ -660,7 +660,7 @@ class Model:
         # invoice a person could not answer yet (its refund refused while a dispute is open), two live
         # subscriptions of one plan once support reactivated one (decision 186: a person cancels one).
         held = self.held_by_a_person() | self.removals_unanswered() | self.deleted_at_provider() | \
-            self.refunded_at_both_consoles()
+            self.refunded_at_both_consoles() | self.marked_handled()
         unexpected = [v for v in report["violations"] if (v["check"], v.get("payment_id")) not in parked
                       and not held & {v.get("payment_id"), *(v.get("payment_ids") or ())}
                       and not (v["check"] == "two_live_subscriptions"
@@ -706,6 +706,15 @@ class Model:
         with self.c.uow() as uow:
             return set(uow.execute(select(orphan_recovery.c.payment_id).where(
                 orphan_recovery.c.status.in_(REVIEW_HUMAN))).scalars())
+
+    def marked_handled(self) -> set[str]:
+        """Payments a person marked handled (`orphans resolve --mark-handled`): what they kept stands by their
+        decision, and reconcile may name it beside a later payment of the same order (found by the
+        exploration, 2026-11-29: a payment captured in part marked handled, then the customer paid the same
+        checkout in full; `order_charged_twice` names the two, for the person who kept the first)."""
+        with self.c.uow() as uow:
+            return set(uow.execute(select(orphan_recovery.c.payment_id).where(
+                orphan_recovery.c.resolution == "handled")).scalars())
 
     def parked_with_a_person(self) -> set[tuple[str, str]]:
         """What reconcile names by design while a person owns it (decision 129): a purchase of ours, standing
