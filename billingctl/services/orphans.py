@@ -255,7 +255,7 @@ def _record_on_own_subscription(container, row: dict, payment: Payment) -> str:
     if recorded.get("refunded_unpaid_period") == row["payment_id"]:
         return "resolved"  # its invoice was voided or paid meanwhile: refunded, its row ended (decisions 113, 179)
     _require_activation(recorded, f"recorded {row['payment_id']}")
-    _finish(container, row["payment_id"], "recovered", resolution="recorded")
+    _finish(container, row["payment_id"], "recovered", resolution=review.RECORDED)
     return "recovered"
 
 

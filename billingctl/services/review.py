@@ -11,6 +11,7 @@ from billingctl.services import alerts
 from billingctl.services.lifecycles import report_illegal
 
 FROZEN = "user is frozen"
+RECORDED = "recorded"  # the resolution of a row ended because its payment was recorded on its own checkout
 
 
 def frozen_refusal(user_id: str, payment_id: str):
@@ -64,14 +65,15 @@ def open_row(uow, now, *, payment_id: str, user_id: str | None, subscription_id:
 
 def hand_to_recovery(container, uow, *, payment_id: str, **facts) -> None:
     """A settled payment whose checkout is no longer owed goes to orphan recovery: a new row opens
-    `retrying`; a row that decision 226 ended because the payment was recorded on that checkout (its
-    resolution `recorded`) goes back to `retrying`, or the payment would keep its credits with no
-    subscription and no invoice, and no queue would hold it (decision 230). Any other row is left as it is."""
+    `retrying`; a row ended because the payment was recorded on that checkout (resolution `recorded`:
+    decision 226, or recovery's own recording) goes back to `retrying`, or the payment would keep its
+    credits with no subscription and no invoice, and no queue would hold it (decision 230). Any other row is
+    left as it is."""
     now = container.clock.now()
     if open_row(uow, now, payment_id=payment_id, **facts):
         return
     row = uow.orphans.get(payment_id)
-    if row["status"] == "recovered" and row["resolution"] == "recorded":
+    if row["status"] == "recovered" and row["resolution"] == RECORDED:
         move(container, uow, payment_id, "retrying", resolution=None, resolved_by=None, attempts=0,
              next_attempt_at=now, last_error="its checkout was cancelled at the provider before it was activated")
 
@@ -114,7 +116,7 @@ def captured_in_full(container, uow, payment_id: str, user_id: str, to: str = "r
     if to == "needs_review":
         move(container, uow, payment_id, to, last_error=FROZEN)
         return
-    values = ({"resolution": "recorded", "resolved_by": "system", "next_attempt_at": None} if to == "recovered"
+    values = ({"resolution": RECORDED, "resolved_by": "system", "next_attempt_at": None} if to == "recovered"
               else {"attempts": 0, "next_attempt_at": container.clock.now()})
     what = "recorded and credited" if to == "recovered" else "handed to orphan recovery"
     if move(container, uow, payment_id, to, **values):
