@@ -890,15 +890,25 @@ class Sandbox:
         if partial:
             return self.finish_payment(payment["id"], captured=max(1, payment["amount"] // 2),
                                        drop_webhook=drop_webhook)
+        if in_flight in IN_FLIGHT and self.store.meta("settles_in_transit", False):
+            # The processor settles the charge as soon as it is answered, and Primer's notification of the
+            # settle (delivered "within seconds", by another connection) is handled before the caller reads
+            # the answer, which still says what the payment was when it was sent.
+            answered = copy.deepcopy(payment)
+            self.finish_payment(payment["id"], settle=True, drop_webhook=drop_webhook)
+            return answered
         return payment
 
-    def async_charges(self, status: str | None) -> None:
+    def async_charges(self, status: str | None, settles_in_transit: bool = False) -> None:
         """While set (PENDING, AUTHORIZED or SETTLING), merchant-initiated charges answer that status and
         stay in flight until `finish_payment` settles or declines them; PARTIALLY_SETTLED makes each charge
-        capture half of its amount at once (a processor's partial capture)."""
+        capture half of its amount at once (a processor's partial capture). `settles_in_transit`: each is
+        answered in flight but settles, and its PAYMENT.STATUS SETTLED is delivered, before the answer
+        reaches the caller."""
         if status is not None and status not in (*IN_FLIGHT, "PARTIALLY_SETTLED"):
             raise SandboxError(400, f"status must be one of {', '.join(IN_FLIGHT)}, PARTIALLY_SETTLED")
         self.store.set_meta("async_charges", status)
+        self.store.set_meta("settles_in_transit", bool(settles_in_transit and status in IN_FLIGHT))
 
     def _payment(self, payment_id: str) -> dict:
         payment = self.store.get("payment", payment_id)

@@ -459,9 +459,11 @@ def dunning_step(container, uow, invoice: dict, status: str, resolves: dict | No
         source = "pending"
         for key in ("attempt_no", "lane", "processor", "amount", "payment_id"):
             values.setdefault(key, resolves[key])
-    if status == NO_ANSWER and source in lifecycle.DUNNING_ENDED:
-        # A charge whose answer was lost after another path saw the dunning end (its notification came
-        # first): no news, nothing to write (decision 231).
+    if source in lifecycle.DUNNING_ENDED and (status == NO_ANSWER or (
+            status == "pending" and values.get("payment_id") and newest["payment_id"] == values["payment_id"])):
+        # A charge whose answer was lost, or came back in flight, after another path saw the dunning end
+        # (its notification came first; in flight: by this very payment): no news, nothing to write
+        # (decisions 231, 232). A charge in flight on an invoice another payment ended stays illegal.
         return False
     if lifecycle.DUNNING.step(source, status) != lifecycle.Step.APPLY:
         report_illegal(container, uow, lifecycle.IllegalTransition("dunning", invoice_id, source, status))

@@ -299,8 +299,10 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         fraud_quota.count_authorization(uow, now, payment, lane, user_id)
         uow.commit()
     if payment.status in IN_FLIGHT:
-        _record(container, invoice, "pending", attempt_no=attempt_no, lane=lane, processor=processor,
-                amount=amount, payment_id=payment.id, decline_code=payment.status)
+        if not _record(container, invoice, "pending", attempt_no=attempt_no, lane=lane, processor=processor,
+                       amount=amount, payment_id=payment.id, decline_code=payment.status) \
+                and (ended := _ended_meanwhile(container, invoice, "in flight")):
+            return ended
         log.info("renewal charge in flight", extra={"invoice_id": invoice["id"], "payment_id": payment.id,
                                                      "status": payment.status})
         return "pending"
@@ -367,16 +369,24 @@ def _charge_error(container, invoice, exc, attempt_no, lane, processor, amount, 
         streak += 1
     wait = min(ERROR_BACKOFF * 2 ** streak, MAX_ERROR_BACKOFF)
     if not _record(container, invoice, NO_ANSWER, decline_code=exc.code, attempt_no=attempt_no, lane=lane,
-                   processor=processor, amount=amount, next_attempt_at=now + wait):
-        with container.uow(autocommit=True) as uow:
-            newest = uow.dunning.newest(invoice["id"])
-        if newest is not None and newest["status"] in FINAL:  # its notification ended it first (decision 231)
-            log.info("renewal charge answered nothing, but its end was seen already",
-                     extra={"invoice_id": invoice["id"], "status": newest["status"]})
-            return newest["status"]
+                   processor=processor, amount=amount, next_attempt_at=now + wait) \
+            and (ended := _ended_meanwhile(container, invoice, "nothing")):
+        return ended
     log.warning("renewal charge failed without an answer; same request next time: %s", exc.message,
                 extra={"invoice_id": invoice["id"], "error": exc.code, "next_attempt_in_s": wait.total_seconds()})
     return "error"
+
+
+def _ended_meanwhile(container, invoice, answered: str) -> str | None:
+    """The end of the invoice's dunning when another path saw it before the tick wrote its charge's answer
+    (the charge's notification came first: decisions 231, 232), else None."""
+    with container.uow(autocommit=True) as uow:
+        newest = uow.dunning.newest(invoice["id"])
+    if newest is None or newest["status"] not in FINAL:
+        return None
+    log.info(f"renewal charge answered {answered}, but its end was seen already",
+             extra={"invoice_id": invoice["id"], "status": newest["status"]})
+    return newest["status"]
 
 
 def _charged(container, invoice, payment, attempt_no, lane, processor, amount, history,

@@ -326,6 +326,40 @@ def test_a_renewal_whose_answer_is_lost_after_its_notification_ended_the_dunning
     assert run_renewals(world.c)["outcomes"] == {}  # paid: nothing is charged again
 
 
+@pytest.mark.parametrize("first", ["declines", "is unreachable"])
+def test_a_renewal_answered_in_flight_after_its_notification_ended_the_dunning_changes_nothing(world, first):
+    """Left open by the session of 2026-11-29 (decision 232, decision 231's sibling): a retry of a renewal
+    (its first attempt declined, or unanswered) is answered PENDING, but the processor settles it at once
+    and Primer's PAYMENT.STATUS SETTLED ("delivery typically happens within seconds") reaches the web app,
+    records the payment and ends the dunning `succeeded` before the tick writes that answer. The tick then
+    asked for `succeeded -> pending`: counted and alerted as illegal for a renewal that was paid. An answer
+    in flight about the very payment whose end was seen is no news: nothing is written, and the tick
+    reports the end it finds."""
+    from tests.conftest import advance_with_sandbox
+
+    subscribed(world)
+    month_passes(world)
+    if first == "declines":
+        world.sandbox.decline_customer("user_a")
+    else:
+        world.sandbox.store.add_fault("orchestrator", "503", count=-1)
+    assert run_renewals(world.c)["outcomes"] == {"declined" if first == "declines" else "error": 1}
+    world.sandbox.store.clear_faults()
+    world.sandbox.decline_customer("user_a", False)
+    advance_with_sandbox(world.c, 3600 + 60)  # the first retry: an hour after a decline, ten minutes after an error
+    world.sandbox.async_charges("PENDING", settles_in_transit=True)
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    [charge] = [c for c in renewal_charges(world) if c["status"] == "SETTLED"]
+    assert [status for status, _ in attempts(world)][-1] == "succeeded"
+    assert "pending" not in [status for status, _ in attempts(world)]
+    assert world.c.metrics.sample("billing_lifecycle_illegal_transitions_total", {"lifecycle": "dunning"}) in (None, 0)
+    assert not [key for key in chat_keys(world) if key.startswith("illegal:")]
+    assert len(purchases_of(world, charge["id"])) == 1
+    world.sandbox.async_charges(None)
+    advance_with_sandbox(world.c, 3600)
+    assert run_renewals(world.c)["outcomes"] == {}  # paid: nothing is charged again, nothing in flight
+
+
 @pytest.mark.parametrize("in_flight", ["PENDING", "AUTHORIZED", "SETTLING"])
 def test_a_renewal_reported_in_flight_then_settled_takes_each_step_once(world, in_flight):
     """Primer sends PAYMENT.STATUS "when a payment's status has been updated ... PENDING, then AUTHORIZED,

@@ -580,7 +580,8 @@ class Exploration(RuleBasedStateMachine):
     @rule(seed=st.integers(0, 2**32), processor=st.sampled_from(["answers", "answers later", "moves it on",
                                                                   "PENDING", "AUTHORIZED", "declines",
                                                                   "is unreachable", "finds no payment method",
-                                                                  "meets a lock it cannot read", "loses its answer"]),
+                                                                  "meets a lock it cannot read", "loses its answer",
+                                                                  "settles before its answer"]),
           retries=st.booleans())
     def a_renewal_falls_due(self, seed, processor, retries):
         """Time runs to the end of a live subscription's term and the jobs run, as a tick does. PENDING or
@@ -602,14 +603,18 @@ class Exploration(RuleBasedStateMachine):
         fails and is retried; 333 histories had never applied a step into or out of `aborted`. "loses its
         answer": the charge is made but its answer is lost (a 500 after the effect), so the attempt ends
         `error` and the next reads the order back (or its notification ended the dunning first, decision
-        231); 545 histories had applied no step out of `error`. `retries`: the schedule's retries then run,
-        the cause perhaps gone before each (`retries_run`): 254 histories (2026-11-29) applied 7 of the
-        dunning's 47 edges, an audit ending every schedule before its retries."""
+        231); 545 histories had applied no step out of `error`. "settles before its answer": the charge is
+        answered PENDING, but it settles at once and its notification ends the dunning before the tick
+        writes that answer (decision 232), which the sandbox could not do before 2026-12-01. `retries`: the
+        schedule's retries then run, the cause perhaps gone before each (`retries_run`): 254 histories
+        (2026-11-29) applied 7 of the dunning's 47 edges, an audit ending every schedule before its retries."""
         rng = self.step(seed, f"a renewal falls due; its processor {processor}")
         sub = rng.choice([s for s in self.m.subscriptions() if s["status"] in RUNNING])
         answers_before = self.m.sandbox.store.meta("async_charges")
         if processor in ("answers later", "moves it on"):
             self.m.sandbox.async_charges("PENDING" if processor == "moves it on" else rng.choice(IN_FLIGHT))
+        elif processor == "settles before its answer":
+            self.m.sandbox.async_charges(rng.choice(IN_FLIGHT), settles_in_transit=True)
         elif processor == "declines":
             self.m.sandbox.decline_customer(sub["customer_id"])
         elif processor == "is unreachable":
@@ -625,7 +630,7 @@ class Exploration(RuleBasedStateMachine):
         self.m.advance(max(sub["current_term_end"] - self.m.sandbox.now(), 0) + 61)
         with table_away(self.c.engine, "user_credits") if processor == "meets a lock it cannot read" else nullcontext():
             self.m.jobs()
-        if processor in ("answers later", "moves it on"):
+        if processor in ("answers later", "moves it on", "settles before its answer"):
             self.m.sandbox.async_charges(answers_before)
         if processor == "moves it on":
             self.moves_on(rng)
