@@ -124,6 +124,9 @@ class PaymentTransaction(Open):
                                           serialization_alias="transactionType")
     processor_status: Status | None = Field(None, alias="processorStatus")
     amount: Amount | None = None
+    date: Any = None
+
+    _date = field_validator("date")(unix_or_iso)
 
 
 class Payment(Open):
@@ -198,6 +201,14 @@ class Payment(Open):
         """What refunds the processor has not yet settled or refused ask for (amountRefunded counts only
         settled ones)."""
         return sum(int(t.amount or 0) for t in self._refunds("PENDING"))
+
+    @property
+    def refund_pending_since(self) -> datetime | None:
+        """When the oldest refund the processor has not decided yet was asked for (None: none pending)."""
+        from billingctl.domain.clock import parse_time
+
+        asked = [parse_time(t.date) for t in self._refunds("PENDING") if t.date is not None]
+        return min(asked) if asked else None
 
     @property
     def refunding_in_full(self) -> bool:

@@ -312,6 +312,45 @@ def test_a_card_payment_whose_invoice_a_cheque_paid_meanwhile_is_refunded_once_w
     assert reconcile(world.c)["violations"] == []
 
 
+@pytest.mark.parametrize("outcome", ["SETTLED", "FAILED", "undecided for a week"])
+def test_a_closed_purchase_whose_refund_the_processor_has_not_decided_is_named_only_if_it_refuses(world, outcome):
+    """Left open by the session of 2026-11-29 (decision 233): the card payment of decision 179 is refunded
+    and its purchase closed at once, but Primer's refund stays PENDING until the processor decides ("could
+    take days"), and the credits follow the money: they are reversed only when the refund settles. While it
+    was pending, every reconcile named the purchase `closed_purchase_not_reversed` (exit 5, a page) for
+    money on its way back. A closed purchase whose unreversed part a pending refund covers is not named; it
+    is once the processor refuses the refund (the money is still with us), and not once the refund settles
+    and the credits are reversed. Undecided for longer than a week, it is named again."""
+    from billingctl.services.events import poll
+    from billingctl.services.payments import retry_pending
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    card, invoice = card_payment_waiting_for_its_record(world)
+    world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0042", payment_method="check")
+    advance_with_sandbox(world.c, 60)
+    world.sandbox.async_refunds("SETTLED" if outcome.startswith("undecided") else outcome)
+    for job in (poll, retry_pending) * 2:
+        job(world.c)
+    refunds = [t["processorStatus"] for t in world.sandbox.store.get("payment", card["id"])["transactions"]
+               if t["transactionType"] == "REFUND"]
+    assert refunds == ["PENDING"]
+    world.c.clock.advance(2 * 3600)  # past every grace of ours; the processor has not decided
+    assert reconcile(world.c, full=True)["violations"] == []
+    if outcome.startswith("undecided"):
+        world.c.clock.advance(7 * 86400)
+        named = [(v["check"], v.get("payment_id")) for v in reconcile(world.c, full=True)["violations"]]
+        assert ("closed_purchase_not_reversed", card["id"]) in named
+        return
+    advance_with_sandbox(world.c, 60)  # the processor decides; PAYMENT.REFUND reports it
+    world.sandbox.async_refunds(None)
+    named = [(v["check"], v.get("payment_id")) for v in reconcile(world.c, full=True)["violations"]]
+    if outcome == "SETTLED":
+        assert named == [] and world.credits("user_chq") == 2000
+    else:
+        assert ("closed_purchase_not_reversed", card["id"]) in named
+
+
 @pytest.mark.parametrize("first", ["event poll", "follow-up"])
 def test_a_card_payment_whose_invoice_a_cheque_paid_in_part_meanwhile_pays_the_rest_and_returns_the_excess(world,
                                                                                                            first):

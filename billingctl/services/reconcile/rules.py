@@ -8,6 +8,9 @@ from datetime import timedelta
 TOO_RECENT = timedelta(seconds=15)
 GRACE = timedelta(hours=1)  # follow-up work (provider record, activation) the jobs finish well within
 REFUND_WINDOW = timedelta(days=35)
+# A refund the processor has not decided yet excuses a closed purchase's unreversed credits this long
+# (Primer: refunds "could take days"; decision 233); past it, the purchase is named again.
+REFUND_PENDING_MAX = timedelta(days=7)
 LIMIT = 100  # violations listed per check (all are counted)
 # The subject of a violation: the first id it names, in this order (what `reconcile ack` names).
 SUBJECT_KEYS = ("invoice_id", "payment_id", "subscription_id", "dispute_id", "ledger_id", "user_id", "order_id")
