@@ -360,6 +360,27 @@ def test_a_renewal_answered_in_flight_after_its_notification_ended_the_dunning_c
     assert run_renewals(world.c)["outcomes"] == {}  # paid: nothing is charged again, nothing in flight
 
 
+def test_a_charge_in_flight_on_an_invoice_another_payment_ended_is_still_illegal(world):
+    """Decision 232's other half: an answer in flight is no news only about the payment that ended the
+    dunning. A charge in flight on a renewal another payment paid is a second charge of a paid period: the
+    step `succeeded -> pending` is counted and alerted, and nothing is written."""
+    from billingctl.services.payments import dunning_step
+
+    subscribed(world)
+    month_passes(world)
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    [charge] = renewal_charges(world)
+    with world.c.uow() as uow:
+        [row] = uow.execute(select(dunning_attempt)).mappings().all()
+        invoice = {"id": row["invoice_id"], "subscription_id": row["subscription_id"], "customer_id": "user_a"}
+        assert not dunning_step(world.c, uow, invoice, "pending", payment_id=charge["id"], attempt_no=2)
+        assert not dunning_step(world.c, uow, invoice, "pending", payment_id="pay_another", attempt_no=2)
+        uow.commit()
+    assert attempts(world) == [("succeeded", None)]
+    assert world.c.metrics.sample("billing_lifecycle_illegal_transitions_total", {"lifecycle": "dunning"}) == 1
+    assert [key for key in chat_keys(world) if key.startswith("illegal:")] != []
+
+
 @pytest.mark.parametrize("in_flight", ["PENDING", "AUTHORIZED", "SETTLING"])
 def test_a_renewal_reported_in_flight_then_settled_takes_each_step_once(world, in_flight):
     """Primer sends PAYMENT.STATUS "when a payment's status has been updated ... PENDING, then AUTHORIZED,
