@@ -629,3 +629,45 @@ def test_a_daily_run_sums_each_user_of_its_window_and_each_payment_reversed_in_i
                  if v["check"] in ("credits_differ_from_ledger", "refund_exceeds_credit")}
         assert found == {("credits_differ_from_ledger", "user_b", None),
                          ("refund_exceeds_credit", "user_a", first["id"])}, report["window"]
+
+
+def plant_credits_matching_no_purchase(world, count, first=0):
+    """`count` credits of a user that match no purchase (`ledger_without_purchase`), one payment id each."""
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        if first == 0:
+            uow.execute(insert(users).values(id="user_g", created_at=now, credits=0))
+        for i in range(first, first + count):
+            uow.execute(insert(credit_ledger).values(user_id="user_g", amount=0, source_key=f"payment:pay_ghost_{i}",
+                                                     reason="payment", payment_id=f"pay_ghost_{i}", created_at=now))
+        uow.commit()
+
+
+def test_a_new_violation_is_named_beside_as_many_acknowledged_ones_as_a_report_lists(world):
+    """Each check of our own books read at most LIMIT rows: once a person had acknowledged that many cases
+    of one check, a new one was never read and reconcile reported a clean system (decision 234)."""
+    from billingctl.services.reconcile import LIMIT
+
+    plant_credits_matching_no_purchase(world, LIMIT)
+    with world.c.uow() as uow:
+        for i in range(LIMIT):
+            assert uow.acks.put("ledger_without_purchase", f"pay_ghost_{i}", "imported history", "ops",
+                                world.c.clock.now())
+        uow.commit()
+    assert reconcile(world.c)["ok"] is True
+    plant_credits_matching_no_purchase(world, 1, first=LIMIT)
+    report = reconcile(world.c)
+    assert report["ok"] is False and report["counts"] == {"ledger_without_purchase": 1}
+    assert [v["payment_id"] for v in report["violations"]] == [f"pay_ghost_{LIMIT}"]
+    assert len(report["acknowledged"]) == LIMIT
+
+
+def test_every_violation_of_a_check_is_counted_and_as_many_as_a_report_lists_are_named(world):
+    """The count (and the metric that pages) is every violation, not the rows one page read."""
+    from billingctl.services.reconcile import LIMIT
+
+    plant_credits_matching_no_purchase(world, LIMIT + 20)
+    report = reconcile(world.c)
+    assert report["counts"] == {"ledger_without_purchase": LIMIT + 20}
+    assert len(report["violations"]) == LIMIT
+    assert world.c.metrics.sample("billing_reconcile_violations", {}) == LIMIT + 20
