@@ -8,7 +8,7 @@ from itertools import groupby
 from billingctl.adapters.db.books import Limits
 from billingctl.domain.quota import CUSTOMER, LONGEST, Attempt, starts_over_limit
 from billingctl.services.fraud_quota import FULL
-from billingctl.services.reconcile.rules import GRACE, LIMIT, REFUND_PENDING_MAX
+from billingctl.services.reconcile.rules import GRACE, REFUND_PENDING_MAX
 
 
 def limits(settings) -> Limits:
@@ -17,17 +17,21 @@ def limits(settings) -> Limits:
 
 
 def check_local(container, now, found, since=None) -> dict:
+    closed = []  # the orchestrator is read outside the transaction
     with container.uow() as uow:
         uow.books.without_jit()
-        named = list(uow.books.violations(now, limits(container.settings), LIMIT, since))
         if container.settings.is_production:  # outside production the quota is not enforced
             _check_quota(uow, now, found.add)
+        for check, violation, at in uow.books.violations(now, limits(container.settings), since):
+            if check == "closed_purchase_not_reversed":
+                closed.append((violation, at))
+            else:
+                found.add(check, violation, at=at)
         checked = {"ledger_entries": uow.books.count_ledger(since), "users": uow.books.count_users(),
                    "active_subscriptions": len(uow.subscriptions.ids_in(("active",)))}
-    for check, violation, at in named:  # the orchestrator is read outside the transaction
-        if check == "closed_purchase_not_reversed" and _refund_on_its_way(container, now, violation["payment_id"]):
-            continue
-        found.add(check, violation, at=at)
+    for violation, at in closed:
+        if not _refund_on_its_way(container, now, violation["payment_id"]):
+            found.add("closed_purchase_not_reversed", violation, at=at)
     return checked
 
 
