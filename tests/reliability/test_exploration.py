@@ -25,6 +25,7 @@ import random
 import threading
 from collections import Counter
 from contextlib import nullcontext
+from datetime import UTC
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,10 @@ def _record_steps(monkeypatch) -> None:
         return result
 
     monkeypatch.setattr(lifecycle.Lifecycle, "step", counted)
+
+
+def _naive_utc(moment):
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
 
 
 def _edges_report() -> list[str]:
@@ -700,6 +705,25 @@ class Exploration(RuleBasedStateMachine):
         self.m.advance(661)
         self.m.jobs()
         self.m.advance(3660)  # the first retry's wait
+        self.m.jobs()
+        # Then the retry the block scheduled, once the window's oldest attempt leaves it: runs of 2026-11-29
+        # blocked 8,280 renewal attempts and applied almost no step out of `quota_blocked` (the next slot
+        # frees hours on, past the history's other steps).
+        with self.c.uow() as uow:
+            newest = uow.execute(select(dunning_attempt.c.status, dunning_attempt.c.next_attempt_at)
+                                 .where(dunning_attempt.c.user_id == heavy)
+                                 .order_by(dunning_attempt.c.id.desc()).limit(1)).first()
+        if newest is None or newest.status != "quota_blocked" or newest.next_attempt_at is None:
+            return
+        then = rng.choice(["the card works", "still declined", "the window fills again"])
+        self.m.note(f"  its retry waits for the window; then {then}")
+        if then == "the card works":
+            self.m.sandbox.decline_customer(heavy, False)
+        frees = _naive_utc(newest.next_attempt_at) - _naive_utc(self.c.clock.now())
+        self.m.advance(max(int(frees.total_seconds()), 0) + 61)
+        if then == "the window fills again":
+            for _ in range(3):
+                self.m.pressure()
         self.m.jobs()
 
     @rule(skew=st.sampled_from(SKEWS))
