@@ -8,6 +8,8 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
+from heapq import merge
+from itertools import islice
 from pathlib import Path
 
 SCHEMA = """
@@ -16,6 +18,8 @@ CREATE INDEX IF NOT EXISTS objects_by_seq ON objects (kind, seq);
 CREATE INDEX IF NOT EXISTS objects_by_updated ON objects (kind, json_extract(data, '$.updated_at'), seq);
 CREATE INDEX IF NOT EXISTS objects_by_occurred ON objects (kind, json_extract(data, '$.occurred_at'), seq);
 CREATE INDEX IF NOT EXISTS objects_by_status ON objects (kind, json_extract(data, '$.status'), seq);
+CREATE INDEX IF NOT EXISTS objects_by_status_date ON objects (kind, json_extract(data, '$.status'),
+    json_extract(data, '$.date'), seq);
 CREATE INDEX IF NOT EXISTS objects_by_subscription ON objects (kind, json_extract(data, '$.subscription_id'), seq);
 CREATE INDEX IF NOT EXISTS objects_by_item_type ON objects (kind, json_extract(data, '$.item_type'), seq);
 CREATE INDEX IF NOT EXISTS objects_by_date ON objects (kind, json_extract(data, '$.date'), seq);
@@ -28,6 +32,16 @@ CREATE TABLE IF NOT EXISTS requests (id INTEGER PRIMARY KEY AUTOINCREMENT, syste
 """
 
 _locks: dict[str, threading.RLock] = {}
+
+
+def _position(row) -> tuple:
+    """A row's place in a keyset order (the cursor): its key, then its insertion order."""
+    return row["k"], row["seq"]
+
+
+def _sqlite_order(row) -> tuple:
+    """`_position` as SQLite orders it: a missing key first."""
+    return row["k"] is not None, row["k"] if row["k"] is not None else 0, row["seq"]
 
 
 class SandboxStore:
@@ -150,9 +164,24 @@ class SandboxStore:
         """One page in `field`'s order (then insertion order) after the position `after` (a keyset cursor:
         every page costs the same however deep, as an opaque cursor does at the real orchestrator). Filters
         are (field, op, value) with op "=", ">=" or "in" (a list). Returns the page and the position after
-        its last row when more rows follow."""
+        its last row when more rows follow. An "in" filter is read one value at a time, each in `field`'s
+        order by its index, and the reads merged: as one statement SQLite walked the whole list in `field`'s
+        order to find the few payments in flight among a million (1.5 s)."""
         if not field.replace("_", "").isalnum():
             raise ValueError(f"unsupported field {field}")
+        listed = next(((name, value) for name, op, value in filters if op == "in"), None)
+        if listed is None:
+            rows = self._rows_after(kind, filters, field, after, limit)
+        else:
+            rest = [f for f in filters if f[0] != listed[0] or f[1] != "in"]
+            rows = list(islice(merge(*(self._rows_after(kind, [*rest, (listed[0], "=", value)], field, after, limit)
+                                       for value in dict.fromkeys(listed[1])), key=_sqlite_order), limit + 1))
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return [json.loads(r["data"]) for r in rows], (_position(rows[-1]) if more else None)
+
+    def _rows_after(self, kind: str, filters: list[tuple[str, str, object]], field: str, after: tuple | None,
+                    limit: int) -> list:
         where, args = ["kind = ?"], [kind]
         for name, op, value in filters:
             if op not in ("=", ">=", "in") or not name.replace("_", "").isalnum():
@@ -169,10 +198,7 @@ class SandboxStore:
             args.extend((after[0], after[0], after[1]))
         query = f"SELECT {key} AS k, seq, data FROM objects WHERE {' AND '.join(where)} ORDER BY {key}, seq LIMIT ?"
         with self.tx() as db:
-            rows = db.execute(query, (*args, limit + 1)).fetchall()
-        more = len(rows) > limit
-        rows = rows[:limit]
-        return [json.loads(r["data"]) for r in rows], ((rows[-1]["k"], rows[-1]["seq"]) if more else None)
+            return db.execute(query, (*args, limit + 1)).fetchall()
 
     def take(self, kind: str, obj_id: str) -> dict | None:
         """Remove a document and return it; None when another process took it first."""

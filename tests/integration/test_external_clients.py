@@ -381,3 +381,21 @@ def test_the_sandboxs_429_names_no_retry_after_unless_asked_as_the_provider_does
     c.sandbox.store.add_fault("provider", "429", count=1, retry_after=2)
     asked = c.provider.http.client.get("/api/v2/item_prices/credits-pro-USD-monthly")
     assert (asked.status_code, asked.headers["Retry-After"]) == (429, "2")
+
+
+def test_payments_of_several_statuses_are_listed_each_once_oldest_first_across_pages(ext):
+    """The sandbox reads a list of statuses one status at a time and merges them (decision 234's
+    neighbour: one statement walked a million payments in date order, 1.5 s): every page in the date
+    order, then the order they were made, none twice, none left out."""
+    c = ext()
+    statuses = ["SETTLED", "PENDING", "AUTHORIZED", "SETTLING", "DECLINED"]
+    docs = [{"id": f"pay_{i}", "status": statuses[i % 5], "orderId": f"order_{i}", "customerId": "u1",
+             "amount": 999, "currencyCode": "USD", "date": 1_700_000_000 + (i * 7919) % 13,
+             "processor": {"name": "SFW_STRIPE", "processorMerchantId": "acct_1"}, "metadata": {}}
+            for i in range(40)]
+    c.sandbox.store.put_many("payment", docs)
+    in_flight = [d for d in docs if d["status"] in ("PENDING", "AUTHORIZED", "SETTLING")]
+    expected = [d["id"] for d in sorted(in_flight, key=lambda d: (d["date"], int(d["id"][4:])))]
+    assert [p.id for p in c.orchestrator.list_payments("PENDING,AUTHORIZED,SETTLING", limit=5)] == expected
+    assert [p.id for p in c.orchestrator.list_payments("AUTHORIZED", limit=3)] == [
+        i for i in expected if docs[int(i[4:])]["status"] == "AUTHORIZED"]
