@@ -131,3 +131,26 @@ def test_a_payment_refunded_at_both_consoles_is_flagged_as_reconcile_names_it(on
     assert [(d["check"], d["invoice"]) for d in traced["disagreements"]] == [
         ("refunded_at_both_consoles", invoice["id"])]
 
+
+
+def test_a_customer_with_more_rows_than_a_page_is_traced_whole_and_agrees(one_try_world):
+    """The trace read at most 500 rows of each of our books: a customer with a longer ledger was told that
+    their credits differ from it and that a refund was not reversed (exit 5 in the runbook's first command)
+    while every book agreed (decision 235)."""
+    from sqlalchemy import insert
+
+    from billingctl.adapters.db.tables import credit_ledger
+
+    world = one_try_world
+    _, payment = paid(world)
+    now = world.c.clock.now()
+    with world.c.uow() as uow:  # years of small grants before the payment traced
+        uow.execute(insert(credit_ledger), [
+            {"user_id": "user_t", "amount": 1, "source_key": f"payment:pay_old_{i}", "reason": "payment",
+             "payment_id": f"pay_old_{i}", "created_at": now} for i in range(600)])
+        uow.execute(update(users).where(users.c.id == "user_t").values(credits=users.c.credits + 600))
+        uow.commit()
+    world.sandbox.refund(payment["id"])  # reported and reversed: the newest ledger row
+    report = trace(world.c, "user_t")
+    assert report["agree"] is True, report["disagreements"]
+    assert sum(1 for line in report["timeline"] if line["what"].startswith("ledger ")) == 602
