@@ -43,7 +43,7 @@ def trace(container, any_id: str) -> dict:
                  "credits_differ_from_ledger", user=user_id)
     lines.sort(key=lambda r: (r["at"] is None, r["at"] or datetime.min))
     return {"user_id": user_id, "asked": any_id, "timeline": lines, "disagreements": flags,
-            "agree": not flags}
+            "agree": not flags, "not_shown": books["not_shown"]}
 
 
 def _owner(container, any_id: str) -> str:

@@ -154,3 +154,6 @@ def test_a_customer_with_more_rows_than_a_page_is_traced_whole_and_agrees(one_tr
     report = trace(world.c, "user_t")
     assert report["agree"] is True, report["disagreements"]
     assert sum(1 for line in report["timeline"] if line["what"].startswith("ledger ")) == 602
+    with world.c.uow() as uow:  # the inbox only shows: a page of it, said to be one
+        shown = uow.books.trace("user_t", shown=1)
+    assert len(shown["inbox"]) == 1 and "inbox" in shown["not_shown"] and len(shown["ledger"]) == 602

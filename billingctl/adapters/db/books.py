@@ -352,10 +352,20 @@ class Books(Repository):
                 return found
         return None
 
-    def trace(self, user_id: str, limit: int = 500) -> dict:
-        """Everything our books hold about one user, for `billingctl trace` (issue 38 item 12)."""
-        def rows(query):
-            return [dict(r) for r in self.execute(query.limit(limit)).mappings()]
+    def trace(self, user_id: str, shown: int = 500) -> dict:
+        """Everything our books hold about one user, for `billingctl trace` (issue 38 item 12): every row of
+        the books its checks read (one user's rows; a page of them told a longer ledger apart from the
+        balance, decision 235); of the inbox and the audit log, which only show, the first `shown`, and
+        under "not_shown" whether more were left out."""
+        not_shown: list[str] = []
+
+        def rows(query, section: str | None = None):
+            if section is None:
+                return [dict(r) for r in self.execute(query).mappings()]
+            found = [dict(r) for r in self.execute(query.limit(shown + 1)).mappings()]
+            if len(found) > shown:
+                not_shown.append(section)
+            return found[:shown]
 
         bought = rows(select(purchase).where(purchase.c.user_id == user_id).order_by(purchase.c.id))
         payments = [b["transaction_id"] for b in bought]
@@ -367,7 +377,7 @@ class Books(Repository):
                             event_inbox.c.status, event_inbox.c.received_at, event_inbox.c.processed_at)
                      .where(or_(*(event_inbox.c.event_id.contains(k) for k in keys),
                                 func.cast(event_inbox.c.payload, Text()).contains(user_id)))
-                     .order_by(event_inbox.c.id)) if keys else []
+                     .order_by(event_inbox.c.id), "inbox") if keys else []
         return {
             "user": rows(select(users).where(users.c.id == user_id)),
             "purchases": bought, "reviews": reviewed, "subscriptions": subscriptions, "inbox": inbox,
@@ -376,7 +386,9 @@ class Books(Repository):
             "dunning": rows(select(dunning_attempt).where(dunning_attempt.c.user_id == user_id)
                             .order_by(dunning_attempt.c.id)),
             "disputes": rows(select(dispute).where(dispute.c.user_id == user_id)),
-            "audit": rows(select(audit_log).where(audit_log.c.target.in_([user_id, *keys])).order_by(audit_log.c.id)),
+            "audit": rows(select(audit_log).where(audit_log.c.target.in_([user_id, *keys])).order_by(audit_log.c.id),
+                          "audit"),
+            "not_shown": not_shown,
         }
 
     def attempts_since(self, since):
