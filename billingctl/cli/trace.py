@@ -23,8 +23,8 @@ def register(app: typer.Typer) -> None:
         else:
             cli.output.table(report["timeline"], ["at", "source", "what", "ids", "flag"],
                              title=f"trace of {report['user_id']}")
-            for section in report["not_shown"]:
-                cli.output.info(f"only the first 500 rows of the {section} shown: more are left out")
+            for section, shown in report["not_shown"].items():
+                cli.output.info(f"only the first {shown} rows of the {section} shown: more are left out")
             cli.output.info("the books agree" if report["agree"] else
                             f"{len(report['disagreements'])} disagreement(s): "
                             + ", ".join(sorted({d['check'] for d in report['disagreements']})))

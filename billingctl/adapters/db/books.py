@@ -356,15 +356,15 @@ class Books(Repository):
         """Everything our books hold about one user, for `billingctl trace` (issue 38 item 12): every row of
         the books its checks read (one user's rows; a page of them told a longer ledger apart from the
         balance, decision 235); of the inbox and the audit log, which only show, the first `shown`, and
-        under "not_shown" whether more were left out."""
-        not_shown: list[str] = []
+        under "not_shown" each section more were left out of, with how many rows of it are shown."""
+        not_shown: dict[str, int] = {}
 
         def rows(query, section: str | None = None):
             if section is None:
                 return [dict(r) for r in self.execute(query).mappings()]
             found = [dict(r) for r in self.execute(query.limit(shown + 1)).mappings()]
             if len(found) > shown:
-                not_shown.append(section)
+                not_shown[section] = shown
             return found[:shown]
 
         bought = rows(select(purchase).where(purchase.c.user_id == user_id).order_by(purchase.c.id))
