@@ -190,8 +190,14 @@ class Payment(Open):
             self.status == "SETTLED" and captured is not None and int(captured) < self.charged)
 
     @property
+    def taken(self) -> int:
+        """The money the payment took: of one captured in part, what was captured (the rest never was, and
+        no refund can return it), else its amount (decision 236)."""
+        return int(self.processor.amount_captured or 0) if self.captured_in_part else self.charged
+
+    @property
     def fully_refunded(self) -> bool:
-        return self.refunded >= self.charged > 0
+        return self.refunded >= self.taken > 0
 
     def _refunds(self, status: str) -> list[PaymentTransaction]:
         return [t for t in self.transactions if t.transaction_type == "REFUND" and t.processor_status == status]
@@ -213,7 +219,7 @@ class Payment(Open):
     @property
     def refunding_in_full(self) -> bool:
         """Refunded in full, or the rest asked for and not yet settled or refused by the processor."""
-        return self.refunded + self.refund_pending >= self.charged > 0
+        return self.refunded + self.refund_pending >= self.taken > 0
 
     @property
     def refunds_failed(self) -> int:

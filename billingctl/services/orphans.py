@@ -222,7 +222,7 @@ def _recover(container, row: dict, payment: Payment) -> str:
     if holding:  # the plan is held (by another subscription), or the order was paid by another payment
         return _refund_duplicate(container, row, holding)  # idempotent: a refund already made is not repeated
     refunded = payment.refunded
-    if refunded >= payment.charged > 0:
+    if payment.fully_refunded:
         # Refunded at the orchestrator before recovery: nothing to re-subscribe, nothing to refund.
         _reverse_credits(container, row["payment_id"])
         _end_unsubscribed(container, row["payment_id"], "resolved", "refunded_elsewhere")

@@ -844,9 +844,7 @@ def refund(container, payment_id: str, reason: str = "duplicate charge") -> Paym
     decision 174). Credits follow the answer's amountRefunded: a pending refund reverses them when its
     notification reports it settled."""
     payment = container.orchestrator.get_payment(payment_id)
-    refunded, amount = payment.refunded, payment.charged
-    if payment.status == "PARTIALLY_SETTLED":
-        amount = int(payment.processor.amount_captured or 0)
+    refunded, amount = payment.refunded, payment.taken
     if refunded + payment.refund_pending >= amount:
         return payment
     key = f"refund:{payment_id}" + (f":{payment.refunds_failed + 1}" if payment.refunds_failed else "")
@@ -1107,13 +1105,13 @@ def refund_by_operator(container, payment_id: str, reason: str, actor: str, dry_
     payment = container.orchestrator.get_payment(payment_id)
     if payment.status not in CAPTURED_STATUSES:
         raise e.Refused(f"payment {payment_id} is {payment.status}: only a captured payment can be refunded")
-    if payment.charged > payment.refunded:
+    if payment.taken > payment.refunded:
         from billingctl.services.fraud_signals import refuse_if_disputed
 
         refuse_if_disputed(container, payment_id, "a refund")
     with container.uow() as uow:
         held, recorded = uow.orphans.status(payment_id), uow.purchases.by_payment_id(payment_id) is not None
-    left = payment.charged - payment.refunded
+    left = payment.taken - payment.refunded
     if left > 0 and held in (*lifecycle.REVIEW_OPEN, *lifecycle.REVIEW_HUMAN):
         raise e.Refused(f"payment {payment_id} is held for review ({held}): "
                         f"billingctl orphans resolve {payment_id} --refund --reason R --yes")
@@ -1136,7 +1134,7 @@ def refund_by_operator(container, payment_id: str, reason: str, actor: str, dry_
     # (the refund's own notification may have been first).
     # refund_pending: the processor has not settled it yet; its notification reverses the credits then (or,
     # refused, raises the refund-failed alert).
-    outcome = "refund_pending" if answer.refunded < payment.charged and answer.refund_pending else \
+    outcome = "refund_pending" if answer.refunded < payment.taken and answer.refund_pending else \
         "refunded" if left > 0 else "already_refunded"
     return {**plan, "outcome": outcome, "refunded": answer.refunded,
             "credits_reversed": reversed_.get("credits_reversed", 0), "credits_reversed_total": total,

@@ -214,6 +214,40 @@ def test_a_second_charge_refunded_in_full_clears_the_order_check(world):
     assert "order_charged_twice" not in checks(world)
 
 
+def test_a_second_charge_captured_in_part_and_refunded_all_it_captured_clears_the_order_check(world):
+    """Found by the exploration (decision 236): the order's second payment was captured in part (a capture
+    that was not final), held for review, and a person refunded it from the review queue: all 499 taken
+    went back, and reconcile named the order charged twice every day, comparing the refund with the
+    amount authorized instead of what was captured."""
+    from billingctl.services import orphans
+
+    co, _ = paid(world)
+    second = world.sandbox.pay(co["order_id"], capture=False)
+    world.sandbox.capture(second["id"], 499, final=False)  # PARTIALLY_SETTLED: held, nothing credited
+    world.c.clock.advance(60)
+    assert "order_charged_twice" in checks(world)  # 999 and 499 taken for one order
+    orphans.resolve(world.c, second["id"], "refund", "charged twice", "oncall")
+    assert world.sandbox.store.get("payment", second["id"])["processor"]["amountRefunded"] == 499
+    assert "order_charged_twice" not in checks(world)
+
+
+def test_an_operator_refund_of_a_payment_captured_in_part_plans_what_it_captured(world):
+    """Decision 236: `payments refund` tells what is left to refund from what the payment took; it planned
+    the amount authorized (999 to refund of a payment that took 499)."""
+    from billingctl.services import orphans
+    from billingctl.services.payments import refund_by_operator
+
+    co = world.checkout("user_a")
+    payment = world.sandbox.pay(co["order_id"], capture=False)
+    world.sandbox.capture(payment["id"], 499, final=False)
+    world.c.clock.advance(60)
+    orphans.resolve(world.c, payment["id"], "mark-handled", "the customer keeps the part", "oncall")
+    assert refund_by_operator(world.c, payment["id"], "customer asked", "ops", dry_run=True)["to_refund"] == 499
+    done = refund_by_operator(world.c, payment["id"], "customer asked", "ops")
+    assert (done["outcome"], done["refunded"], done["to_refund"]) == ("refunded", 499, 499)
+    assert refund_by_operator(world.c, payment["id"], "customer asked", "ops")["outcome"] == "already_refunded"
+
+
 def test_a_second_charge_is_not_named_while_its_refund_is_pending_and_named_again_once_refused(world):
     """Decision 174: refunds can take days at the processor; a refund asked for is the fix under way, and a
     refused one leaves the customer charged twice again."""
