@@ -222,6 +222,11 @@ class Payment(Open):
         return self.refunded + self.refund_pending >= self.taken > 0
 
     @property
+    def refunds_made(self) -> int:
+        """The refunds asked for of this payment, whatever the processor made of them."""
+        return sum(1 for t in self.transactions if t.transaction_type == "REFUND")
+
+    @property
     def refunds_failed(self) -> int:
         return len(self._refunds("FAILED"))
 

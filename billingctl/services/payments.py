@@ -142,6 +142,8 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
     held = None if provider_side else _mismatch(container, payment, facts)
     if held is not None:
         return _hold_mismatch(container, payment, facts, held, path)
+    if (payment.refunded or payment.refund_pending) and (kept_back := _refunded_in_review(container, payment, facts)):
+        return kept_back
     with container.locks.hold(f"subscription:{facts.subscription_id}"):
         result = _record_locally(container, facts, path, payment)
         if result["outcome"] in ("orphaned", "held_frozen"):
@@ -156,6 +158,33 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
         token = payment.payment_method.token
         result["set_primary"] = set_primary_after_first_payment(container, facts.user_id, token)
     return result
+
+
+REFUNDED_IN_REVIEW = ("refunded", "refunded_elsewhere")  # a review row's resolutions that returned the money
+
+
+def _refunded_in_review(container, payment: Payment, facts: PaymentFacts) -> dict | None:
+    """A payment whose review ended with its money returned (a person's or recovery's refund of what a
+    capture in part took), captured again since (the rest, by a capture that was not final): the refund
+    stands, so the rest is refunded too and nothing is credited, with one alert (decision 237). None for
+    any other payment."""
+    with container.uow(autocommit=True) as uow:
+        row = uow.orphans.get(payment.id)
+    if row is None or not (row["status"] == "duplicate_refunded" or (
+            row["status"] in lifecycle.REVIEW_REFUNDED and row["resolution"] in REFUNDED_IN_REVIEW)):
+        return None
+    answer = refund(container, payment.id, "refunded in review")
+    with container.uow() as uow:
+        alerts.raise_alert(uow, container.clock, f"Payment {payment.id} of user {facts.user_id}, refunded in review, "
+                                                 "was captured again: what it took since is refunded too, nothing "
+                                                 "credited", f"refunded-then-captured:{payment.id}",
+                           payment_id=payment.id, user_id=facts.user_id, refunded=answer.refunded,
+                           pending=answer.refund_pending, taken=answer.taken)
+        uow.commit()
+    log.warning("payment refunded in review captured again; the rest refunded",
+                extra={"payment_id": payment.id, "user_id": facts.user_id})
+    return {"payment_id": payment.id, "outcome": "refunded_in_review", "subscription_id": facts.subscription_id,
+            "user_id": facts.user_id, "credits_applied": 0}
 
 
 def _followups(container, result: dict) -> None:
@@ -847,7 +876,10 @@ def refund(container, payment_id: str, reason: str = "duplicate charge") -> Paym
     refunded, amount = payment.refunded, payment.taken
     if refunded + payment.refund_pending >= amount:
         return payment
-    key = f"refund:{payment_id}" + (f":{payment.refunds_failed + 1}" if payment.refunds_failed else "")
+    # One key per refund asked for: the first is the payment's id; each later one (after a refusal, or of
+    # what a later capture took, decision 237) is numbered by the refunds the payment holds.
+    made = payment.refunds_made
+    key = f"refund:{payment_id}" + (f":{made + 1}" if made else "")
     return container.orchestrator.refund_payment(payment_id, amount - refunded - payment.refund_pending,
                                                  reason=reason, idempotency_key=key)
 

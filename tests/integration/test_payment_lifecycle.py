@@ -1207,15 +1207,13 @@ def test_a_checkout_captured_in_full_after_support_cancelled_its_subscription_go
     assert reconcile(world.c)["violations"] == []
 
 
-@pytest.mark.xfail(strict=True, reason="open: found by the exploration on 2026-12-01 (docs/reliability.md); "
-                                       "the rest captured after a person refunded the part is credited")
 def test_the_rest_of_a_payment_captured_after_a_person_refunded_its_part_is_not_kept(world):
-    """Found by the exploration (2026-12-01, embedded, after 187 histories; not yet fixed): a checkout's
+    """Found by the exploration (2026-12-01, embedded, after 187 histories; decision 237): a checkout's
     payment captured in part by a capture that was not final is held for review; a person refunds what it
-    captured (`orphans resolve --refund`); then the workflow captures the rest. The payment is recorded
+    captured (`orphans resolve --refund`); then the workflow captures the rest. The payment was recorded
     as paid in full (2,000 credits, the subscription activated) while 499 of its 1,999 went back, the
-    review row still says refunded, and reconcile reports nothing. A person's refund should stand: the
-    rest refunded too (or the payment held for a person again), nothing credited."""
+    review row still said refunded, and reconcile reported nothing. The person's refund stands: the rest
+    is refunded too, nothing is credited, one alert says so."""
     from billingctl.services import orphans
     from tests.conftest import advance_with_sandbox
 
@@ -1229,4 +1227,9 @@ def test_the_rest_of_a_payment_captured_after_a_person_refunded_its_part_is_not_
     orphans.run_orphans(world.c)
     taken = world.sandbox.store.get("payment", charge["id"])["processor"]
     assert world.credits() == 0 and purchases_of(world, charge["id"]) == []
-    assert taken["amountRefunded"] == taken["amountCaptured"]
+    assert taken["amountRefunded"] == taken["amountCaptured"] == 1999
+    with world.c.uow() as uow:
+        said = [r.payload["text"] for r in uow.execute(select(alert_outbox)) if "captured again" in r.payload["text"]]
+    assert len(said) == 1 and charge["id"] in said[0]
+    assert (review_row(world, charge["id"])["status"], review_row(world, charge["id"])["resolution"]) == \
+        ("resolved", "refunded")
