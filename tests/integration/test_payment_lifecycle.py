@@ -1207,7 +1207,11 @@ def test_a_checkout_captured_in_full_after_support_cancelled_its_subscription_go
     assert reconcile(world.c)["violations"] == []
 
 
-def test_the_rest_of_a_payment_captured_after_a_person_refunded_its_part_is_not_kept(world):
+@pytest.mark.parametrize("rest", [None, pytest.param(500, marks=pytest.mark.xfail(
+    strict=True, reason="open (2026-12-01): a further capture still in part, after a refund made in review, "
+                        "is neither refunded nor held again (not yet traced)"))],
+    ids=["the rest", "more in part"])
+def test_the_rest_of_a_payment_captured_after_a_person_refunded_its_part_is_not_kept(world, rest):
     """Found by the exploration (2026-12-01, embedded, after 187 histories; decision 237): a checkout's
     payment captured in part by a capture that was not final is held for review; a person refunds what it
     captured (`orphans resolve --refund`); then the workflow captures the rest. The payment was recorded
@@ -1222,12 +1226,12 @@ def test_the_rest_of_a_payment_captured_after_a_person_refunded_its_part_is_not_
     world.sandbox.capture(charge["id"], 499, final=False)
     advance_with_sandbox(world.c, 60)
     orphans.resolve(world.c, charge["id"], "refund", "the customer asked", "oncall")
-    world.sandbox.capture(charge["id"])  # the rest
+    world.sandbox.capture(charge["id"], rest, final=rest is None)  # the rest, or more of it and still in part
     advance_with_sandbox(world.c, 600)
     orphans.run_orphans(world.c)
     taken = world.sandbox.store.get("payment", charge["id"])["processor"]
     assert world.credits() == 0 and purchases_of(world, charge["id"]) == []
-    assert taken["amountRefunded"] == taken["amountCaptured"] == 1999
+    assert taken["amountRefunded"] == taken["amountCaptured"] == (1999 if rest is None else 999)
     with world.c.uow() as uow:
         said = [r.payload["text"] for r in uow.execute(select(alert_outbox)) if "captured again" in r.payload["text"]]
     assert len(said) == 1 and charge["id"] in said[0]
