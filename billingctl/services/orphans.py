@@ -27,6 +27,7 @@ from billingctl.services.payments import (
     captured_in_part_reason,
     record_payment,
     refund,
+    returned_in_review,
     reverse_refund,
 )
 
@@ -107,6 +108,12 @@ def handle_payment(container, payment: Payment) -> str:
         if row is None and uow.purchases.exists_for_payment(payment_id):
             return "recorded"
     if row is not None and row["status"] not in OPEN:
+        if returned_in_review(row):
+            # Its money went back in review; captured again since (a lost notification), what it took
+            # since goes back too, as recording does (decision 238).
+            payment = container.orchestrator.get_payment(payment_id) if payment.is_summary else payment
+            if not payment.refunding_in_full:
+                return record_payment(container, payment, "settled_poller")["outcome"]
         return row["status"]
     if payment.is_summary:
         # The list holds summaries: recording needs the customer, the instrument and the refunded amount.

@@ -138,12 +138,13 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
     if provider_side:
         facts.provider_side = True
         facts.credits = facts.credits if term_paid and facts.invoice_id else 0
+    # A refund made in review stands, whatever was captured since: in full, or more and still in part.
+    if (payment.refunded or payment.refund_pending) and (kept_back := _refunded_in_review(container, payment, facts)):
+        return kept_back
     # A payment entered at the provider pays whatever finance entered on the invoice, not an order of ours.
     held = None if provider_side else _mismatch(container, payment, facts)
     if held is not None:
         return _hold_mismatch(container, payment, facts, held, path)
-    if (payment.refunded or payment.refund_pending) and (kept_back := _refunded_in_review(container, payment, facts)):
-        return kept_back
     with container.locks.hold(f"subscription:{facts.subscription_id}"):
         result = _record_locally(container, facts, path, payment)
         if result["outcome"] in ("orphaned", "held_frozen"):
@@ -163,6 +164,13 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
 REFUNDED_IN_REVIEW = ("refunded", "refunded_elsewhere")  # a review row's resolutions that returned the money
 
 
+def returned_in_review(row) -> bool:
+    """A review row (or None) that ended with its payment's money returned: refunded as a duplicate, or
+    resolved by a refund (a person's, or found refunded elsewhere)."""
+    return row is not None and (row["status"] == "duplicate_refunded" or (
+        row["status"] in lifecycle.REVIEW_REFUNDED and row["resolution"] in REFUNDED_IN_REVIEW))
+
+
 def _refunded_in_review(container, payment: Payment, facts: PaymentFacts) -> dict | None:
     """A payment whose review ended with its money returned (a person's or recovery's refund of what a
     capture in part took), captured again since (the rest, by a capture that was not final): the refund
@@ -170,8 +178,7 @@ def _refunded_in_review(container, payment: Payment, facts: PaymentFacts) -> dic
     any other payment."""
     with container.uow(autocommit=True) as uow:
         row = uow.orphans.get(payment.id)
-    if row is None or not (row["status"] == "duplicate_refunded" or (
-            row["status"] in lifecycle.REVIEW_REFUNDED and row["resolution"] in REFUNDED_IN_REVIEW)):
+    if not returned_in_review(row):
         return None
     answer = refund(container, payment.id, "refunded in review")
     with container.uow() as uow:

@@ -15,8 +15,11 @@ def _payment_key(event_type: str, payment_id: str, status: str, suffix: str = ""
 
 def payment_event_id(event_type: str, payment: Payment) -> str:
     """A refund notification is named by the refunded amount it reports, and a refused refund by how many
-    were refused: each is news once (decision 174)."""
+    were refused: each is news once (decision 174). So is a capture in part by what it captured: a further
+    capture that still leaves some uncaptured keeps the status PARTIALLY_SETTLED (decision 238)."""
     suffix = ""
+    if event_type == "PAYMENT.STATUS" and payment.status == "PARTIALLY_SETTLED":
+        suffix = f":{int(payment.processor.amount_captured or 0)}"
     if event_type == "PAYMENT.REFUND":
         suffix = f":{payment.refunded}" + (f":failed{payment.refunds_failed}" if payment.refunds_failed else "")
     return _payment_key(event_type, payment.id, payment.status, suffix)
@@ -25,9 +28,10 @@ def payment_event_id(event_type: str, payment: Payment) -> str:
 def plain_payment_event_id(event_type: str, payment: dict) -> str | None:
     """`payment_event_id` read from the payment as it came, before it is typed, where typing keeps what
     the key names as it is: a string id and status. A refund's key holds an amount that typing may
-    convert ("100" is 100), so it is read from the typed copy only: None."""
+    convert ("100" is 100), so it is read from the typed copy only: None; so is a capture in part's."""
     payment_id, status = payment.get("id"), payment.get("status")
-    if event_type == "PAYMENT.REFUND" or type(payment_id) is not str or type(status) is not str:
+    if event_type == "PAYMENT.REFUND" or status == "PARTIALLY_SETTLED" or type(payment_id) is not str \
+            or type(status) is not str:
         return None
     return _payment_key(event_type, payment_id, status)
 

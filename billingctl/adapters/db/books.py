@@ -272,14 +272,15 @@ class Books(Repository):
                 yield check.name, check.describe(group), max(times) if times else None
 
     def purchases_of(self, payment_ids: list[str]) -> dict[str, dict]:
-        """Our purchase and review row (if any) of each of a page of orchestrator payments: one statement
-        each for the page, not two per payment."""
+        """Our purchase and review row (status and resolution; if any) of each of a page of orchestrator
+        payments: one statement each for the page, not two per payment."""
         found: dict[str, dict] = {pid: {"purchase": None, "review": None} for pid in payment_ids}
         for row in self.execute(select(purchase).where(purchase.c.transaction_id.in_(payment_ids))).mappings():
             found[row["transaction_id"]]["purchase"] = dict(row)
-        for row in self.execute(select(orphan_recovery.c.payment_id, orphan_recovery.c.status)
-                                .where(orphan_recovery.c.payment_id.in_(payment_ids))):
-            found[row.payment_id]["review"] = row.status
+        for row in self.execute(select(orphan_recovery.c.payment_id, orphan_recovery.c.status,
+                                       orphan_recovery.c.resolution)
+                                .where(orphan_recovery.c.payment_id.in_(payment_ids))).mappings():
+            found[row["payment_id"]]["review"] = dict(row)
         return found
 
     def expected_charges(self, payments: dict[str, str | None]) -> dict[str, tuple]:

@@ -21,7 +21,7 @@ CHECKS = (
     "closed_purchase_not_reversed", "dispute_lost_not_reversed", "paid_not_active", "credits_after_freeze",
     "charge_in_flight_too_long", "dunning_unfinished", "quota_over_limit",
     "payment_unrecorded", "payment_recorded_and_refunded", "payment_amount_differs", "order_charged_twice",
-    "refund_not_reversed", "refunded_at_both_consoles",
+    "refund_not_reversed", "refunded_at_both_consoles", "payment_kept_after_refund",
     "payment_on_two_invoices", "invoice_credits_not_one_term", "purchase_on_unpaid_invoice", "subscription_differs",
     "subscription_missing_at_provider",
 )
