@@ -125,3 +125,26 @@ def test_two_refunds_in_flight_that_end_in_either_order_each_count_and_the_refus
     assert chat(world, pid) == [(f"refund-failed:{pid}:1", REFUND_FAILED_TEXT.format(payment_id=pid))]
     assert world.credits("user_t") == 2000 - 2000 * 500 // payment["amount"]
     assert held_metric(world) == 1
+
+
+def test_a_duplicate_whose_refund_was_refused_unheard_is_not_recorded_by_the_next_scan(world):
+    """Decision 238's scan reads a row ended refunded again when its payment is listed: a refund the
+    processor refused since, its notification not yet heard (nothing back, nothing pending), is left to
+    the refusal's notification, which hands it to a person; nothing is credited meanwhile. (Held before
+    the guard too, by recording, which finds the duplicate's subscription cancelled: the guard keeps the
+    scan from asking.)"""
+    world.sandbox.pay(world.checkout("user_d")["order_id"])  # the plan is held
+    _, payment = orphan(world, "user_d")  # a second payment of it: a same-plan duplicate
+    pid = payment["id"]
+    world.sandbox.async_refunds("FAILED")
+    assert orphans.run_orphans(world.c)["outcomes"]["duplicate_refunded"] == 1
+    credits = world.credits("user_d")
+    world.sandbox.hold_webhooks()  # the refusal's notification is not heard yet
+    the_processor_decides(world)
+    assert refunds_at_the_orchestrator(world, pid) == ([(payment["amount"], "FAILED")], 0)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"duplicate_refunded": 1}  # listed again, left as it is
+    assert world.credits("user_d") == credits and world.purchases(pid) == 0
+    assert row(world, pid)["status"] == "duplicate_refunded"
+    world.sandbox.release_webhooks()  # the refusal, heard: back to a person
+    assert row(world, pid)["status"] == "needs_review"
+    assert world.credits("user_d") == credits and world.purchases(pid) == 0
