@@ -402,7 +402,8 @@ class Exploration(RuleBasedStateMachine):
     @rule(seed=st.integers(0, 2**32), fresh=st.booleans())
     def the_workflow_captures_in_parts(self, seed, fresh):
         """The workflow captures an authorized payment in parts, the first capture not its last (Primer's
-        `final`): the payment is PARTIALLY_SETTLED, held for review, then captured in full (decision 226).
+        `final`): the payment is PARTIALLY_SETTLED, held for review, then captured in full (decision 226) or
+        more of it, still in part (decision 238).
         `fresh`, or nothing authorized: a customer pays a new checkout whose workflow only authorizes first."""
         self.step(seed, "the workflow captures in parts")
         if fresh or not self.m.sandbox.payments("AUTHORIZED"):

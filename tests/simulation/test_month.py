@@ -507,15 +507,21 @@ class Model:
 
     def capture_in_parts(self) -> None:
         """The workflow captures an authorized payment in parts (Primer's capture with `final` false, then
-        the rest, decision 226): the rest of one captured in part, or a part of one still AUTHORIZED (a
-        checkout's, or a renewal charge answered AUTHORIZED)."""
+        the rest, decision 226): the rest of one captured in part, or more of it and still not all
+        (decision 238), or a part of one still AUTHORIZED (a checkout's, or a renewal charge answered
+        AUTHORIZED)."""
         parted = [p for p in self.sandbox.payments("PARTIALLY_SETTLED")
                   if self.sandbox.store.meta(f"capture_open:{p['id']}", False)]
         authorized = self.sandbox.payments("AUTHORIZED")
         if parted and (not authorized or self.rng.random() < 0.6):
             payment = self.rng.choice(parted)
-            self.sandbox.capture(payment["id"])
-            self.note(f"the workflow captures the rest of {payment['id']}")
+            left = payment["amount"] - payment["processor"].get("amountCaptured", 0)
+            if left >= 2 and self.rng.random() < 0.4:
+                self.sandbox.capture(payment["id"], left // 2, final=False)
+                self.note(f"the workflow captures {left // 2} more of {payment['id']}, still not its last capture")
+            else:
+                self.sandbox.capture(payment["id"])
+                self.note(f"the workflow captures the rest of {payment['id']}")
         elif authorized:
             payment = self.rng.choice(authorized)
             self.sandbox.capture(payment["id"], max(payment["amount"] // 2, 1), final=False)
