@@ -442,10 +442,13 @@ def _resolve_in_flight(container, invoice, last, history) -> str:
 
 
 def _past_age_limit(container, invoice, last, payment: dict) -> dict:
-    """The payment after the action its age calls for (unchanged while it is within its limit). A charge
-    that can still be voided for an invoice nobody owes any more is voided whatever its age (decision 197)."""
+    """The payment after the action its age calls for (unchanged while it is within its limit), its age
+    counted from when it was made (decision 239). A charge that can still be voided for an invoice nobody
+    owes any more is voided whatever its age (decision 197)."""
     settings, status = container.settings, payment.status
-    age = container.clock.now() - last["created_at"]
+    # Aged from when it was made: a charge whose answer was lost is written in flight only once read back.
+    made = payment.settled_at
+    age = container.clock.now() - (min(last["created_at"], made) if made is not None else last["created_at"])
     uncaptured = status == "AUTHORIZED" and age > timedelta(minutes=settings.renewal_authorized_max_minutes)
     owed = _owed(container, invoice, term=uncaptured) if status in VOIDABLE else None
     settled = _invoice_settled(owed, payment.id) if owed is not None else None
@@ -519,22 +522,47 @@ def _no_longer_owed(owed: dict) -> str | None:
 
 def sweep_in_flight(container, handled: set[str]) -> dict[str, int]:
     """Every renewal charge still in flight whose invoice the tick did not see (the invoice left
-    payment_due: paid by the workflow, voided, or recorded by another path before the in-flight row was
-    written) is read and ended the same way, so no attempt stays pending for ever."""
+    payment_due: paid by the workflow, voided, written off, or recorded by another path before the
+    in-flight row was written) is read and ended the same way, so no attempt stays pending for ever. A
+    charge whose answer was lost (`error`) is read back from its order first, as the tick would have
+    (decision 239): one found is ended the same way, and a read that finds none is not made again."""
     outcomes: dict[str, int] = {}
     with container.uow(autocommit=True) as uow:
+        lost = [r for r in uow.dunning.answers_lost() if r["invoice_id"] not in handled]
+    for outcome in _each_swept(container, lost, "lost renewal charge", _read_back_lost):
+        if outcome != "pending":  # one found in flight is ended with the rest, below
+            key = outcome if outcome == "error" else f"read_back_{outcome}"
+            outcomes[key] = outcomes.get(key, 0) + 1
+    with container.uow(autocommit=True) as uow:
         rows = [r for r in uow.dunning.in_flight() if r["invoice_id"] not in handled]
+    for outcome in _each_swept(container, rows, "in-flight renewal charge", _resolve_in_flight):
+        outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return outcomes
+
+
+def _each_swept(container, rows: list[dict], what: str, end):
+    """The outcome of `end(container, invoice, row, history)` for each dunning row, the invoice as the row
+    names it; one that fails is `error` and never stops the others."""
     for row in rows:
         invoice = {"id": row["invoice_id"], "subscription_id": row["subscription_id"], "customer_id": row["user_id"]}
         try:
             with container.uow(autocommit=True) as uow:
                 history = uow.dunning.history(row["invoice_id"])
-            outcome = _resolve_in_flight(container, invoice, row, history)
-        except Exception as exc:  # one charge never stops the others
-            outcome = "error"
-            item_failed(log, "in-flight renewal charge", exc, invoice_id=row["invoice_id"])
-        outcomes[outcome] = outcomes.get(outcome, 0) + 1
-    return outcomes
+            yield end(container, invoice, row, history)
+        except Exception as exc:
+            item_failed(log, what, exc, invoice_id=row["invoice_id"])
+            yield "error"
+
+
+def _read_back_lost(container, invoice: dict, row: dict, history: list[dict]) -> str:
+    """A lost charge's order read back (`_read_back`); none found: the row is marked read."""
+    outcome = _read_back(container, invoice, history, row["attempt_no"], row["lane"], row["processor"], row["amount"])
+    if outcome is not None:
+        return outcome
+    with container.uow() as uow:
+        uow.dunning.read_back(row["id"], container.clock.now())
+        uow.commit()
+    return "nothing_charged"
 
 
 def _resolve_token(container, user_id: str, lane: str, now) -> str | None:

@@ -271,3 +271,54 @@ def test_the_renewals_tick_documents_its_dry_run_and_its_failures(world, monkeyp
         {"error": 1}, [], [{"invoice_id": invoice["id"], "error": "boom"}])
     assert (dry.outcome.done, dry.outcome.failed, dry.outcome.errors) == (
         0, 1, ({"invoice_id": invoice["id"], "error": "boom"},))
+
+
+@pytest.mark.parametrize("answer", ["AUTHORIZED", "PENDING"])
+def test_a_charge_whose_answer_was_lost_is_ended_when_its_invoice_leaves_payment_due(world, answer):
+    """Found by the exploration (2026-12-02, production, after 228 histories; decision 239): a renewal
+    charge is made but its answer is lost (the attempt ends `error`, no payment named), the processor
+    leaves it in flight, and finance writes the invoice off at the provider before the next tick. The
+    tick lists only invoices in payment_due and its sweep only charges it knew were in flight, so nothing
+    read that order back again: the customer's card stayed authorized for a term nobody owed, for ever
+    (reconcile named `charge_in_flight_too_long` daily). The sweep now reads back the lost charge of an
+    invoice the tick did not list, and ends it the same way as any charge in flight: voided."""
+    from billingctl.services import events
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges(answer)  # the processor never goes further
+    world.sandbox.store.add_fault("orchestrator", "error_after_effect", method="POST", path="/payments")
+    assert run_renewals(world.c)["outcomes"] == {"error": 1}  # a charge is sent once: its one answer lost
+    [charge] = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
+    assert (charge["status"], rows(world)[-1]["status"], rows(world)[-1]["payment_id"]) == (answer, "error", None)
+    world.sandbox.write_off(charge["orderId"])
+    events.poll(world.c)
+    advance_with_sandbox(world.c, 25 * 3600)  # past both age limits
+    run_renewals(world.c)
+    assert world.sandbox.store.get("payment", charge["id"])["status"] == "CANCELLED"
+    assert [(r["status"], r["payment_id"]) for r in rows(world)] == [("error", None), ("pending", charge["id"]),
+                                                                           ("declined", charge["id"])]
+    assert run_renewals(world.c)["outcomes"] == {}  # nothing left to read back
+    advance_with_sandbox(world.c, 2 * 3600)
+    assert reconcile(world.c, full=True)["violations"] == []
+
+
+def test_a_lost_charge_read_back_once_and_found_never_made_is_not_read_again(world):
+    """Decision 239: the sweep reads back the order of an `error` attempt whose invoice left payment_due;
+    one the orchestrator holds no charge for was never made, and is not read again at every tick."""
+    from billingctl.services import events
+
+    subscribed(world)
+    month_passes(world)
+    world.sandbox.store.add_fault("orchestrator", "503", method="POST", path="/payments",
+                                  count=world.c.settings.http_max_attempts)
+    assert run_renewals(world.c)["outcomes"] == {"error": 1}
+    [invoice] = [i for i in world.sandbox.store.all("invoice") if i["status"] == "payment_due"]
+    assert [p for p in world.sandbox.store.all("payment") if p.get("orderId") == invoice["id"]] == []
+    world.sandbox.write_off(invoice["id"])
+    events.poll(world.c)
+    assert run_renewals(world.c)["outcomes"] == {"swept_read_back_nothing_charged": 1}
+    assert run_renewals(world.c)["outcomes"] == {}
+    assert [(r["status"], r["resolved_at"] is not None) for r in rows(world)] == [("error", True)]

@@ -4,7 +4,7 @@ once, by a conditional update."""
 
 from __future__ import annotations
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import and_, func, select, update
 
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.tables import dunning_attempt
@@ -43,6 +43,20 @@ class DunningAttempts(Repository):
         return [dict(r) for r in self.execute(select(dunning_attempt).where(
             dunning_attempt.c.status == "pending", dunning_attempt.c.resolved_at.is_(None))
             .order_by(dunning_attempt.c.created_at)).mappings()]
+
+    def answers_lost(self) -> list[dict]:
+        """Every invoice's newest row when it is an `error` not yet read back (a charge whose answer was
+        lost: it may have been made), oldest first."""
+        newest = select(func.max(dunning_attempt.c.id)).group_by(dunning_attempt.c.invoice_id)
+        return [dict(r) for r in self.execute(select(dunning_attempt).where(
+            dunning_attempt.c.id.in_(newest), dunning_attempt.c.status == "error",
+            dunning_attempt.c.resolved_at.is_(None)).order_by(dunning_attempt.c.created_at)).mappings()]
+
+    def read_back(self, row_id: int, now) -> None:
+        """An `error` row whose order was read back and held no charge: nothing was made, nothing to read."""
+        self.execute(update(dunning_attempt).where(
+            dunning_attempt.c.id == row_id, dunning_attempt.c.status == "error",
+            dunning_attempt.c.resolved_at.is_(None)).values(resolved_at=now))
 
     def add(self, **values) -> None:
         self.execute(dunning_attempt.insert().values(**values))
