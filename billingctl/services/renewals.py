@@ -199,6 +199,15 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         # about the invoice, whatever became of it or its subscription meanwhile (a cheque paid part of it,
         # an operator cancelled it): the sweep skips every invoice the tick listed (decisions 189, 194).
         return "in_flight" if dry_run else _resolve_in_flight(container, invoice, last, history)
+    lost = _lost_answer(history)
+    if lost is not None and not dry_run:
+        # A charge whose answer was lost may have been made (or still be running): its order is read back
+        # before anything else about the invoice, whatever rows followed it (an aborted attempt, a quota
+        # block) and whatever became of the invoice or its subscription (decision 239). One that exists is
+        # that attempt's outcome.
+        found = _read_back_lost(container, invoice, lost, history)
+        if found != "nothing_charged":
+            return found
     term = remote.term
     with container.uow() as uow:
         standing = uow.purchases.invoice_standing(
@@ -256,12 +265,6 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
     if not processor:
         return _failed(container, invoice, "failed", "no_locked_processor", attempt_no, lane, None, amount, history)
 
-    if last is not None and last["status"] == "error":
-        # The last charge's answer was lost: it may have been made (or still be running). Read the order's
-        # payments back before any new charge; one that exists is this attempt's outcome.
-        adopted = _read_back(container, invoice, history, attempt_no, lane, processor, amount)
-        if adopted is not None:
-            return adopted
     # The quota's check and this attempt's reservation are one transaction under the user's row lock;
     # the reservation becomes the payment's attempt, or is released when no authorization happened.
     reservation = f"order:{invoice['id']}"
@@ -554,15 +557,27 @@ def _each_swept(container, rows: list[dict], what: str, end):
             yield "error"
 
 
+def _lost_answer(history: list[dict]) -> dict | None:
+    """The newest attempt whose answer was lost, if its order was not read back since and no later row
+    names a charge (its notification, or a read-back, told its outcome)."""
+    for h in reversed(history):
+        if h["payment_id"]:
+            return None
+        if h["status"] == "error" and h["resolved_at"] is None:
+            return h
+    return None
+
+
 def _read_back_lost(container, invoice: dict, row: dict, history: list[dict]) -> str:
-    """A lost charge's order read back (`_read_back`); none found: the row is marked read."""
+    """A lost charge's order read back (`_read_back`), as the attempt `row` made it; once read (whatever it
+    found), the invoice's lost answers are marked read. `nothing_charged` when none was made."""
     outcome = _read_back(container, invoice, history, row["attempt_no"], row["lane"], row["processor"], row["amount"])
-    if outcome is not None:
+    if outcome == "read_back_failed":
         return outcome
     with container.uow() as uow:
-        uow.dunning.read_back(row["id"], container.clock.now())
+        uow.dunning.read_back(invoice["id"], container.clock.now())
         uow.commit()
-    return "nothing_charged"
+    return "nothing_charged" if outcome is None else outcome
 
 
 def _resolve_token(container, user_id: str, lane: str, now) -> str | None:

@@ -322,3 +322,37 @@ def test_a_lost_charge_read_back_once_and_found_never_made_is_not_read_again(wor
     assert run_renewals(world.c)["outcomes"] == {"swept_read_back_nothing_charged": 1}
     assert run_renewals(world.c)["outcomes"] == {}
     assert [(r["status"], r["resolved_at"] is not None) for r in rows(world)] == [("error", True)]
+
+
+def test_a_lost_charge_is_read_back_after_an_aborted_attempt_even_when_the_invoice_is_not_charged_again(world):
+    """Found by the exploration (2026-12-02, embedded, after 156 histories; decision 239): a charge's answer
+    is lost (`error`) and the processor leaves it PENDING; the next tick cannot read the processor lock
+    (`aborted`), so the tick after that saw an aborted attempt, not a lost one, and read nothing back; then
+    support paused the subscription, and each tick answered `not_a_renewal` before any read-back. The
+    invoice stayed in payment_due, so the sweep passed it by too: the charge stayed PENDING for ever and
+    reconcile reported clean. A lost answer is now read back before anything else about its invoice, at
+    the first tick that meets it, whatever rows followed it."""
+    from billingctl.services import events, sync
+    from billingctl.services.reconcile import reconcile
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")  # the processor never goes further
+    world.sandbox.store.add_fault("orchestrator", "error_after_effect", method="POST", path="/payments")
+    assert run_renewals(world.c)["outcomes"] == {"error": 1}
+    [charge] = [p for p in world.sandbox.store.all("payment") if p["paymentMethod"]["paymentType"] == "SUBSCRIPTION"]
+    advance_with_sandbox(world.c, 3600)
+    with table_away(world.c.engine, "user_credits"):  # the lock cannot be read: before, `aborted`
+        assert run_renewals(world.c)["outcomes"] == {"pending": 1}  # read back first: the lost charge found
+    world.sandbox.pause(co["subscription_id"])  # support, at the provider's console
+    events.poll(world.c)
+    sync.sync_subscription(world.c, co["subscription_id"])
+    for _ in range(3):  # past both age limits
+        advance_with_sandbox(world.c, 13 * 3600)
+        run_renewals(world.c)
+    assert world.sandbox.store.get("payment", charge["id"])["status"] == "CANCELLED"
+    assert [(r["status"], r["payment_id"]) for r in rows(world)][-2:] == [("pending", charge["id"]),
+                                                                           ("declined", charge["id"])]
+    advance_with_sandbox(world.c, 2 * 3600)
+    assert reconcile(world.c, full=True)["violations"] == []

@@ -5,6 +5,7 @@ once, by a conditional update."""
 from __future__ import annotations
 
 from sqlalchemy import and_, func, select, update
+from sqlalchemy.orm import aliased
 
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.tables import dunning_attempt
@@ -45,17 +46,22 @@ class DunningAttempts(Repository):
             .order_by(dunning_attempt.c.created_at)).mappings()]
 
     def answers_lost(self) -> list[dict]:
-        """Every invoice's newest row when it is an `error` not yet read back (a charge whose answer was
-        lost: it may have been made), oldest first."""
-        newest = select(func.max(dunning_attempt.c.id)).group_by(dunning_attempt.c.invoice_id)
+        """Of each invoice, its newest attempt whose answer was lost (`error`: it may have been made), when
+        its order was not read back since and no later row names a charge (in flight, or its outcome told
+        by its notification or a read-back): `renewals._lost_answer` in one statement, oldest first."""
+        lost = select(func.max(dunning_attempt.c.id)).where(
+            dunning_attempt.c.status == "error", dunning_attempt.c.resolved_at.is_(None)
+        ).group_by(dunning_attempt.c.invoice_id)
+        later = aliased(dunning_attempt)
+        told = select(later.c.id).where(later.c.invoice_id == dunning_attempt.c.invoice_id,
+                                        later.c.id > dunning_attempt.c.id, later.c.payment_id.is_not(None))
         return [dict(r) for r in self.execute(select(dunning_attempt).where(
-            dunning_attempt.c.id.in_(newest), dunning_attempt.c.status == "error",
-            dunning_attempt.c.resolved_at.is_(None)).order_by(dunning_attempt.c.created_at)).mappings()]
+            dunning_attempt.c.id.in_(lost), ~told.exists()).order_by(dunning_attempt.c.created_at)).mappings()]
 
-    def read_back(self, row_id: int, now) -> None:
-        """An `error` row whose order was read back and held no charge: nothing was made, nothing to read."""
+    def read_back(self, invoice_id: str, now) -> None:
+        """The invoice's order was read back: its lost answers (`error` rows) are known now."""
         self.execute(update(dunning_attempt).where(
-            dunning_attempt.c.id == row_id, dunning_attempt.c.status == "error",
+            dunning_attempt.c.invoice_id == invoice_id, dunning_attempt.c.status == "error",
             dunning_attempt.c.resolved_at.is_(None)).values(resolved_at=now))
 
     def add(self, **values) -> None:
