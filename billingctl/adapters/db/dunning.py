@@ -5,7 +5,6 @@ once, by a conditional update."""
 from __future__ import annotations
 
 from sqlalchemy import and_, func, select, update
-from sqlalchemy.orm import aliased
 
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.tables import dunning_attempt
@@ -52,7 +51,7 @@ class DunningAttempts(Repository):
         lost = select(func.max(dunning_attempt.c.id)).where(
             dunning_attempt.c.status == "error", dunning_attempt.c.resolved_at.is_(None)
         ).group_by(dunning_attempt.c.invoice_id)
-        later = aliased(dunning_attempt)
+        later = dunning_attempt.alias("later")
         told = select(later.c.id).where(later.c.invoice_id == dunning_attempt.c.invoice_id,
                                         later.c.id > dunning_attempt.c.id, later.c.payment_id.is_not(None))
         return [dict(r) for r in self.execute(select(dunning_attempt).where(
