@@ -231,10 +231,17 @@ class Payment(Open):
         return len(self._refunds("FAILED"))
 
     @property
-    def settled_at(self) -> datetime | None:
+    def made_at(self) -> datetime | None:
+        """When the payment was made: Primer's `date` is its creation, not when it settled."""
         from billingctl.domain.clock import parse_time
 
         return parse_time(self.date)
+
+    @property
+    def settled_at(self) -> datetime | None:
+        """The time our records keep as a recorded payment's `settled_at`: the payment's `date` (`made_at`), the
+        only time Primer's payment carries."""
+        return self.made_at
 
     def but(self, **changes) -> Payment:
         """A copy with some of our fields changed (a validated copy, not a mutation)."""

@@ -305,10 +305,9 @@ def finish_authorizations(container, dry_run: bool = False) -> dict:
     limit = timedelta(minutes=container.settings.renewal_authorized_max_minutes)
     captured, voided, failed = [], [], []
     try:
-        # Every authorization, however old (they are few: a finished one leaves the status); p's date: when
-        # it was made.
-        listed = {p.id: p.settled_at for p in container.orchestrator.list_payments("AUTHORIZED")
-                  if p.settled_at is not None and now - p.settled_at > limit}
+        # Every authorization, however old (they are few: a finished one leaves the status).
+        listed = {p.id: p.made_at for p in container.orchestrator.list_payments("AUTHORIZED")
+                  if p.made_at is not None and now - p.made_at > limit}
     except e.BillingError as exc:
         return {"captured": [], "voided": [], "failed": [{"id": "*", "error": f"listing authorizations: "
                                                                                 f"{exc.message}"}]}

@@ -450,7 +450,7 @@ def _past_age_limit(container, invoice, last, payment: dict) -> dict:
     owes any more is voided whatever its age (decision 197)."""
     settings, status = container.settings, payment.status
     # Aged from when it was made: a charge whose answer was lost is written in flight only once read back.
-    made = payment.settled_at
+    made = payment.made_at
     age = container.clock.now() - (min(last["created_at"], made) if made is not None else last["created_at"])
     uncaptured = status == "AUTHORIZED" and age > timedelta(minutes=settings.renewal_authorized_max_minutes)
     owed = _owed(container, invoice, term=uncaptured) if status in VOIDABLE else None
