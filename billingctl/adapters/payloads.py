@@ -219,7 +219,12 @@ class Payment(Open):
     @property
     def refunding_in_full(self) -> bool:
         """Refunded in full, or the rest asked for and not yet settled or refused by the processor."""
-        return self.refunded + self.refund_pending >= self.taken > 0
+        return self.refund_asked >= self.taken > 0
+
+    @property
+    def refund_asked(self) -> int:
+        """What of it is refunded or being refunded: refunds made, and those not yet settled or refused."""
+        return self.refunded + self.refund_pending
 
     @property
     def refunds_made(self) -> int:

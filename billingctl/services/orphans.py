@@ -114,7 +114,7 @@ def handle_payment(container, payment: Payment) -> str:
             # One whose refund was refused since (nothing back, nothing pending) is the refusal's to
             # handle (decision 174): never recorded here.
             payment = container.orchestrator.get_payment(payment_id) if payment.is_summary else payment
-            if (payment.refunded or payment.refund_pending) and not payment.refunding_in_full:
+            if payment.refund_asked and not payment.refunding_in_full:
                 return record_payment(container, payment, "settled_poller")["outcome"]
         return row["status"]
     if payment.is_summary:

@@ -139,7 +139,7 @@ def record_payment(container, payment: Payment, path: str, followups: bool = Tru
         facts.provider_side = True
         facts.credits = facts.credits if term_paid and facts.invoice_id else 0
     # A refund made in review stands, whatever was captured since: in full, or more and still in part.
-    if (payment.refunded or payment.refund_pending) and (kept_back := _refunded_in_review(container, payment, facts)):
+    if payment.refund_asked and (kept_back := _refunded_in_review(container, payment, facts)):
         return kept_back
     # A payment entered at the provider pays whatever finance entered on the invoice, not an order of ours.
     held = None if provider_side else _mismatch(container, payment, facts)
@@ -758,7 +758,7 @@ def _return_excess(container, payment_id: str, excess: int) -> None:
     """Refund the payment's excess (decision 180) once: nothing when that much is refunded or asked for; one
     the processor refused is asked for again under a new key (decision 174)."""
     payment = container.orchestrator.get_payment(payment_id)
-    asked = payment.refunded + payment.refund_pending
+    asked = payment.refund_asked
     if asked < excess:
         key = f"excess:{payment_id}:{excess}" + (f":{payment.refunds_failed}" if payment.refunds_failed else "")
         container.orchestrator.refund_payment(payment_id, excess - asked, reason="invoice paid in part elsewhere",
@@ -880,15 +880,14 @@ def refund(container, payment_id: str, reason: str = "duplicate charge") -> Paym
     decision 174). Credits follow the answer's amountRefunded: a pending refund reverses them when its
     notification reports it settled."""
     payment = container.orchestrator.get_payment(payment_id)
-    refunded, amount = payment.refunded, payment.taken
-    if refunded + payment.refund_pending >= amount:
+    asked, amount = payment.refund_asked, payment.taken
+    if asked >= amount:
         return payment
     # One key per refund asked for: the first is the payment's id; each later one (after a refusal, or of
     # what a later capture took, decision 237) is numbered by the refunds the payment holds.
     made = payment.refunds_made
     key = f"refund:{payment_id}" + (f":{made + 1}" if made else "")
-    return container.orchestrator.refund_payment(payment_id, amount - refunded - payment.refund_pending,
-                                                 reason=reason, idempotency_key=key)
+    return container.orchestrator.refund_payment(payment_id, amount - asked, reason=reason, idempotency_key=key)
 
 
 def refund_failed(container, payment: Payment) -> dict:
