@@ -5,7 +5,9 @@ exhaustion. Written against the survivors of `make mutation`."""
 from datetime import timedelta
 
 import pytest
-from sqlalchemy import select
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from sqlalchemy import delete, select
 
 from billingctl.adapters.db.tables import alert_outbox, dunning_attempt
 from billingctl.services.renewals import run_renewals
@@ -356,3 +358,35 @@ def test_a_lost_charge_is_read_back_after_an_aborted_attempt_even_when_the_invoi
                                                                            ("declined", charge["id"])]
     advance_with_sandbox(world.c, 2 * 3600)
     assert reconcile(world.c, full=True)["violations"] == []
+
+
+STATUSES = ("pending", "succeeded", "held", "exhausted", "error", "declined", "aborted", "quota_blocked")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.lists(st.tuples(st.sampled_from(STATUSES), st.booleans(), st.booleans()), max_size=6),
+                min_size=1, max_size=3))
+def test_the_tick_and_the_sweep_find_the_same_lost_answer(world, invoices):
+    """Decision 239's rule is written twice: in Python for the tick, over the history it holds
+    (`renewals._lost_answer`), and in one statement for the sweep (`uow.dunning.answers_lost`). Over any
+    rows (each a status, whether it names a payment, whether it was read back; an `error` row never names
+    one: its answer was lost), both name the same row of each invoice, or none."""
+    from billingctl.services.renewals import _lost_answer
+
+    now = world.c.clock.now()
+    with world.c.uow() as uow:
+        uow.execute(delete(dunning_attempt))
+        for n, history in enumerate(invoices):
+            for i, (status, names_payment, read) in enumerate(history):
+                uow.dunning.add(invoice_id=f"inv_{n}", created_at=now + timedelta(seconds=i), status=status,
+                                payment_id=f"pay_{n}_{i}" if names_payment and status != "error" else None,
+                                resolved_at=now if read else None)
+        uow.commit()
+    with world.c.uow() as uow:
+        by_sweep = {r["invoice_id"]: r["id"] for r in uow.dunning.answers_lost()}
+        by_tick = {}
+        for n in range(len(invoices)):
+            lost = _lost_answer(uow.dunning.history(f"inv_{n}"))
+            if lost is not None:
+                by_tick[f"inv_{n}"] = lost["id"]
+    assert by_sweep == by_tick
