@@ -14,7 +14,7 @@ import time
 from datetime import timedelta
 
 from billingctl.adapters.logs import item_failed
-from billingctl.adapters.payloads import Invoice
+from billingctl.adapters.payloads import Invoice, Payment
 from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
 from billingctl.domain.batch import BatchResult
@@ -444,7 +444,7 @@ def _resolve_in_flight(container, invoice, last, history) -> str:
                     history, pending=last)
 
 
-def _past_age_limit(container, invoice, last, payment: dict) -> dict:
+def _past_age_limit(container, invoice, last, payment: Payment) -> dict:
     """The payment after the action its age calls for (unchanged while it is within its limit), its age
     counted from when it was made (decision 239). A charge that can still be voided for an invoice nobody
     owes any more is voided whatever its age (decision 197)."""
