@@ -8,7 +8,7 @@ from billingctl import __version__
 from billingctl.cli.context import CliContext, command, set_ctx
 from billingctl.cli.output import Output
 
-app = typer.Typer(
+root = typer.Typer(
     name="billingctl",
     help="Billing operations toolkit: every operation of the billing service, for people and jobs.",
     no_args_is_help=True,
@@ -52,7 +52,7 @@ def _version(value: bool) -> None:
         raise typer.Exit(0)
 
 
-@app.callback()
+@root.callback()
 def _root(
     ctx: typer.Context,
     json_output: bool = typer.Option(False, "--json", help="Print one JSON document on stdout."),
@@ -78,7 +78,7 @@ def _root(
                                  log_level_given=log_level is not None))
 
 
-@command(app, "version")
+@command(root, "version")
 def version():
     """Print the version."""
     from billingctl.cli.context import get_ctx
@@ -86,43 +86,53 @@ def version():
     get_ctx().output.result({"version": __version__}, human=f"billingctl {__version__}")
 
 
-def _register() -> None:
-    from billingctl.cli import (
-        alerts,
-        checkout,
-        db,
-        demo,
-        events,
-        fraud,
-        health,
-        jobs,
-        lock,
-        media,
-        orphans,
-        payments,
-        products,
-        quota,
-        reconcile,
-        renewals,
-        sandbox,
-        subscriptions,
-        trace,
-        users,
-    )
-
-    # One module per noun (`billingctl/cli/<noun>.py`), in the order `billingctl -h` lists them.
-    health.register(app)
-    demo.register(app)
-    subscriptions.register_root_commands(app)
-    events.register_root_commands(app)
-    reconcile.register(app)
-    trace.register(app)
-    for noun in (db, alerts, sandbox, orphans, media, jobs, payments, lock, users, renewals, fraud, checkout,
-                 quota, products, subscriptions, events):
-        app.add_typer(noun.app, name=noun.__name__.rsplit(".", 1)[1])
+# Commands on the root (module, its function registering them), then one module per noun
+# (`billingctl/cli/<noun>.py`), in the order `billingctl -h` lists them.
+ROOT_COMMANDS = (("health", "register"), ("demo", "register"), ("subscriptions", "register_root_commands"),
+                 ("events", "register_root_commands"), ("reconcile", "register"), ("trace", "register"))
+NOUNS = ("db", "alerts", "sandbox", "orphans", "media", "jobs", "payments", "lock", "users", "renewals", "fraud",
+         "checkout", "quota", "products", "subscriptions", "events")
+_registered: set[str] = set()
 
 
-_register()
+def _register(only: str | None = None) -> typer.Typer:
+    """The root app with every command, or with `only` (a noun) the root and that noun's commands alone: a
+    command loads its own module and no other command's (issue 39 item 5: `jobs run` loaded all twenty)."""
+    import importlib
+
+    if only not in NOUNS and "" not in _registered:
+        _registered.add("")
+        for module_name, function in ROOT_COMMANDS:
+            getattr(importlib.import_module(f"billingctl.cli.{module_name}"), function)(root)
+        _add_examples(root, groups=False)
+    for noun in (only,) if only in NOUNS else NOUNS:
+        if noun not in _registered:
+            _registered.add(noun)
+            sub = importlib.import_module(f"billingctl.cli.{noun}").app
+            _add_examples(sub, f"{noun} ")
+            root.add_typer(sub, name=noun)
+    return root
+
+
+def __getattr__(name: str):
+    """`app`: the root with every command (tests and `billingctl -h` see them all)."""
+    if name == "app":
+        return _register()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def command_named(argv: list[str]) -> str | None:
+    """The command word of a command line whose global flags and options are in front (hoisted)."""
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg
+        i += 2 if arg in GLOBAL_OPTIONS else 1
+    return None
+
 
 # One example per command, shown at the end of its help (`billingctl COMMAND -h`).
 EXAMPLES = {
@@ -193,18 +203,15 @@ EXAMPLES = {
 }
 
 
-def _add_examples(typer_app: typer.Typer, prefix: str = "") -> None:
+def _add_examples(typer_app: typer.Typer, prefix: str = "", groups: bool = True) -> None:
     for info in typer_app.registered_commands:
         name = info.name or (info.callback.__name__ if info.callback else "")
         example = EXAMPLES.get(f"{prefix}{name}")
         if example:
             doc = info.help or (info.callback.__doc__ or "").strip()
             info.help = f"{doc}\n\nExample: {example}"
-    for group in typer_app.registered_groups:
+    for group in typer_app.registered_groups if groups else ():
         _add_examples(group.typer_instance, f"{prefix}{group.name} ")
-
-
-_add_examples(app)
 
 
 def _choices(param) -> tuple[str, ...]:
@@ -242,11 +249,12 @@ def uniform_metavars(command) -> None:
         uniform_metavars(sub)
 
 
-def build_command():
-    """The Click command `billingctl` runs (Typer's app with one placeholder style)."""
+def build_command(argv: list[str] | None = None):
+    """The Click command `billingctl` runs (Typer's app with one placeholder style): every command, or for a
+    command line naming a noun (`jobs run poll`) the root and that noun's."""
     import typer.main
 
-    command = typer.main.get_command(app)
+    command = typer.main.get_command(_register(command_named(argv) if argv is not None else None))
     uniform_metavars(command)
     return command
 
@@ -254,4 +262,5 @@ def build_command():
 def main() -> None:
     import sys
 
-    build_command()(args=hoist_global_flags(sys.argv[1:]), prog_name="billingctl")
+    argv = hoist_global_flags(sys.argv[1:])
+    build_command(argv)(args=argv, prog_name="billingctl")
