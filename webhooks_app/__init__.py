@@ -60,6 +60,14 @@ def _base_app(name: str, settings: Settings | None, container: Container | None)
     return app
 
 
+def _built(app: Flask) -> Flask:
+    """The vendor models' validators built before the first request (each is built on its first use)."""
+    from billingctl.adapters.payloads import build_all
+
+    build_all()
+    return app
+
+
 def create_public_app(settings: Settings | None = None, container: Container | None = None,
                       sync_worker: bool = False) -> Flask:
     """`sync_worker`: the app is served by a sync worker, one request thread a process (the gunicorn entry
@@ -78,7 +86,7 @@ def create_public_app(settings: Settings | None = None, container: Container | N
     # interactive (its share is capped so it can never starve recording).
     app.wsgi_app = RequestBudget(app.wsgi_app, "/webhooks/", MONEY, INTERACTIVE)
     public.register(app)
-    return app
+    return _built(app)
 
 
 class RequestBudget:
@@ -113,7 +121,7 @@ def create_internal_app(settings: Settings | None = None, container: Container |
     app.before_request(require_internal_token)
     app.wsgi_app = RequestBudget(app.wsgi_app, "/internal/billing/activate", MONEY, BATCH, exact=True)
     internal.register(app)
-    return app
+    return _built(app)
 
 
 # Without BILLING_SANDBOX_WEBHOOK_URL the in-process sandbox delivers its webhooks to this app.

@@ -43,7 +43,9 @@ class PayloadInvalid(InvalidInput):
 
 class Open(BaseModel):
     """A vendor object: unknown fields kept, fields readable by our name or the vendor's."""
-    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    # Each model's validator is built on its first use, not on import: a job that reads no vendor object
+    # (an idle poll) never builds one (issue 39 item 5); the web apps build them all at start (`build_all`).
+    model_config = ConfigDict(extra="allow", populate_by_name=True, defer_build=True)
     noun: ClassVar[str] = ""  # what a message calls the object ("payment id is missing")
 
     @classmethod
@@ -501,3 +503,14 @@ class InvoiceAnswer(Open):
     """The provider's answer to a call on an invoice (a payment recorded, a void): the invoice as it now is."""
     invoice: Invoice
     transaction: Transaction | None = None
+
+
+def build_all() -> None:
+    """Build every model's validator now, not on its first use: the web apps call it at start, so no request
+    pays for it."""
+    pending = [Open]
+    while pending:
+        model = pending.pop()
+        pending.extend(model.__subclasses__())
+        if not model.__pydantic_complete__:
+            model.model_rebuild()

@@ -239,3 +239,28 @@ def test_the_apps_decide_once_per_function_whether_it_runs_synchronously(contain
             app.ensure_sync(coroutine)
     else:
         assert type(app.ensure_sync(coroutine)) is type(expected)
+
+
+def test_the_vendor_models_are_built_when_a_web_app_starts_and_not_on_import(tmp_path):
+    """Issue 39 item 5: the pydantic payload models are built on first use (an idle job reads no vendor
+    object and builds none), so the web apps build them all at start: no request pays for it."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from billingctl.adapters import payloads as p\n"
+            "def unbuilt():\n"
+            "    found, pending = [], [p.Open]\n"
+            "    while pending:\n"
+            "        m = pending.pop(); pending.extend(m.__subclasses__())\n"
+            "        found += [] if m.__pydantic_complete__ else [m.__name__]\n"
+            "    return found\n"
+            "print(len(unbuilt()))\n"
+            "from webhooks_app import create_public_app; create_public_app()\n"
+            "print(unbuilt())\n")
+    env = {"PATH": os.environ["PATH"], "BILLING_DATABASE_URL": f"sqlite:///{tmp_path / 'b.db'}",
+           "BILLING_SANDBOX_DB": str(tmp_path / "s.db")}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    on_import, after_start = result.stdout.split("\n")[:2]
+    assert int(on_import) > 20, result.stderr[-500:]
+    assert after_start == "[]"
