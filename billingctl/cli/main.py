@@ -122,15 +122,20 @@ def __getattr__(name: str):
 
 
 def command_named(argv: list[str]) -> str | None:
-    """The command word of a command line whose global flags and options are in front (hoisted)."""
+    """The command word of a command line whose global flags and options are in front (hoisted); None when
+    something else comes first (`-h`, `--version`, `--install-completion`, `--`): the root's own options
+    answer about every command."""
     i = 0
     while i < len(argv):
         arg = argv[i]
-        if arg == "--":
-            return None
         if not arg.startswith("-"):
             return arg
-        i += 2 if arg in GLOBAL_OPTIONS else 1
+        if arg in GLOBAL_FLAGS or arg.split("=", 1)[0] in GLOBAL_OPTIONS and "=" in arg:
+            i += 1
+        elif arg in GLOBAL_OPTIONS:
+            i += 2
+        else:
+            return None
     return None
 
 

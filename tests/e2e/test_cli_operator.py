@@ -73,6 +73,21 @@ def test_short_help_and_version(env):
     assert billingctl(["--version"], env).stdout.startswith("billingctl ")
 
 
+def test_a_command_line_naming_a_noun_registers_it_alone_and_help_still_lists_everything(env):
+    """Decision 240: `billingctl jobs ...` registers the jobs commands only; the root's help (however it is
+    asked for, before a noun too), a root command and a typo see every command, and global options before
+    the noun work as before."""
+    for args in (["-h"], ["-h", "jobs"], ["--json", "-h"]):
+        listing = billingctl(args, env).stdout
+        assert all(word in listing for word in ("reconcile", "sandbox", "jobs", "lock", "version")), args
+    jobs_help = billingctl(["--log-level", "ERROR", "jobs", "-h"], env)
+    assert jobs_help.returncode == 0 and "run" in jobs_help.stdout and "render" in jobs_help.stdout
+    listed = billingctl(["--output", "json", "jobs", "list"], env)
+    assert listed.returncode == 0 and any(job["job"] == "poll" for job in json.loads(listed.stdout)), listed.stderr
+    typo = billingctl(["job", "list"], env)
+    assert typo.returncode == 2 and "Did you mean 'jobs'?" in typo.stderr
+
+
 def test_json_prints_the_document_also_on_a_partial_failure(container, env):
     container.sandbox.store.add_fault("provider", "503", method="GET", path="/events", count=-1)
     result = billingctl(["poll", "--json"], {**env, "BILLING_HTTP_MAX_ATTEMPTS": "1"})
