@@ -24,8 +24,8 @@ GLOBAL_FLAGS = ("--json", "--dry-run")
 GLOBAL_OPTIONS = ("--log-level", "--output")
 
 
-def hoist_global_flags(argv: list[str]) -> list[str]:
-    """`billingctl health --json` works like `billingctl --json health`; a `--` ends the scan."""
+def split_global_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """The global flags and options, wherever they are, and the rest in order; a `--` ends the scan."""
     front, rest, i = [], [], 0
     while i < len(argv):
         arg = argv[i]
@@ -43,7 +43,20 @@ def hoist_global_flags(argv: list[str]) -> list[str]:
         else:
             rest.append(arg)
         i += 1
+    return front, rest
+
+
+def hoist_global_flags(argv: list[str]) -> list[str]:
+    """`billingctl health --json` works like `billingctl --json health`."""
+    front, rest = split_global_flags(argv)
     return front + rest
+
+
+def command_word(rest: list[str]) -> str | None:
+    """The command a command line names (the first of what is not global), or None when an option comes
+    first (`-h`, `--version`, `--install-completion`, `--`): the root's own options answer about every
+    command."""
+    return rest[0] if rest and not rest[0].startswith("-") else None
 
 
 def _version(value: bool) -> None:
@@ -92,6 +105,7 @@ ROOT_COMMANDS = (("health", "register"), ("demo", "register"), ("subscriptions",
                  ("events", "register_root_commands"), ("reconcile", "register"), ("trace", "register"))
 NOUNS = ("db", "alerts", "sandbox", "orphans", "media", "jobs", "payments", "lock", "users", "renewals", "fraud",
          "checkout", "quota", "products", "subscriptions", "events")
+ROOT = "(root)"  # in `_registered`: the root's own commands
 _registered: set[str] = set()
 
 
@@ -100,8 +114,8 @@ def _register(only: str | None = None) -> typer.Typer:
     command loads its own module and no other command's (issue 39 item 5: `jobs run` loaded all twenty)."""
     import importlib
 
-    if only not in NOUNS and "" not in _registered:
-        _registered.add("")
+    if only not in NOUNS and ROOT not in _registered:
+        _registered.add(ROOT)
         for module_name, function in ROOT_COMMANDS:
             getattr(importlib.import_module(f"billingctl.cli.{module_name}"), function)(root)
         _add_examples(root, groups=False)
@@ -119,24 +133,6 @@ def __getattr__(name: str):
     if name == "app":
         return _register()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def command_named(argv: list[str]) -> str | None:
-    """The command word of a command line whose global flags and options are in front (hoisted); None when
-    something else comes first (`-h`, `--version`, `--install-completion`, `--`): the root's own options
-    answer about every command."""
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        if not arg.startswith("-"):
-            return arg
-        if arg in GLOBAL_FLAGS or arg.split("=", 1)[0] in GLOBAL_OPTIONS and "=" in arg:
-            i += 1
-        elif arg in GLOBAL_OPTIONS:
-            i += 2
-        else:
-            return None
-    return None
 
 
 # One example per command, shown at the end of its help (`billingctl COMMAND -h`).
@@ -254,12 +250,12 @@ def uniform_metavars(command) -> None:
         uniform_metavars(sub)
 
 
-def build_command(argv: list[str] | None = None):
+def build_command(word: str | None = None):
     """The Click command `billingctl` runs (Typer's app with one placeholder style): every command, or for a
-    command line naming a noun (`jobs run poll`) the root and that noun's."""
+    command line whose command word is a noun (`jobs run poll`) the root and that noun's."""
     import typer.main
 
-    command = typer.main.get_command(_register(command_named(argv) if argv is not None else None))
+    command = typer.main.get_command(_register(word))
     uniform_metavars(command)
     return command
 
@@ -267,5 +263,5 @@ def build_command(argv: list[str] | None = None):
 def main() -> None:
     import sys
 
-    argv = hoist_global_flags(sys.argv[1:])
-    build_command(argv)(args=argv, prog_name="billingctl")
+    front, rest = split_global_flags(sys.argv[1:])
+    build_command(command_word(rest))(args=front + rest, prog_name="billingctl")
