@@ -10,7 +10,8 @@ from billingctl.cli.context import command, get_ctx, noun
 
 app = noun("The local sandbox of the subscription provider and the payment orchestrator.")
 
-FAULT_KINDS = ("429", "500", "503", "401", "timeout", "reset", "malformed", "slow", "error_after_effect")
+FAULT_KINDS = ("429", "500", "503", "401", "timeout", "reset", "malformed", "slow", "slow_answer",
+               "error_after_effect")
 
 
 def _sandbox(changes: bool = True):

@@ -102,6 +102,16 @@ def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
         return response
 
     @app.after_request
+    def _slow_answer(response):
+        # Registered after `_server_date`, so it runs first (Flask runs them in reverse): the request was
+        # served at once, its answer leaves `delay` seconds later and its Date names the second it leaves
+        # in, as any web server stamps it, which may be a later second than the one the provider read.
+        fault = store.take_fault(system, request.method, request.path, ("slow_answer",))
+        if fault is not None:
+            time.sleep(fault["delay"] or 1.0)
+        return response
+
+    @app.after_request
     def _fault_after(response):
         if 200 <= response.status_code < 300 and request.method == "POST":
             fault = store.take_fault(system, request.method, request.path, ("error_after_effect",))

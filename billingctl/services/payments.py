@@ -1000,7 +1000,12 @@ def _start_at_provider(container, subscription_id: str) -> tuple[Subscription, I
         # answer showed it, names another start; never twice the same.
         start = provider.now(container.clock.now())
         if start == sent:
-            break
+            if status is None:
+                break  # refused, and its clock names the same start: sending it again is refused again
+            # Kept future, and the answer is dated in the very second it kept: the provider read its clock in
+            # the second before and its answer left after the turn. Its clock has reached the kept start, so
+            # a second earlier is its "now" and a new request, not a replay (decision 241).
+            start -= timedelta(seconds=1)
         sent = start
         try:
             # One key per start date: a retry within this call reuses it, but a later attempt is a new

@@ -609,6 +609,35 @@ def test_the_client_reads_the_providers_time_from_its_date_header(world):
     assert provider_now.microsecond == 0 and provider_now.timestamp() <= world.sandbox.store.now()
 
 
+def test_a_start_kept_future_by_an_answer_dated_at_that_start_is_sent_a_second_earlier(world):
+    """CI found it (a slow host): our clock a second ahead of the provider's, the provider read its clock
+    in second T and kept the start T+1 `future`, and its answer left after the turn of the second, dated
+    T+1. The offset that answer taught names the same start again, so the retry was skipped ("never twice
+    the same start") and the activation failed. The provider's clock has reached the kept start: the
+    start is sent a second earlier, which is its "now" (decision 241), and the subscription starts."""
+    import time
+
+    from billingctl.services.payments import activate_subscription
+    from tests.conftest import clock_to_sandbox
+
+    co = world.checkout()
+    sub = co["subscription_id"]
+    world.sandbox.store.add_fault("provider", "503", path="update_for_items", count=-1)
+    world.sandbox.pay(co["order_id"])  # recorded; its activation failed and is retried below
+    world.sandbox.store.clear_faults()
+    time.sleep(1.05 - world.sandbox.store.now() % 1)  # just after the turn of a second: what follows takes ms
+    clock_to_sandbox(world.c)
+    world.c.provider.get_subscription(sub)  # an answer names the provider's time: our clocks agree
+    world.c.clock.advance(1)  # and now ours is a second ahead
+    world.sandbox.store.add_fault("provider", "slow_answer", path="update_for_items", delay=1.0)
+    starts = world.sandbox.store.count_requests("provider", "POST", "update_for_items")
+    assert activate_subscription(world.c, sub) == {"subscription_id": sub, "outcome": "activated",
+                                                    "status": "active"}
+    assert world.sandbox.store.count_requests("provider", "POST", "update_for_items") == starts + 2
+    remote = world.sandbox.subscription(sub)
+    assert remote["status"] == "active" and remote["start_date"] <= world.sandbox.store.now()
+
+
 # ---- the subscription and the invoice as transition tables (decision 117) --------------------------------
 
 def _local_invoice(world, invoice_id):
