@@ -35,7 +35,7 @@ AUTH_FAILED = {"message": "Sorry, authentication failed. Invalid api key", "type
 RATE_LIMIT_BODY = {"message": "Please try after some time", "type": "operation_failed",
                    "api_error_code": "api_request_limit_exceeded", "error_code": "api_request_limit_exceeded",
                    "http_status_code": 429}
-BEFORE_KINDS = ("429", "500", "503", "timeout", "reset", "malformed", "slow", "401", "400")
+BEFORE_KINDS = ("429", "500", "503", "timeout", "reset", "malformed", "slow", "slow_answer", "401", "400")
 
 
 def handler_dated_by_the_app():
@@ -92,23 +92,18 @@ def _install_faults(app: Flask, sandbox: Sandbox, system: str) -> None:
             return Response(b'{"subscription": {"id": ', status=200, mimetype="application/json")
         if kind == "slow":
             time.sleep(fault["delay"] or 0.2)
+        if kind == "slow_answer":  # served at once; its answer leaves later (`_server_date`)
+            g.slow_answer = fault["delay"] or 1.0
         return None
 
     @app.after_request
     def _server_date(response):
         # Every HTTP server names its time (RFC 9110 Date); the sandbox's is its own clock, which tests
         # and `sandbox clock` move apart from ours.
+        # A late answer (the `slow_answer` fault) is dated when it leaves, as any web server stamps it: a
+        # later second, maybe, than the one the provider read its clock in.
+        time.sleep(g.pop("slow_answer", 0))
         response.headers["Date"] = formatdate(store.now(), usegmt=True)
-        return response
-
-    @app.after_request
-    def _slow_answer(response):
-        # Registered after `_server_date`, so it runs first (Flask runs them in reverse): the request was
-        # served at once, its answer leaves `delay` seconds later and its Date names the second it leaves
-        # in, as any web server stamps it, which may be a later second than the one the provider read.
-        fault = store.take_fault(system, request.method, request.path, ("slow_answer",))
-        if fault is not None:
-            time.sleep(fault["delay"] or 1.0)
         return response
 
     @app.after_request
