@@ -130,10 +130,12 @@ class Model:
         self.open_checkouts.append(co)
         self.note(f"checkout {user} {plan} -> {co['subscription_id']}")
 
-    def pay(self, mode: str | None = None) -> dict | None:
-        if not self.open_checkouts:
-            return None
-        co = self.open_checkouts.pop(self.rng.randrange(len(self.open_checkouts)))
+    def pay(self, mode: str | None = None, co: dict | None = None) -> dict | None:
+        """A customer pays one of the open checkouts (`co`, or one drawn), its delivery as `mode` says."""
+        if co is None:
+            if not self.open_checkouts:
+                return None
+            co = self.open_checkouts.pop(self.rng.randrange(len(self.open_checkouts)))
         mode = mode or self.rng.choice(["deliver", "deliver", "drop", "duplicate", "reorder", "uncaptured"])
         method = "PAYPAL" if self._customer(co) in WALLET_USERS else "PAYMENT_CARD"
         if self.rng.random() < 0.15:
