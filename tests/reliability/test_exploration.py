@@ -308,21 +308,28 @@ class Exploration(RuleBasedStateMachine):
 
     @rule(action=st.sampled_from(CONSOLE), seed=st.integers(0, 2**32))
     def support_at_the_providers_console(self, action, seed):
-        """Support's action; when no subscription is in a state it applies to, the action that brings one
-        there (a pause before a resume, a scheduled cancel before taking it back, a cancel before a
-        reactivation), a customer subscribing first when no term is running; else another that applies.
+        """Support's action; when no subscription is in a state it applies to, first the action that brings
+        one there (a pause before a resume, a scheduled cancel before taking it back, a cancel before a
+        reactivation; a customer subscribing first when no term is running), and the action itself seconds
+        to hours later, the jobs running between; else another that applies.
         Each needs its own state: drawn blind, 107 histories of 36 steps never scheduled a cancel at a
         term's end, took one back or resumed a paused subscription (2026-11-28); with any other action
         instead, 30 embedded histories of 2026-12-03 scheduled one cancel at a term's end, took none back,
         paused and resumed once and applied none of the subscription's steps out of non_renewing, while
         the fallback cancelled a subscription 25 times (a checkout's, still future, as often as not)."""
         rng = self.step(seed, f"world: {action}")
-        chain = [action]
+        chain = [action]  # the action, then what leads to it, then what leads to that
         while chain[-1] in self.LEADS_TO:
             chain.append(self.LEADS_TO[chain[-1]])
-        if any(self.console(name) for name in chain):
-            return
-        if chain[-1] in self.ON_A_RUNNING_TERM and self.running_subscriptions() and self.console(chain[-1]):
+        done = next((i for i, name in enumerate(chain) if self.console(name)), None)
+        if done is None and chain[-1] in self.ON_A_RUNNING_TERM and self.running_subscriptions() and \
+                self.console(chain[-1]):
+            done = len(chain) - 1
+        if done is not None:
+            for name in reversed(chain[:done]):  # support comes back to it later: the jobs run meanwhile
+                self.m.advance(rng.choice(SPANS[:4]))
+                self.m.jobs()
+                self.console(name)
             return
         others = [a for a in self.CONSOLE if a not in chain]
         rng.shuffle(others)
