@@ -80,6 +80,9 @@ FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, 
 CONTEXT: dict = {}
 STEPS_SEEN: Counter = Counter()  # (lifecycle, from, to, step) of every step an aggregate was asked to take
 HISTORY_EDGES: set = set()  # the edges the current history applied
+# Each step as the rule drew it (its words and seed): Hypothesis makes some histories by copying a step it ran,
+# with its arguments, elsewhere in a history or into the next one, so the run names how many steps differ.
+DISTINCT_STEPS: set = set()
 # A step outside a table is an error the code counts and alerts; in a history it is a finding. (Decision 188's
 # paid -> voided, a void read before the removal of the invoice's payment, is a copy past a step not yet read:
 # applied, decision 225.)
@@ -127,7 +130,8 @@ def _edges_report() -> list[str]:
 def _summary() -> str:
     """The run's figures and its transitions; with EXPLORE_REPORT set, also written to that file after each
     history, so that a long run stopped by hand still says what it reached."""
-    return (f"exploration: {FIGURES['examples']} histories, {FIGURES['steps']} steps, {FIGURES['audits']} audits, "
+    return (f"exploration: {FIGURES['examples']} histories, {FIGURES['steps']} steps ({len(DISTINCT_STEPS)} distinct), "
+            f"{FIGURES['audits']} audits, "
             f"{FIGURES['payments']} payments at the orchestrator, {FIGURES['refunds']} refunds "
             f"({FIGURES['refused_refunds']} refused by the processor), {FIGURES['excesses_returned']} card payments "
             f"that paid the rest of an invoice paid in part at the provider, {FIGURES['payments_removed']} payments "
@@ -227,6 +231,7 @@ class Exploration(RuleBasedStateMachine):
 
     def step(self, seed: int, text: str) -> random.Random:
         FIGURES["steps"] += 1
+        DISTINCT_STEPS.add((text, seed))
         self.steps += 1
         self.m.rng.seed(seed)
         self.m.note(text)
@@ -877,11 +882,13 @@ def test_histories_the_machine_chooses_keep_every_book(db_url, make_settings, tm
         CONTEXT["redis_url"] = request.getfixturevalue("redis_url")
     FIGURES.update(dict.fromkeys(FIGURES, 0))  # each container's run reports its own figures and edges
     STEPS_SEEN.clear()
+    DISTINCT_STEPS.clear()
     _record_steps(monkeypatch)
     run_state_machine_as_test(Exploration, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=EXAMPLES <= 8,
         database=None, suppress_health_check=list(HealthCheck)))
     for name, value in FIGURES.items():
         record_property(name, value)
+    record_property("distinct_steps", len(DISTINCT_STEPS))
     print(_summary())
     assert FIGURES["audits"] >= EXAMPLES
