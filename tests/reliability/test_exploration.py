@@ -609,8 +609,9 @@ class Exploration(RuleBasedStateMachine):
         outage found too few to retry: no step out of `exhausted` in 285 production histories (2026-12-02)
         nor in 310 embedded ones (2026-12-03)."""
         self.m.note("  a payment outlives its checkout")
+        waiting = len(self.m.open_checkouts)
         self.m.checkout()
-        if not self.m.open_checkouts:  # refused (the quota, a frozen customer, a plan held)
+        if len(self.m.open_checkouts) == waiting:  # refused (the quota, a frozen customer, a plan held)
             return False
         co = self.m.open_checkouts.pop()
         self.m.sandbox.cancel(co["subscription_id"])
