@@ -80,9 +80,10 @@ FIGURES = {"examples": 0, "steps": 0, "audits": 0, "payments": 0, "refunds": 0, 
 CONTEXT: dict = {}
 STEPS_SEEN: Counter = Counter()  # (lifecycle, from, to, step) of every step an aggregate was asked to take
 HISTORY_EDGES: set = set()  # the edges the current history applied
-# Each step as the rule drew it (its words and seed): Hypothesis makes some histories by copying a step it ran,
-# with its arguments, elsewhere in a history or into the next one, so the run names how many steps differ.
-DISTINCT_STEPS: set = set()
+# Each step drawn with a seed, as the rule drew it (its words and its seed, one of 2**32): Hypothesis makes
+# histories by copying steps it ran, with their arguments, elsewhere in a history or into the next one (and
+# draws a boundary value such as 0 more often than chance), so the run names how many of them differ.
+SEEDED_STEPS: Counter = Counter()
 # A step outside a table is an error the code counts and alerts; in a history it is a finding. (Decision 188's
 # paid -> voided, a void read before the removal of the invoice's payment, is a copy past a step not yet read:
 # applied, decision 225.)
@@ -130,8 +131,8 @@ def _edges_report() -> list[str]:
 def _summary() -> str:
     """The run's figures and its transitions; with EXPLORE_REPORT set, also written to that file after each
     history, so that a long run stopped by hand still says what it reached."""
-    return (f"exploration: {FIGURES['examples']} histories, {FIGURES['steps']} steps ({len(DISTINCT_STEPS)} distinct), "
-            f"{FIGURES['audits']} audits, "
+    return (f"exploration: {FIGURES['examples']} histories, {FIGURES['steps']} steps (of the "
+            f"{SEEDED_STEPS.total()} drawn with a seed, {len(SEEDED_STEPS)} distinct), {FIGURES['audits']} audits, "
             f"{FIGURES['payments']} payments at the orchestrator, {FIGURES['refunds']} refunds "
             f"({FIGURES['refused_refunds']} refused by the processor), {FIGURES['excesses_returned']} card payments "
             f"that paid the rest of an invoice paid in part at the provider, {FIGURES['payments_removed']} payments "
@@ -231,7 +232,8 @@ class Exploration(RuleBasedStateMachine):
 
     def step(self, seed: int, text: str) -> random.Random:
         FIGURES["steps"] += 1
-        DISTINCT_STEPS.add((text, seed))
+        if seed:
+            SEEDED_STEPS[text, seed] += 1
         self.steps += 1
         self.m.rng.seed(seed)
         self.m.note(text)
@@ -883,13 +885,14 @@ def test_histories_the_machine_chooses_keep_every_book(db_url, make_settings, tm
         CONTEXT["redis_url"] = request.getfixturevalue("redis_url")
     FIGURES.update(dict.fromkeys(FIGURES, 0))  # each container's run reports its own figures and edges
     STEPS_SEEN.clear()
-    DISTINCT_STEPS.clear()
+    SEEDED_STEPS.clear()
     _record_steps(monkeypatch)
     run_state_machine_as_test(Exploration, settings=settings(
         max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None, derandomize=EXAMPLES <= 8,
         database=None, suppress_health_check=list(HealthCheck)))
     for name, value in FIGURES.items():
         record_property(name, value)
-    record_property("distinct_steps", len(DISTINCT_STEPS))
+    record_property("seeded_steps", SEEDED_STEPS.total())
+    record_property("distinct_seeded_steps", len(SEEDED_STEPS))
     print(_summary())
     assert FIGURES["audits"] >= EXAMPLES
