@@ -108,9 +108,9 @@ def _record_steps(monkeypatch) -> None:
 
 
 def _fresh_histories_only(monkeypatch) -> None:
-    """A long run draws each history afresh. Once its health checks are over (ten histories), Hypothesis runs
-    up to five copies of every history it draws, each with one step replaced by a copy of another, its
-    arguments with it (`ConjectureRunner.generate_mutations_from`, which no setting turns off): in a random
+    """A long run draws each history afresh (decision 242). Once its health checks are over (ten histories),
+    Hypothesis runs up to five copies of every history it draws, each with one step replaced by a copy of
+    another, its arguments with it (`ConjectureRunner.generate_mutations_from`, no setting turns it off): in a random
     embedded run of 2026-12-03, 368 of 1,790 steps drawn with a seed were distinct after 113 histories, and
     the 40 minutes of a long run went mostly to histories already run but for one step. The targeted search
     (`target` in `teardown`) and the shrinking of a failure are untouched; `make test`'s 8 histories never
