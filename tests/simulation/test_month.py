@@ -28,6 +28,7 @@ from billingctl.adapters.db.purchases import REVERSALS
 from billingctl.adapters.db.tables import (
     alert_outbox,
     credit_ledger,
+    dunning_attempt,
     event_inbox,
     fraud_event,
     orphan_recovery,
@@ -851,7 +852,9 @@ class Model:
                 found.append(f"credited, with no live subscription and on no provider invoice: {row.transaction_id}")
         # One billed subscription per customer and plan at the provider (two tabs must not bill twice; a
         # paused one is billed again once it resumes).
-        kept_charges = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) < p["amount"]}
+        # (kept: not given back in full, at the orchestrator or by a refund finance recorded at the provider,
+        # decision 243)
+        kept_charges = {p["id"] for p in settled} - given_back
         # Support may make two live by reactivating a cancelled one at its console (decision 186): then
         # the customer is charged for one of them only, from the reactivation on.
         live_subs: dict[tuple[str, str], list[str]] = {}
@@ -886,8 +889,8 @@ class Model:
             found += [f"days of {sub_id} paid twice: {a[2]} and {b[2]}" for a, b in pairwise(terms)
                       if b[0] < a[1]]
         # A term the provider holds as paid is credited once: of the payments on one of its invoices, at most
-        # one that the orchestrator did not refund in full stands credited in our ledger.
-        kept = {p["id"] for p in settled if p["processor"].get("amountRefunded", 0) < p["amount"]}
+        # one kept (not given back in full at either book) stands credited in our ledger.
+        kept = kept_charges
         standing = Counter(row.invoice_id for row in purchases.values()
                            if row.invoice_id and row.closed_at is None and row.transaction_id in kept
                            and row.transaction_id in credited)
@@ -1039,6 +1042,47 @@ def test_the_daily_check_fails_on_a_broken_book_and_says_whether_reconcile_saw_i
         model.advance(120)  # older than the grace, and no poller has run
         with pytest.raises(AssertionError, match=rf"settled, unaccounted: {payment['id']} \(reconcile names"):
             model.check()
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("refund", ["in full", "half"])
+def test_a_paid_term_finance_wired_back_is_no_day_paid_twice_when_its_shortened_term_renews(make_settings, db_url,
+                                                                                           refund):
+    """The books' check of the days each kept charge paid counts a refund finance recorded at the provider
+    (decision 212) as money given back, as the renewal job does (decision 243). Found by the production
+    exploration of 2026-12-03 (a false alarm, "days of sub_000001 paid twice"): support shortened a paid term
+    to five days, finance wired that term back in full, and the next term was charged, rightly; the check
+    read the orchestrator's refunds only. Wired back in half, the paid term still stands: its overlapping
+    renewal is withheld (decision 204) and the check holds too."""
+    c = Container(make_settings(database_url=db_url, http_max_attempts=2, provider_rate_limit=1_000_000),
+                  clock=ManualClock())
+    try:
+        c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
+        model = Model(random.Random(SEEDS[0]), c, users=["sim_1"])
+        model.advance(0)
+        co = checkout.create_checkout(c, "sim_1", PLANS[0])
+        model.pay("deliver", co)
+        model.advance(61)
+        model.jobs()
+        [paid] = [i for i in model.sandbox.store.all("invoice") if i["status"] == "paid"]
+        model.advance(10 * 86400)
+        model.sandbox.change_term_end(co["subscription_id"], model.sandbox.now() + 5 * 86400)
+        model.sandbox.record_refund(paid["id"], None if refund == "in full" else paid["amount_paid"] // 2,
+                                    "bank_transfer", model.sandbox.now(), "wire")
+        model.advance(61)
+        model.jobs()
+        model.advance(5 * 86400 + 61)
+        model.jobs()
+        model.settle_quietly()
+        model.check()
+        renewal = [i for i in model.sandbox.store.all("invoice") if i["id"] != paid["id"]]
+        assert [i["status"] for i in renewal] == (["paid"] if refund == "in full" else ["payment_due"])
+        with c.uow() as uow:
+            outcomes = sorted(uow.execute(select(dunning_attempt.c.status)).scalars())
+            alerted = set(uow.execute(select(alert_outbox.c.dedupe_key)).scalars())
+        assert outcomes == (["succeeded"] if refund == "in full" else [])
+        assert (f"overlaps-paid-term:{renewal[0]['id']}" in alerted) == (refund == "half")
     finally:
         c.close()
 
