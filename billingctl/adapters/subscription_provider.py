@@ -128,11 +128,16 @@ class SubscriptionProviderClient:
     def get_invoice(self, invoice_id: str) -> Invoice:
         return self._typed(Invoice, self._get(f"/invoices/{seg(invoice_id)}").get("invoice"))
 
-    def list_invoices(self, status: str | None = None, subscription_id: str | None = None,
+    def list_invoices(self, status: str | tuple[str, ...] | None = None, subscription_id: str | None = None,
                       updated_after: datetime | int | None = None) -> Iterator[Invoice]:
+        """`status`: one status (`status[is]`), or several in one list (`status[in]`, encoded as the official
+        SDK encodes a list filter: Python's repr of the list of strings, which the provider takes)."""
+        several = isinstance(status, tuple)
         return self.http.typed_entries(Invoice, self.paginate(
-            "/invoices", {"status[is]": status, "subscription_id[is]": subscription_id,
-                          "updated_at[after]": _ts(updated_after)}, wrapper="invoice"))
+            "/invoices", {"status[is]": None if several else status,
+                          "status[in]": str([str(s) for s in status]) if several else None,
+                          "subscription_id[is]": subscription_id, "updated_at[after]": _ts(updated_after)},
+            wrapper="invoice"))
 
     def void_invoice(self, invoice_id: str, idempotency_key: str | None = None) -> InvoiceAnswer:
         return self._typed(InvoiceAnswer, self._post(f"/invoices/{seg(invoice_id)}/void", {}, idempotency_key))

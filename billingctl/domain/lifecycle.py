@@ -306,6 +306,10 @@ SUBSCRIPTION = Lifecycle(
 # beside it (`invoice.deleted_at`), and nobody owes it (decision 201).
 INVOICE_STATUSES = ("pending", "posted", "payment_due", "not_paid", "voided", "paid")
 INVOICE_PAYABLE = ("payment_due", "not_paid", "posted")  # an invoice the provider takes a payment on
+# The unpaid invoices the renewal job collects: payment_due, and not_paid, which the provider's dunning for
+# offline payments marks at its end, the subscription kept or cancelled (decision 244). Posted (payment terms:
+# not due yet) becomes payment_due at its due date.
+INVOICE_COLLECTED = ("payment_due", "not_paid")
 INVOICE = Lifecycle(
     name="invoice",
     states=INVOICE_STATUSES,

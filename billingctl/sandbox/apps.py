@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import json
 import time
 from email.utils import formatdate
 
@@ -235,11 +236,24 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
         return [(name, ">", int(value))] if value not in (None, "") else []
 
     def equals(param: str, field: str, allowed: tuple[str, ...] | None = None) -> list:
+        """`param[is]`, and for an enumerated attribute `param[in]` too: a list of values, as the provider's
+        filters take it (a JSON array; the official SDK sends Python's repr of a list, in single quotes)."""
         value = request.args.get(f"{param}[is]")
         if value not in (None, "") and allowed is not None and value not in allowed:
             raise SandboxError(400, f"{param}[is] : invalid value {value}"[:200], "param_wrong_value",
                                f"{param}[is]")
-        return [(field, "=", value)] if value not in (None, "") else []
+        filters = [(field, "=", value)] if value not in (None, "") else []
+        listed = request.args.get(f"{param}[in]") if allowed is not None else None
+        if listed not in (None, ""):
+            try:
+                values = json.loads(listed.replace("'", '"'))
+            except ValueError:
+                values = None
+            if not isinstance(values, list) or not values or any(v not in allowed for v in values):
+                raise SandboxError(400, f"{param}[in] : invalid value {listed}"[:200], "param_wrong_value",
+                                   f"{param}[in]")
+            filters.append((field, "in", values))
+        return filters
 
     def sort_key(default: str | None, sortable: tuple[str, ...]) -> str | None:
         """The list's sort attribute, ascending (`sort_by[asc]`) or descending (`sort_by[desc]`, given back as

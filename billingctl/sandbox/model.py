@@ -419,6 +419,27 @@ class Sandbox:
         self.emit("invoice_updated", {"invoice": invoice})
         return {"invoice": invoice}
 
+    def offline_dunning_ends(self, invoice_id: str, cancel_subscription: bool = False) -> dict:
+        """The provider's dunning for offline payments (a site setting, for subscriptions with auto collection
+        off, as ours are) reaches its end on an unpaid invoice and takes its final action: the invoice is
+        marked not_paid ("If an invoice has been partially paid, it cannot be marked as Voided or Not Paid,
+        but the subscription will be cancelled": one with a payment applied stays as it is), and with
+        `cancel_subscription` the subscription is cancelled for non-payment (`cancel_reason` not_paid).
+        `invoice_updated` carries the invoice, `subscription_cancelled` the subscription (decision 244)."""
+        invoice = self.invoice(invoice_id)
+        if invoice["status"] not in ("payment_due", "posted"):
+            raise SandboxError(400, f"The invoice is in {invoice['status']} state: no dunning runs on it",
+                               "invalid_state_for_request")
+        if not int(invoice.get("amount_paid") or 0):
+            invoice["status"] = "not_paid"
+            self._save_invoice(invoice)
+            self.emit("invoice_updated", {"invoice": invoice})
+        answer = {"invoice": invoice}
+        sub = self.store.get("subscription", invoice.get("subscription_id") or "")
+        if cancel_subscription and sub is not None and sub["status"] in ("active", "non_renewing"):
+            answer["subscription"] = self.cancel(sub["id"], cancel_reason="not_paid")["subscription"]
+        return answer
+
     def delete_invoice(self, invoice_id: str) -> dict:
         """Finance deletes an invoice (the provider's delete, a console action here; its reference says to void
         instead, but deleting is allowed). The provider's prerequisites: no payment linked to it (a successful

@@ -135,14 +135,18 @@ class SandboxStore:
     def page(self, kind: str, filters: list[tuple[str, str, object]], sort: str | None, offset: int,
              limit: int, plan: bool = False) -> tuple[list[dict], bool]:
         """One page of a list endpoint: SQLite filters and sorts the JSON documents through the expression
-        indexes above and only the page is decoded. Filters are (field, "=", ">" or "is not", value; "is
-        not" also takes a field that is absent); the sort is by one field ("-field": descending), then by
-        insertion order in the same direction. Returns the page and whether more rows follow (with `plan`,
-        SQLite's query plan instead)."""
+        indexes above and only the page is decoded. Filters are (field, "=", ">", "is not" or "in", value;
+        "is not" also takes a field that is absent, "in" a list); the sort is by one field ("-field":
+        descending), then by insertion order in the same direction. Returns the page and whether more rows
+        follow (with `plan`, SQLite's query plan instead)."""
         where, args = ["kind = ?"], [kind]
         for field, op, value in filters:
-            if op not in ("=", ">", "is not") or not field.replace("_", "").isalnum():
+            if op not in ("=", ">", "is not", "in") or not field.replace("_", "").isalnum():
                 raise ValueError(f"unsupported filter {field} {op}")
+            if op == "in":  # a list of values
+                where.append(f"json_extract(data, '$.{field}') IN ({', '.join('?' * len(value))})")
+                args.extend(value)
+                continue
             where.append(f"json_extract(data, '$.{field}') {op} ?")
             args.append(value)
         order = "seq"

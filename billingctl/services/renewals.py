@@ -37,11 +37,11 @@ VOIDABLE = lifecycle.VOIDABLE
 
 
 def run_renewals(container, dry_run: bool = False, progress=None) -> dict:
-    """The dunning tick: every invoice in payment_due that belongs to a renewal. A dry run makes every
+    """The dunning tick: every unpaid invoice (payment_due or not_paid) that belongs to a renewal. A dry run makes every
     check of the real run and stops where it would charge (`would_charge`), listing each invoice."""
     outcomes: dict[str, int] = {}
     failures, plan = [], []
-    due = list(container.provider.list_invoices(status="payment_due"))
+    due = list(container.provider.list_invoices(status=lifecycle.INVOICE_COLLECTED))
     if progress:
         progress(0, new_total=len(due))
     started, limit = time.monotonic(), container.settings.renewals_tick_max_seconds

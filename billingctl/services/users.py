@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from billingctl.domain.errors import NotFound
+from billingctl.domain.lifecycle import INVOICE_COLLECTED
 from billingctl.domain.plans import require_id
 
 
@@ -48,7 +49,7 @@ def freeze(container, user_id: str, reason: str, actor: str, void_invoices: bool
     pending = []
     if void_invoices:
         for sid in sub_ids:
-            pending += [i.id for i in container.provider.list_invoices(status="payment_due", subscription_id=sid)]
+            pending += [i.id for i in container.provider.list_invoices(status=INVOICE_COLLECTED, subscription_id=sid)]
     plan = {"user_id": user_id, "already_frozen": already, "void_invoices": pending, "notify": notify}
     if dry_run:
         return {**plan, "dry_run": True}

@@ -405,6 +405,24 @@ def test_the_sdk_gets_the_refusals_of_lists_it_would_get_from_the_provider(sdk, 
     assert sdk.Invoice.list({"status": {"is": "voided"}, "sort_by": {"asc": "date"}}).list == []
 
 
+def test_the_sdk_lists_invoices_of_several_statuses_in_one_request(sdk, served):
+    """Decision 244: the renewal tick lists payment_due and not_paid invoices in one request
+    (`status[in]`); a status the provider does not document is refused in the list as alone."""
+    sdk.Customer.create({"id": "n1", "auto_collection": "off"})
+    due = sdk.Subscription.create_with_items("n1", {"subscription_items": [{"item_price_id": PLAN}]}).invoice.id
+    sdk.Customer.create({"id": "n2", "auto_collection": "off"})
+    unpaid = sdk.Subscription.create_with_items("n2", {"subscription_items": [{"item_price_id": PLAN}]}).invoice.id
+    sdk.Customer.create({"id": "n3", "auto_collection": "off"})
+    paid = sdk.Subscription.create_with_items("n3", {"subscription_items": [{"item_price_id": PLAN}]}).invoice.id
+    served.sandbox.offline_dunning_ends(unpaid)
+    sdk.Invoice.write_off(paid, {})
+    listed = sdk.Invoice.list({"status": {"in": ["payment_due", "not_paid"]}, "limit": 100}).list
+    assert sorted((i.invoice.id, i.invoice.status) for i in listed) == [(due, "payment_due"), (unpaid, "not_paid")]
+    assert [i.invoice.id for i in sdk.Invoice.list({"status": {"in": ["not_paid"]}}).list] == [unpaid]
+    assert refused(lambda: sdk.Invoice.list({"status": {"in": ["payment_due", "void"]}})) == \
+        (400, "param_wrong_value")
+
+
 def test_an_idempotency_key_replays_its_own_request_and_refuses_another(sdk, served):
     key = {"chargebee-idempotency-key": "key-1"}
     first = sdk.Customer.create({"id": "k1", "auto_collection": "off"}, key)
@@ -560,6 +578,9 @@ def operations(sandbox):
                                                 updated_after=now - 60)), None),
             lambda sdk: sdk.Invoice.list({"status": {"is": "payment_due"}, "subscription_id": {"is": "sub_x"},
                                           "updated_at": {"after": now - 60}, "limit": 100})),
+        "list unpaid invoices": lambda: (  # the renewal tick's list (decision 244)
+            lambda c: next(iter(c.list_invoices(status=("payment_due", "not_paid"))), None),
+            lambda sdk: sdk.Invoice.list({"status": {"in": ["payment_due", "not_paid"]}, "limit": 100})),
         "get transaction": lambda: (
             lambda c: c.get_transaction("txn_nope"),
             lambda sdk: sdk.Transaction.retrieve("txn_nope")),

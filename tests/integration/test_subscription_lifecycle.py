@@ -1257,6 +1257,52 @@ def test_a_subscription_the_provider_cancelled_for_non_payment_and_support_react
     assert world.credits() == 4000
 
 
+@pytest.mark.parametrize("then", ["the card works again", "the card is declined again"])
+def test_a_renewal_invoice_the_providers_offline_dunning_marked_not_paid_is_retried_on_our_schedule(world, then):
+    """Decision 244: a site may run the provider's dunning for offline payments (ours are, auto collection
+    off); at its end it marks an unpaid invoice `not_paid` and may keep the subscription active. The renewal
+    tick listed `payment_due` invoices only, so a schedule waiting on such an invoice never ran again: the
+    customer kept the subscription unpaid, no attempt, no exhaustion, no alert. A `not_paid` invoice is
+    still payable at the provider; the tick lists it too, and our schedule runs to its end: charged and
+    recorded once (not_paid -> paid), or exhausted and the subscription cancelled."""
+    from billingctl.services import events
+
+    co, old = _renewal_declined(world)
+    answer = world.sandbox.offline_dunning_ends(old["id"])
+    assert answer["invoice"]["status"] == "not_paid" and "subscription" not in answer
+    events.poll(world.c)
+    assert _local_invoice(world, old["id"])["status"] == "not_paid"
+    if then == "the card works again":
+        world.sandbox.decline_customer("user_a", False)
+    outcomes = _renewal_days(world, 12)
+    if then == "the card works again":
+        assert outcomes.get("succeeded") == 1, outcomes
+        assert world.sandbox.invoice(old["id"])["status"] == "paid"
+        assert len([p for p in world.sandbox.payments("SETTLED") if p["orderId"] == old["id"]]) == 1
+        assert world.credits() == 4000
+    else:
+        assert outcomes.get("exhausted") == 1, outcomes
+        assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"
+        assert world.credits() == 2000
+
+
+def test_the_providers_offline_dunning_leaves_an_invoice_paid_in_part_as_it_is_and_may_cancel(world):
+    """The provider's documented end of its offline dunning: an invoice paid in part cannot be marked
+    not_paid, but the subscription is cancelled when the site says so; an invoice no dunning runs on (paid)
+    is refused."""
+    from billingctl.sandbox.model import SandboxError
+
+    co, old = _renewal_declined(world)
+    world.sandbox.record_payment(old["id"], old["amount_due"] // 4, "cheque 1")
+    answer = world.sandbox.offline_dunning_ends(old["id"], cancel_subscription=True)
+    assert answer["invoice"]["status"] == "payment_due"
+    assert answer["subscription"]["status"] == "cancelled" and answer["subscription"]["cancel_reason"] == "not_paid"
+    paid = next(i for i in world.sandbox.store.all("invoice") if i["status"] == "paid")
+    with pytest.raises(SandboxError) as refused:
+        world.sandbox.offline_dunning_ends(paid["id"])
+    assert refused.value.api_error_code == "invalid_state_for_request"
+
+
 def _a_cheque_held_for_review(world) -> tuple[dict, str]:
     """Finance enters a cheque on a frozen customer's renewal invoice; the event poll reads it. The invoice
     and the cheque's transaction id."""

@@ -192,14 +192,22 @@ class Model:
         self._at_the_providers_console(("paused",), self.sandbox.resume, "resume")
 
     def cancel_unpaid_at_provider(self) -> None:
-        """The provider cancels by itself a subscription whose invoice stays unpaid (`not_paid`, its dunning
-        or offline-invoice rule); support may then reactivate it within its term (decision 191)."""
-        unpaid = {i["subscription_id"] for i in self.payable()}
-        subs = [s for s in self.subscriptions() if s["status"] == "active" and s["id"] in unpaid]
-        if subs:
-            sub = self.rng.choice(subs)
-            self.sandbox.cancel(sub["id"], cancel_reason="not_paid")
-            self.note(f"the provider cancels {sub['id']} for non-payment")
+        """The provider's dunning for offline payments ends on an unpaid invoice of an active subscription
+        and takes the site's final action: the subscription cancelled for non-payment, the invoice left as
+        it is (as one paid in part is left); or the invoice marked not_paid, the subscription cancelled or
+        kept (decision 244). Support may then reactivate a cancelled one within its term (decision 191)."""
+        active = {s["id"] for s in self.subscriptions() if s["status"] == "active"}
+        unpaid = sorted((i for i in self.payable() if i["status"] == "payment_due" and i["subscription_id"] in active),
+                        key=lambda i: i["id"])
+        if not unpaid:
+            return
+        invoice = self.rng.choice(unpaid)
+        action = self.rng.choice(["cancel", "not_paid and cancel", "not_paid"])
+        if action == "cancel":
+            self.sandbox.cancel(invoice["subscription_id"], cancel_reason="not_paid")
+        else:
+            self.sandbox.offline_dunning_ends(invoice["id"], cancel_subscription=action != "not_paid")
+        self.note(f"the provider's offline dunning ends on {invoice['id']} ({action})")
 
     def reactivate_at_provider(self) -> None:
         """Support reactivates a cancelled subscription at the provider's console (decision 186)."""
