@@ -1286,6 +1286,38 @@ def test_a_renewal_invoice_the_providers_offline_dunning_marked_not_paid_is_retr
         assert world.credits() == 2000
 
 
+@pytest.mark.parametrize("seen_by", ["webhook", "the next tick"])
+def test_a_renewal_charge_in_flight_when_the_providers_offline_dunning_ends_is_recorded_once(world, seen_by):
+    """Decision 244: the provider's offline dunning ends while a renewal charge is in flight: the invoice
+    not_paid and the subscription cancelled for non-payment. The charge then settles: the term it paid is
+    honoured once (recorded on the not_paid invoice, which the provider holds as paid), the subscription
+    stays cancelled and nothing goes to orphan recovery."""
+    from billingctl.services import events
+    from billingctl.services.orphans import list_orphans, run_orphans
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    [charge] = [p for p in world.sandbox.store.all("payment") if p["orderId"] != co["order_id"]]
+    answer = world.sandbox.offline_dunning_ends(charge["orderId"], cancel_subscription=True)
+    assert answer["invoice"]["status"] == "not_paid" and answer["subscription"]["status"] == "cancelled"
+    events.poll(world.c)
+    world.sandbox.finish_payment(charge["id"], settle=True, drop_webhook=seen_by != "webhook")
+    advance_with_sandbox(world.c, 3600)
+    run_renewals(world.c)
+    run_orphans(world.c)
+    events.poll(world.c)
+    assert provider_invoices_holding(world, charge["id"]) == [charge["orderId"]]
+    assert world.sandbox.invoice(charge["orderId"])["status"] == "paid"
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "cancelled"
+    assert world.credits() == 4000
+    assert list_orphans(world.c) == []
+    assert _local_invoice(world, charge["orderId"])["status"] == "paid"
+
+
 def test_the_providers_offline_dunning_leaves_an_invoice_paid_in_part_as_it_is_and_may_cancel(world):
     """The provider's documented end of its offline dunning: an invoice paid in part cannot be marked
     not_paid, but the subscription is cancelled when the site says so; an invoice no dunning runs on (paid)
