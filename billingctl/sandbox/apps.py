@@ -392,7 +392,7 @@ def create_provider_app(sandbox: Sandbox) -> Flask:
     @app.get(f"{prefix}/transactions")
     def list_transactions():
         return page("transaction", "transaction", equals("type", "type", TRANSACTION_TYPES) + after("date")
-                    + equals("id", "id") + undeleted(),
+                    + equals("id", "id") + equals("reference_number", "reference_number") + undeleted(),
                     sort_key("date", ("date", "updated_at")))
 
     @app.post(f"{prefix}/transactions/<txn_id>/record_refund")

@@ -160,7 +160,27 @@ class Sandbox:
         found = self.store.get("invoice", invoice_id)
         if found is None or found.get("deleted"):
             raise SandboxError(404, f"Invoice {invoice_id} not found", "resource_not_found")
-        return found
+        return self._past_due(found)
+
+    def _past_due(self, invoice: dict) -> dict:
+        """A posted invoice (payment terms) whose due date has passed unpaid is payment_due ("The invoice
+        status will change to Payment Due if the due period has been exceeded"). The provider documents no
+        event for it: none is sent, and a client learns it from a read (decision 245)."""
+        if invoice.get("status") == "posted" and (invoice.get("due_date") or 0) <= self.now():
+            invoice["status"] = "payment_due"
+            self._save_invoice(invoice)
+        return invoice
+
+    def set_net_term_days(self, customer_id: str, days: int) -> dict:
+        """Finance gives a customer payment terms (the customer's `net_term_days`, a console action here;
+        our client never sets it): the invoices generated for them afterwards, of subscriptions not
+        collected automatically (ours), are posted until `days` days after their date (decision 245)."""
+        if int(days) < 0:
+            raise SandboxError(400, "net_term_days : cannot be negative", "param_wrong_value", "net_term_days")
+        customer = self.customer(customer_id)
+        customer.update(net_term_days=int(days), updated_at=self.now(), resource_version=int(self.store.now() * 1000))
+        self.store.put("customer", customer_id, customer)
+        return {"customer": customer}
 
     def transaction(self, txn_id: str) -> dict:
         """A deleted transaction (with its subscription) is not found."""
@@ -276,13 +296,17 @@ class Sandbox:
                    "linked_payments": [], "object": "invoice", "recurring": True, "price_type": "tax_exclusive",
                    "exchange_rate": 1.0, "deleted": False, "sub_total": price["price"], "write_off_amount": 0,
                    "credits_applied": 0, "amount_adjusted": 0, "base_currency_code": price["currency_code"]}
+        terms = int((self.store.get("customer", sub["customer_id"]) or {}).get("net_term_days") or 0)
+        if terms and sub.get("auto_collection", "on") == "off":  # payment terms: posted until the due date
+            invoice.update(status="posted", net_term_days=terms, due_date=self.now() + terms * 86400)
         self._save_invoice(invoice)
         self.emit("invoice_generated", {"invoice": invoice})
         return invoice
 
     def renew_due(self) -> list[dict]:
-        """Active subscriptions whose term ended renew: a new term and a renewal invoice, payment_due.
-        Non-renewing ones whose term ended are cancelled instead, at the term's end."""
+        """Active subscriptions whose term ended renew: a new term and a renewal invoice, payment_due (posted
+        under payment terms). Non-renewing ones whose term ended are cancelled instead, at the term's end;
+        posted invoices past their due date are payment_due."""
         invoices = []
         now = self.now()
         live = [("deleted", "is not", 1)]
@@ -304,6 +328,8 @@ class Sandbox:
             self._save_invoice(invoice)
             self.emit("subscription_renewed", {"subscription": sub, "invoice": invoice})
             invoices.append(invoice)
+        for invoice in self.store.page("invoice", [("status", "=", "posted"), *live], None, 0, 1 << 62)[0]:
+            self._past_due(invoice)
         return invoices
 
     def decline_customer(self, customer_id: str, decline: bool = True) -> None:

@@ -23,6 +23,7 @@ CREATE INDEX IF NOT EXISTS objects_by_status_date ON objects (kind, json_extract
 CREATE INDEX IF NOT EXISTS objects_by_subscription ON objects (kind, json_extract(data, '$.subscription_id'), seq);
 CREATE INDEX IF NOT EXISTS objects_by_item_type ON objects (kind, json_extract(data, '$.item_type'), seq);
 CREATE INDEX IF NOT EXISTS objects_by_date ON objects (kind, json_extract(data, '$.date'), seq);
+CREATE INDEX IF NOT EXISTS objects_by_reference ON objects (kind, json_extract(data, '$.reference_number'), seq);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS faults (id INTEGER PRIMARY KEY AUTOINCREMENT, system TEXT, method TEXT,
     path TEXT, kind TEXT, remaining INTEGER, retry_after REAL, delay REAL, skip INTEGER DEFAULT 0);

@@ -25,7 +25,7 @@ from billingctl.domain.clock import parse_time
 from billingctl.domain.plans import require_id
 from billingctl.domain.refunds import credits_to_reverse, share_refunded
 from billingctl.services import alerts, catalog, fraud_quota, review
-from billingctl.services.invoices import apply_copy, name_invoice, save_copy
+from billingctl.services.invoices import apply_copy, name_invoice, owed_again, save_copy
 from billingctl.services.lifecycles import report_illegal
 from billingctl.services.processor_lock import lock_after_settle
 from billingctl.services.sync import subscription_gone, write_remote_subscription
@@ -657,6 +657,7 @@ PAID_ELSEWHERE = "invoice_paid_elsewhere"
 WRITTEN_OFF = "invoice_written_off"
 CREDITED = "invoice_credited"
 UNPAID_PERIOD = (VOIDED, DELETED, PAID_ELSEWHERE, WRITTEN_OFF, CREDITED)  # ends that refund the payment
+REMOVED = "payment_removed"  # held by the provider but removed from its invoice: a person's (decision 246)
 
 
 def report_to_provider(container, row) -> bool | str:
@@ -665,7 +666,13 @@ def report_to_provider(container, row) -> bool | str:
     PAID_ELSEWHERE when another payment paid it meanwhile, WRITTEN_OFF (CREDITED) when finance wrote it off
     (credited it in full) meanwhile (the payment is then refunded, decisions 113, 201, 179, 185, 204); one
     paid in part meanwhile gets the rest, and the excess is refunded first (decision 180); a refusal the
-    provider does not explain stays pending."""
+    provider does not explain stays pending. A renewal's payment, which the orchestrator's workflow records
+    there itself, is first looked for at the provider: confirmed when it is on the invoice, REMOVED when it
+    is held there but finance removed it from the invoice (decision 246)."""
+    if row["confirm_after"] is not None:  # a renewal's: the orchestrator's workflow records it there itself
+        held = _held_by_the_provider(container, row)
+        if held is not None:
+            return held
     amount = int(row["amount"] or 0) - int(row["returned_excess"] or 0)
     if row["returned_excess"]:
         try:  # before the record that ends the follow-up: a run cut short between them refunds it next time
@@ -730,6 +737,38 @@ def report_to_provider(container, row) -> bool | str:
 
 
 
+def _held_by_the_provider(container, row) -> bool | str | None:
+    """A renewal payment's record, as the provider holds it, before ours is made (decision 246): the
+    workflow records each renewal payment on its invoice, and past the wait for the provider's confirmation
+    a record of ours would be a second one if the provider held the first but not on the invoice (finance
+    removed it there before our poll read the record: the invoice owes again, the money stands as the
+    customer's excess payments). Applied to the invoice: confirmed (True), no record made. Held but not on
+    it: the removal, named to a person at once (`payment-removed`, decision 184) and nothing recorded again
+    (REMOVED). None when the provider holds none: ours is made. A read that fails leaves it pending."""
+    try:
+        held = [t for t in container.provider.payments_referenced(row["transaction_id"])
+                if t.status in ("success", "in_progress", "needs_attention")]
+    except e.BillingError as exc:
+        log.warning("reading the provider's record of a renewal payment failed; will retry: %s", exc.message,
+                    extra={"invoice_id": row["invoice_id"], "payment_id": row["transaction_id"]})
+        return False
+    if not held:
+        return None
+    applied = [t for t in held if any(link.invoice_id == row["invoice_id"] and int(link.applied_amount or 0) > 0
+                                      for link in t.linked_invoices)]
+    recorded_at = parse_time((applied or held)[0].date) or container.clock.now()
+    copy = None if applied else _invoice_copy(container, row["invoice_id"])
+    with container.uow() as uow:
+        if copy is not None and copy.status:
+            save_copy(container, uow, copy)
+        uow.purchases.mark_reported(row["id"], recorded_at)
+        if not applied:
+            owed_again(container, uow, row["invoice_id"], copy.status if copy is not None and copy.status
+                       else "payment_due")
+        uow.commit()
+    return True if applied else REMOVED
+
+
 def pay_the_rest(container, row, invoice: Invoice) -> bool | str:
     """A payment settled for a provider invoice paid in part meanwhile (a cheque finance entered while our
     record waited): the provider takes no more than the amount due, so ours pays the rest, and what the other
@@ -751,7 +790,8 @@ def pay_the_rest(container, row, invoice: Invoice) -> bool | str:
     log.warning("payment settled for an invoice paid in part meanwhile: pays the rest, the excess refunded",
                 extra={"payment_id": payment_id, "invoice_id": row["invoice_id"], "user_id": row["user_id"],
                        "excess": excess})
-    return report_to_provider(container, {**row, "returned_excess": excess})
+    # the provider's record of it was read already, before the refusal (decision 246)
+    return report_to_provider(container, {**row, "returned_excess": excess, "confirm_after": None})
 
 
 def _return_excess(container, payment_id: str, excess: int) -> None:

@@ -73,7 +73,9 @@ def test_a_renewal_spends_at_most_one_provider_call_confirmation_included(one_tr
 
 def test_a_renewal_the_workflow_did_not_record_is_recorded_after_its_wait(one_try_world):
     """Issue 39 item 1, the other side: when the workflow's record never comes (its step edited out or
-    failing), the activations job records the payment on its invoice once the wait is over: nothing is lost."""
+    failing), the activations job records the payment on its invoice once the wait is over: nothing is lost.
+    Two calls on this path: the provider is asked first whether it holds the payment (decision 246: one it
+    holds off the invoice was removed there, and a second record would hold it twice), then the record."""
     from billingctl.services.payments import WORKFLOW_CONFIRMATION, retry_pending
     from billingctl.services.renewals import run_renewals
 
@@ -87,7 +89,7 @@ def test_a_renewal_the_workflow_did_not_record_is_recorded_after_its_wait(one_tr
     assert _unconfirmed(world) == [payment_id]  # no confirmation: the provider does not hold it
     assert calls(world, lambda: retry_pending(world.c)) == 0
     world.advance(WORKFLOW_CONFIRMATION.total_seconds() + 1)
-    assert calls(world, lambda: retry_pending(world.c)) == 1  # the record itself
+    assert calls(world, lambda: retry_pending(world.c)) == 2  # the look for the workflow's record, the record
     assert _unconfirmed(world) == []
     invoices = [i for i in world.sandbox.store.all("invoice") if i["subscription_id"] == co["subscription_id"]]
     assert sorted(i["status"] for i in invoices) == ["paid", "paid"]

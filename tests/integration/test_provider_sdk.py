@@ -578,6 +578,10 @@ def operations(sandbox):
                                                 updated_after=now - 60)), None),
             lambda sdk: sdk.Invoice.list({"status": {"is": "payment_due"}, "subscription_id": {"is": "sub_x"},
                                           "updated_at": {"after": now - 60}, "limit": 100})),
+        "payments referenced": lambda: (  # a renewal's record looked for before ours (decision 246)
+            lambda c: c.payments_referenced("pay_x"),
+            lambda sdk: sdk.Transaction.list({"reference_number": {"is": "pay_x"}, "type": {"is": "payment"},
+                                              "limit": 100})),
         "list unpaid invoices": lambda: (  # the renewal tick's list (decision 244)
             lambda c: next(iter(c.list_invoices(status=("payment_due", "not_paid"))), None),
             lambda sdk: sdk.Invoice.list({"status": {"in": ["payment_due", "not_paid"]}, "limit": 100})),

@@ -979,6 +979,45 @@ def test_a_payment_removed_before_its_paid_copy_reached_us_is_named_by_the_renew
     assert key in _chat_keys(world)
 
 
+@pytest.mark.parametrize("then", ["the follow-up runs first", "the renewal job runs first"])
+def test_a_renewal_payment_removed_before_we_read_its_record_is_never_recorded_twice(world, then):
+    """Decision 246 (found by a hand-written exploration history): the orchestrator's workflow records a
+    renewal payment on its invoice, and finance removes it from the invoice at the provider before our
+    event poll reads either (the poll is behind). Past the quarter-hour the renewal's purchase waits for the
+    provider's confirmation, our follow-up recorded the payment again: the provider then held it twice
+    (once as the customer's excess payments, once on the invoice), the removal was never told to a person
+    and reconcile was clean. The follow-up now asks the provider for its transaction of the payment first:
+    one held there but not on the invoice is the removal, named once, and nothing is recorded again."""
+    from billingctl.services import events
+    from billingctl.services.payments import retry_pending
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.decline_customer("user_a", False)
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    [payment] = [p for p in world.sandbox.payments("SETTLED") if p["orderId"] != co["order_id"]]
+    invoice_id = payment["orderId"]
+    [txn] = [t for t in world.sandbox.store.all("transaction") if t.get("reference_number") == payment["id"]]
+    world.sandbox.remove_payment(invoice_id, txn["id"])  # finance, before our poll read the record
+    advance_with_sandbox(world.c, 3600)  # past the wait for the provider's confirmation; no poll ran
+    charges = len(world.sandbox.store.all("payment"))
+    if then == "the follow-up runs first":
+        retry_pending(world.c)
+    outcomes = run_renewals(world.c)["outcomes"]
+    events.poll(world.c)
+    retry_pending(world.c)
+    assert run_renewals(world.c)["outcomes"] == {"payment_removed": 1}
+    held = [t for t in world.sandbox.store.all("transaction") if t.get("reference_number") == payment["id"]
+            and t["type"] == "payment"]
+    assert [t["id"] for t in held] == [txn["id"]], outcomes  # the provider holds the payment once
+    assert world.sandbox.invoice(invoice_id)["status"] == "payment_due"
+    assert len(world.sandbox.store.all("payment")) == charges  # nothing charged again
+    assert _chat_count(world, f"payment-removed:{payment['id']}:{invoice_id}") == 1
+    assert world.credits() == 4000
+
+
 def test_a_payment_removed_from_an_invoice_an_operator_voids_before_we_read_the_removal_is_named_once(world):
     """Decision 188 (found by the exploration): finance removes our recorded payment from its invoice and,
     before the event poll reads the removal, an operator freezes the customer with --void-invoices, which
@@ -1316,6 +1355,35 @@ def test_a_renewal_charge_in_flight_when_the_providers_offline_dunning_ends_is_r
     assert world.credits() == 4000
     assert list_orphans(world.c) == []
     assert _local_invoice(world, charge["orderId"])["status"] == "paid"
+
+
+def test_a_renewal_invoice_posted_under_payment_terms_is_charged_once_when_it_falls_due(world):
+    """Decision 245: finance gives a customer payment terms (net D days) at the provider; their renewal
+    invoice is `posted` until its due date, and the provider sends no event when it passes. The renewal job
+    leaves it until the provider holds it payment_due, then charges it once; our copy follows the provider's
+    (posted, then paid)."""
+    from billingctl.services import events
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    world.sandbox.set_net_term_days("user_a", 15)
+    month_passes(world)
+    assert run_renewals(world.c)["outcomes"] == {}
+    [posted] = [i for i in world.sandbox.store.all("invoice") if i["status"] == "posted"]
+    assert posted["due_date"] == posted["date"] + 15 * 86400 and posted["subscription_id"] == co["subscription_id"]
+    events.poll(world.c)
+    assert _local_invoice(world, posted["id"])["status"] == "posted"
+    assert _renewal_days(world, 14) == {}
+    assert world.credits() == 2000
+    assert _renewal_days(world, 2) == {"succeeded": 1}
+    assert world.sandbox.invoice(posted["id"])["status"] == "paid"
+    assert len([p for p in world.sandbox.payments("SETTLED") if p["orderId"] == posted["id"]]) == 1
+    events.poll(world.c)
+    assert _local_invoice(world, posted["id"])["status"] == "paid"
+    assert world.credits() == 4000
+    advance_with_sandbox(world.c, 86400)
+    assert run_renewals(world.c)["outcomes"] == {}
 
 
 def test_the_providers_offline_dunning_leaves_an_invoice_paid_in_part_as_it_is_and_may_cancel(world):

@@ -305,7 +305,7 @@ class Exploration(RuleBasedStateMachine):
 
     # The month's other actions, one rule per actor: as one rule of twenty actions, each was drawn about once
     # in 560 steps, and 306 histories (2026-11-28) never paused, resumed or reactivated a subscription.
-    @rule(action=st.sampled_from(["abandon", "pay_late", "expire_card", "remove_payment_methods"]),
+    @rule(action=st.sampled_from(["abandon", "pay_late", "expire_card", "remove_payment_methods", "payment_terms"]),
           seed=st.integers(0, 2**32))
     def world(self, action, seed):
         self.act(action, seed)

@@ -14,6 +14,7 @@ import os
 import random
 import re
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from itertools import pairwise
@@ -40,7 +41,7 @@ from billingctl.bootstrap import Container
 from billingctl.domain import errors as e
 from billingctl.domain.backoff import ORPHAN_MAX_ATTEMPTS
 from billingctl.domain.clock import ManualClock
-from billingctl.domain.lifecycle import ORPHAN, REVIEW_HUMAN
+from billingctl.domain.lifecycle import DISPUTE_TYPES, ORPHAN, REVIEW_HUMAN
 from billingctl.domain.quota import CUSTOMER, MERCHANT, WINDOWS
 from billingctl.sandbox.model import IN_FLIGHT, PAYABLE_INVOICE_STATUSES, SandboxError
 from billingctl.services import alerts, checkout, events, orphans, payments, reconcile, renewals
@@ -452,6 +453,15 @@ class Model:
                 card["paymentMethodData"]["expirationYear"] = "2020"
                 self.sandbox.store.put("instrument", card["token"], card)
         self.note(f"cards of {user} expired")
+
+    def payment_terms(self) -> None:
+        """Finance gives a customer payment terms at the provider (net 15 or 30 days), or takes them back:
+        their invoices generated afterwards are posted until their due date (decision 245)."""
+        customers = sorted({s["customer_id"] for s in self.sandbox.store.all("subscription")})
+        if customers:
+            user, days = self.rng.choice(customers), self.rng.choice([0, 15, 30])
+            self.sandbox.set_net_term_days(user, days)
+            self.note(f"finance gives {user} payment terms of {days} days")
 
     def remove_payment_methods(self, user: str | None = None) -> None:
         """A customer deletes every payment method vaulted for them at the orchestrator: their next renewal
@@ -917,10 +927,17 @@ class Model:
                              f"{row['payment_id']}")
             if row["status"] in OPEN and (row["attempts"] >= ORPHAN_MAX_ATTEMPTS or now - row["created_at"] > budget):
                 found.append(f"orphan past its schedule: {row['payment_id']} ({row['attempts']} attempts)")
-        for dispute_id in self.disputes:  # a dispute: one fraud signal and one chat alert
-            if disputes[dispute_id] != 1 or chat[f"dispute:{dispute_id}"] != 1:
+        for dispute_id in self.disputes:  # a dispute: one fraud signal and one chat alert for each stage it
+            # opened at (a chargeback taken to pre-arbitration opens again, decisions 214 and 247), at most as
+            # many as the processor's stages up to the one it holds
+            stage = (sandbox.store.get("dispute", dispute_id) or {}).get("type") or "DISPUTE"
+            stages = DISPUTE_TYPES.index(stage) + 1 if stage in DISPUTE_TYPES else 1
+            reopened = sum(n for key, n in chat.items() if key.startswith(f"dispute:{dispute_id}:")
+                           and key.endswith(":open"))
+            if not 1 <= disputes[dispute_id] <= stages or chat[f"dispute:{dispute_id}"] != 1 or \
+                    reopened != disputes[dispute_id] - 1:
                 found.append(f"dispute {dispute_id}: {disputes[dispute_id]} signals, {chat[f'dispute:{dispute_id}']} "
-                             "alerts")
+                             f"alerts and {reopened} for its later stages")
         return found + self.quota_violations()
 
     def quota_violations(self) -> list[str]:
@@ -1054,6 +1071,25 @@ def test_the_daily_check_fails_on_a_broken_book_and_says_whether_reconcile_saw_i
         c.close()
 
 
+@contextmanager
+def _one_paid_checkout(make_settings, db_url):
+    """A container and its month's model with one customer whose checkout is paid, delivered and activated:
+    (container, model, checkout, payment)."""
+    c = Container(make_settings(database_url=db_url, http_max_attempts=2, provider_rate_limit=1_000_000),
+                  clock=ManualClock())
+    try:
+        c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
+        model = Model(random.Random(SEEDS[0]), c, users=["sim_1"])
+        model.advance(0)
+        co = checkout.create_checkout(c, "sim_1", PLANS[0])
+        paid = model.pay("deliver", co)
+        model.advance(61)
+        model.jobs()
+        yield c, model, co, paid
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize("refund", ["in full", "half"])
 def test_a_paid_term_finance_wired_back_is_no_day_paid_twice_when_its_shortened_term_renews(make_settings, db_url,
                                                                                            refund):
@@ -1063,16 +1099,7 @@ def test_a_paid_term_finance_wired_back_is_no_day_paid_twice_when_its_shortened_
     to five days, finance wired that term back in full, and the next term was charged, rightly; the check
     read the orchestrator's refunds only. Wired back in half, the paid term still stands: its overlapping
     renewal is withheld (decision 204) and the check holds too."""
-    c = Container(make_settings(database_url=db_url, http_max_attempts=2, provider_rate_limit=1_000_000),
-                  clock=ManualClock())
-    try:
-        c.provider.http.sleep = c.orchestrator.http.sleep = lambda s: None
-        model = Model(random.Random(SEEDS[0]), c, users=["sim_1"])
-        model.advance(0)
-        co = checkout.create_checkout(c, "sim_1", PLANS[0])
-        model.pay("deliver", co)
-        model.advance(61)
-        model.jobs()
+    with _one_paid_checkout(make_settings, db_url) as (c, model, co, _):
         [paid] = [i for i in model.sandbox.store.all("invoice") if i["status"] == "paid"]
         model.advance(10 * 86400)
         model.sandbox.change_term_end(co["subscription_id"], model.sandbox.now() + 5 * 86400)
@@ -1091,8 +1118,27 @@ def test_a_paid_term_finance_wired_back_is_no_day_paid_twice_when_its_shortened_
             alerted = set(uow.execute(select(alert_outbox.c.dedupe_key)).scalars())
         assert outcomes == (["succeeded"] if refund == "in full" else [])
         assert (f"overlaps-paid-term:{renewal[0]['id']}" in alerted) == (refund == "half")
-    finally:
-        c.close()
+
+
+def test_a_dispute_taken_to_a_later_stage_is_one_signal_and_one_alert_per_stage(make_settings, db_url):
+    """The books' check of disputes counts one fraud signal and one chat alert for each stage a dispute
+    opened at (decision 247), as the code writes them since decision 214: found by the embedded
+    exploration of 2026-12-03 (a false alarm, "dispute dp_...: 2 signals, 1 alerts"): a chargeback
+    cancelled, then taken to pre-arbitration. Before, the check expected one signal per dispute whatever
+    its stages."""
+    with _one_paid_checkout(make_settings, db_url) as (c, model, _, paid):
+        model.dispute()
+        [dispute_id] = model.disputes
+        model.sandbox.dispute_status(paid["id"], "CANCELLED", kind="DISPUTE", dispute_id=dispute_id)
+        model.sandbox.dispute_status(paid["id"], "CHALLENGED", kind="PREARBITRATION", dispute_id=dispute_id)
+        model.advance(61)
+        model.jobs()
+        model.settle_quietly()
+        model.check()
+        with c.uow() as uow:
+            keys = sorted(uow.execute(select(fraud_event.c.dedupe_key).where(
+                fraud_event.c.event_type == "dispute_opened")).scalars())
+        assert keys == [f"dispute:{dispute_id}:DISPUTE", f"dispute:{dispute_id}:PREARBITRATION"]
 
 
 @pytest.mark.parametrize("seed", SEEDS)
