@@ -162,12 +162,29 @@ def _superseded_term(container, invoice: dict, local: dict) -> str:
         f"charged; this invoice is not. Void it or write it off at the provider", _superseded_key(invoice))
 
 
-def _overlaps_paid_term(container, invoice: dict, paid_invoice_id: str) -> str:
+def _credit_short(container, remote: Invoice, term: tuple | None, paid_invoice_id: str) -> int:
+    """How much more an invoice whose term overlaps a paid one must be credited before it is charged: the
+    share of its total that the days already paid make (its term's seconds the paid term covers, rounded
+    down), less what a person adjusted on it (decision 248; decision 204 took any adjustment as enough). At
+    least 1 while the paid term's days are not known from our copy and nothing is adjusted."""
+    adjusted, total = int(remote.amount_adjusted or 0), int(remote.total or 0)
+    with container.uow(autocommit=True) as uow:
+        paid = uow.invoices.get(paid_invoice_id)
+    if term is None or paid is None or paid["term_start"] is None or paid["term_end"] is None:
+        return 0 if adjusted else max(total, 1)
+    start, end = (int(parse_time(t).timestamp()) for t in term)
+    shared = min(end, int(paid["term_end"].timestamp())) - max(start, int(paid["term_start"].timestamp()))
+    owed = total * max(shared, 0) // (end - start) if end > start else total
+    return max(owed - adjusted, 0)
+
+
+def _overlaps_paid_term(container, invoice: dict, paid_invoice_id: str, short: int, adjusted: int) -> str:
     """Not charged, with one alert (decision 204): a kept payment of the subscription paid a term this
     invoice's overlaps (support cancelled it mid-term and reactivated it at the provider, whose general
     reactivation starts a new term and invoices all of it, with no proration, or cut a paid term short
-    there). A person voids this invoice
-    and sets the term end back to the paid term's end there, or credits the days already paid."""
+    there). A person voids this invoice and sets the term end back to the paid term's end there, or credits
+    the days already paid (`short` more than what is adjusted on it, `adjusted`: one alert for each
+    adjustment that falls short, decision 248)."""
     with container.uow(autocommit=True) as uow:
         paid = uow.invoices.get(paid_invoice_id)
     until = f" up to {paid['term_end']:%Y-%m-%d %H:%M} UTC" if paid is not None and paid["term_end"] else ""
@@ -178,8 +195,9 @@ def _overlaps_paid_term(container, invoice: dict, paid_invoice_id: str) -> str:
         f"paid (invoice {paid_invoice_id}{until}): reactivated, or its term end moved, at the provider. It is "
         f"not charged. Void it and set the subscription's term end back to the paid term's end at the provider "
         f"(the next term then renews from there), or credit the days already paid on it there (an adjustment "
-        f"credit note): the rest is then charged",
-        f"overlaps-paid-term:{invoice['id']}", paid_invoice_id=paid_invoice_id)
+        f"credit note of {short} {invoice['currency_code']} more): the rest is then charged",
+        f"overlaps-paid-term:{invoice['id']}" + (f":adjusted-{adjusted}" if adjusted else ""),
+        paid_invoice_id=paid_invoice_id, credit_short=short)
 
 
 def _superseded_key(invoice: dict) -> str:
@@ -237,8 +255,11 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         return "second_subscription" if dry_run else _second_subscription(container, invoice, holder)
     if _overlapped(term, local["current_term_end"]) and _superseded(container, term, invoice, dry_run):
         return "superseded_term" if dry_run else _superseded_term(container, invoice, local)
-    if standing.paid_overlap is not None and not remote.amount_adjusted:  # a person's credit ends it
-        return "overlaps_paid_term" if dry_run else _overlaps_paid_term(container, invoice, standing.paid_overlap)
+    if standing.paid_overlap is not None:  # a person's credit of the days already paid ends it
+        short = _credit_short(container, remote, term, standing.paid_overlap)
+        if short:
+            return "overlaps_paid_term" if dry_run else _overlaps_paid_term(
+                container, invoice, standing.paid_overlap, short, int(remote.amount_adjusted or 0))
     if frozen is not None:
         return "skipped_frozen"
     if in_dispute:

@@ -1272,6 +1272,34 @@ def test_a_reactivated_term_whose_shared_days_a_person_credited_is_charged_the_r
     assert world.credits() == 4000
 
 
+def test_a_reactivated_term_credited_less_than_its_days_already_paid_is_not_charged_until_they_are(world):
+    """Decision 248 (found by the embedded exploration, reconcile naming it too): finance credited a third
+    of a reactivated term's invoice at the provider (a goodwill credit), where the days the paid term already
+    covers were two thirds of it; decision 204 took any adjustment as a person's judgement of the overlap and
+    charged the rest, so the customer paid twice for the days the credit did not cover. An adjustment ends
+    the overlap only when it credits at least the days already paid; until then the invoice is not charged
+    and a person is told how much that is, once for each adjustment."""
+    from billingctl.services import events
+
+    co, paid, new = _reactivated_inside_its_paid_term(world)
+    line = new["line_items"][0]
+    shared = paid["line_items"][0]["date_to"] - line["date_from"]
+    owed_credit = new["total"] * shared // (line["date_to"] - line["date_from"])
+    world.sandbox.create_credit_note(new["id"], new["total"] // 3)  # a goodwill credit, short of the days paid
+    events.poll(world.c)
+    assert _renewal_days(world, 2) == {"overlaps_paid_term": 2}
+    assert [p["orderId"] for p in world.sandbox.payments("SETTLED")] == [co["order_id"]]
+    assert world.sandbox.invoice(new["id"])["status"] == "payment_due"
+    [key] = [k for k in _chat_keys(world) if k.startswith(f"overlaps-paid-term:{new['id']}")]
+    assert _chat_count(world, key) == 1
+    world.sandbox.create_credit_note(new["id"], owed_credit - new["total"] // 3)  # the rest of the days paid
+    events.poll(world.c)
+    assert _renewal_days(world, 2) == {"succeeded": 1}
+    charges = [p for p in world.sandbox.payments("SETTLED") if p["orderId"] == new["id"]]
+    assert [p["amount"] for p in charges] == [new["total"] - owed_credit]
+    assert world.credits() == 4000
+
+
 def test_a_subscription_the_provider_cancelled_for_non_payment_and_support_reactivated_in_term_is_charged_once(
         world):
     """Decision 191, the provider's in-term reactivation: the provider cancelled the subscription itself for
