@@ -356,6 +356,43 @@ def test_tries_in_one_payment_form_over_the_limit_are_no_violation_but_a_start_a
                              "a merchant-initiated attempt started with 6 attempts in the daily window (limit 5)"}
 
 
+def test_attempts_stamped_before_a_start_by_a_clock_stepped_back_are_no_violation(make_settings, db_url, tmp_path,
+                                                                                 redis_url):
+    """Decision 249 (found by the production exploration: our clock 90 s ahead of the sandbox's, then 90 s
+    behind): a checkout started, our clock stepped back three minutes, and the customer's tries in its
+    payment form were stamped before the start. Reconcile judged each start against the attempts stamped
+    before it, not those written before it, so the start seemed to have met four tries in the window: a
+    false alarm the gate, which counted what was written, never made. The attempts are read in the order
+    they were written; a start after them is still named."""
+    from billingctl.domain.errors import QuotaExhausted
+    from billingctl.services.checkout import create_checkout
+    from tests.helpers import ProductionStack
+
+    with ProductionStack(make_settings, db_url, tmp_path, clock=ManualClock(), redis_url=redis_url) as stack:
+        c, sandbox = stack.container, stack.sandbox
+        clock_to_sandbox(c, sandbox.store)
+        co = create_checkout(c, "user_q", "credits-pro-nsfw-USD-monthly")
+        c.clock.advance(-180)  # our clock steps back (NTP), the sandbox's does not
+        for _ in range(5):  # the first is the checkout's start (its reservation, stamped before the step)
+            sandbox.decline_checkout(co["order_id"])
+        with c.uow() as uow:
+            stamps = sorted(r[0] for r in uow.fraud.since("user_q", "authorization_attempt",
+                                                          c.clock.now() - timedelta(days=1)))
+        assert len(stamps) == 5 and stamps[-1] - stamps[-2] > timedelta(minutes=2), stamps  # the start is last
+        assert "quota_over_limit" not in {v["check"] for v in reconcile(c)["violations"]}
+        with pytest.raises(QuotaExhausted):  # the tries count toward the next start
+            create_checkout(c, "user_q", "credits-max-nsfw-USD-monthly")
+        with c.uow() as uow:  # a start admitted although the window was full (a gate that let it through)
+            uow.execute(insert(fraud_event).values(user_id="user_q", event_type="authorization_attempt",
+                                                   created_at=c.clock.now() - timedelta(minutes=10),
+                                                   metadata={"merchant_context": "full", "initiator": "merchant",
+                                                             "order_id": "inv_q"}))
+            uow.commit()
+        [violation] = [v for v in reconcile(c)["violations"] if v["check"] == "quota_over_limit"]
+        assert violation["detail"] == "a merchant-initiated attempt started with 5 attempts in the daily window " \
+                                      "(limit 5)"
+
+
 def test_a_quota_window_over_its_limit_is_a_violation_where_the_quota_is_enforced(make_settings, db_url, tmp_path,
                                                                                 redis_url):
     from tests.helpers import ProductionStack
