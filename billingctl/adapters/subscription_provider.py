@@ -176,11 +176,10 @@ class SubscriptionProviderClient:
 
     def payments_referenced(self, reference_number: str) -> list[Transaction]:
         """The provider's payment transactions recorded with this reference (an orchestrator payment id):
-        one request (`reference_number[is]`); a payment has one unless it was recorded twice."""
-        answer = self._get("/transactions", {"reference_number[is]": reference_number, "type[is]": "payment",
-                                             "limit": PAGE_LIMIT})
-        return list(self.http.typed_entries(Transaction, [entry.get("transaction") if isinstance(entry, dict)
-                                                          else entry for entry in answer.get("list") or []]))
+        one request (`reference_number[is]`; a payment has one unless it was recorded twice)."""
+        return list(self.http.typed_entries(Transaction, self.paginate(
+            "/transactions", {"reference_number[is]": reference_number, "type[is]": "payment"},
+            wrapper="transaction")))
 
     def get_transaction(self, transaction_id: str, include_deleted: bool = False) -> Transaction:
         """`include_deleted`: one the provider deleted (with its subscription, decision 220) is no longer

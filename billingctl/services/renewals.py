@@ -162,14 +162,12 @@ def _superseded_term(container, invoice: dict, local: dict) -> str:
         f"charged; this invoice is not. Void it or write it off at the provider", _superseded_key(invoice))
 
 
-def _credit_short(container, remote: Invoice, term: tuple | None, paid_invoice_id: str) -> int:
+def _credit_short(remote: Invoice, term: tuple | None, paid: dict | None) -> int:
     """How much more an invoice whose term overlaps a paid one must be credited before it is charged: the
     share of its total that the days already paid make (its term's seconds the paid term covers, rounded
     down), less what a person adjusted on it (decision 248; decision 204 took any adjustment as enough). At
-    least 1 while the paid term's days are not known from our copy and nothing is adjusted."""
+    least 1 while the paid term's days are not known from our copy (`paid`) and nothing is adjusted."""
     adjusted, total = int(remote.amount_adjusted or 0), int(remote.total or 0)
-    with container.uow(autocommit=True) as uow:
-        paid = uow.invoices.get(paid_invoice_id)
     if term is None or paid is None or paid["term_start"] is None or paid["term_end"] is None:
         return 0 if adjusted else max(total, 1)
     start, end = (int(parse_time(t).timestamp()) for t in term)
@@ -178,15 +176,14 @@ def _credit_short(container, remote: Invoice, term: tuple | None, paid_invoice_i
     return max(owed - adjusted, 0)
 
 
-def _overlaps_paid_term(container, invoice: dict, paid_invoice_id: str, short: int, adjusted: int) -> str:
+def _overlaps_paid_term(container, invoice: dict, paid_invoice_id: str, paid: dict | None, short: int,
+                        adjusted: int) -> str:
     """Not charged, with one alert (decision 204): a kept payment of the subscription paid a term this
     invoice's overlaps (support cancelled it mid-term and reactivated it at the provider, whose general
     reactivation starts a new term and invoices all of it, with no proration, or cut a paid term short
     there). A person voids this invoice and sets the term end back to the paid term's end there, or credits
     the days already paid (`short` more than what is adjusted on it, `adjusted`: one alert for each
-    adjustment that falls short, decision 248)."""
-    with container.uow(autocommit=True) as uow:
-        paid = uow.invoices.get(paid_invoice_id)
+    adjustment that falls short, decision 248). `paid`: our copy of the paid invoice."""
     until = f" up to {paid['term_end']:%Y-%m-%d %H:%M} UTC" if paid is not None and paid["term_end"] else ""
     sub_id, user_id = invoice["subscription_id"], invoice["customer_id"]
     return _not_charged(
@@ -245,6 +242,7 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         frozen = uow.users.frozen_at(user_id)
         in_dispute = fraud_signals.disputed(uow, user_id)
         holder = uow.subscriptions.plan_holder(user_id, local["item_price_id"]) if local is not None else None
+        paid = uow.invoices.get(standing.paid_overlap) if standing.paid_overlap is not None else None
     if any(h["status"] in FINAL for h in history):
         return "closed"
     if local is None or local["status"] not in lifecycle.RENEWING:
@@ -256,10 +254,10 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
     if _overlapped(term, local["current_term_end"]) and _superseded(container, term, invoice, dry_run):
         return "superseded_term" if dry_run else _superseded_term(container, invoice, local)
     if standing.paid_overlap is not None:  # a person's credit of the days already paid ends it
-        short = _credit_short(container, remote, term, standing.paid_overlap)
+        short = _credit_short(remote, term, paid)
         if short:
             return "overlaps_paid_term" if dry_run else _overlaps_paid_term(
-                container, invoice, standing.paid_overlap, short, int(remote.amount_adjusted or 0))
+                container, invoice, standing.paid_overlap, paid, short, int(remote.amount_adjusted or 0))
     if frozen is not None:
         return "skipped_frozen"
     if in_dispute:

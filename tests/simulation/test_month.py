@@ -908,9 +908,8 @@ class Model:
                       if b[0] < a[1]]
         # A term the provider holds as paid is credited once: of the payments on one of its invoices, at most
         # one kept (not given back in full at either book) stands credited in our ledger.
-        kept = kept_charges
         standing = Counter(row.invoice_id for row in purchases.values()
-                           if row.invoice_id and row.closed_at is None and row.transaction_id in kept
+                           if row.invoice_id and row.closed_at is None and row.transaction_id in kept_charges
                            and row.transaction_id in credited)
         found += [f"one term credited {n} times: {invoice} by " + ", ".join(
             f"{r.transaction_id} (subscription {r.subscription_id}, recorded {r.created_at:%m-%d %H:%M:%S})"
