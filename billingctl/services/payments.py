@@ -1124,9 +1124,14 @@ def _first_term_invoice(container, subscription_id: str) -> Invoice | None:
 def _assign_invoice(container, uow, bought, subscription_id: str, remote: Invoice) -> None:
     """The checkout's payment pays the invoice of the first term: the purchase, the checkout and the
     local invoice row learn its id (the row is the provider's copy: still payable until the follow-up
-    records the payment on it)."""
+    records the payment on it). An invoice the renewal job already tried (a reactivated subscription's new
+    term, charged before its checkout's payment was recorded) has its dunning ended by this payment, as
+    when another payment pays an invoice whose charge then ends unpaid (decisions 193, 250)."""
     uow.purchases.assign_invoice(bought.id, bought.transaction_id, subscription_id, remote.id)
     save_copy(container, uow, remote)
+    end_renewal_attempt(container, uow, {"id": remote.id, "subscription_id": subscription_id,
+                                         "customer_id": bought.user_id}, bought.transaction_id, "succeeded",
+                        amount=bought.amount)
 
 
 def pending_activations(container) -> list[dict]:

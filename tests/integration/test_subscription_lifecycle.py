@@ -1611,3 +1611,72 @@ def test_a_subscription_found_deleted_before_its_events_are_read_takes_none_of_i
         assert uow.subscriptions.status(sub) == "cancelled"
     assert _illegal(world, "subscription") == before
     assert not [k for k in _chat_keys(world) if k.startswith("illegal:")]  # nobody told of a contradiction
+
+
+
+
+@pytest.mark.parametrize("charge", ["failed", "declined in flight", "settled in flight"])
+def test_a_checkout_payment_laid_on_a_reactivated_term_the_renewal_job_tried_ends_that_terms_dunning(world, charge):
+    """Decision 250, found by the production exploration of 2026-12-04 (reconcile's `dunning_unfinished`,
+    "renewal attempts end on failed, the invoice is paid", every day): support cancelled a checkout's
+    subscription before it started, the customer paid it anyway (left to orphan recovery), and support
+    then reactivated it at the provider, invoiced at once. The renewal job tried that invoice and failed
+    (no processor locked for the customer yet); orphan recovery then recorded the checkout's payment, the
+    subscription being active again, and its activation laid it on the same invoice, which it paid. The
+    dunning was left on `failed` with nobody owing the invoice: it now ends `succeeded`, by the checkout's
+    payment, and nothing is charged. Passing before as after: a charge still in flight then (the customer
+    has a processor locked by another plan) ends the dunning by its own end, declined (by the checkout's
+    payment, decision 193) or settled (the invoice paid twice: the charge is refunded in full)."""
+    from sqlalchemy import select
+
+    from billingctl.adapters.db.tables import dunning_attempt
+    from billingctl.services import events
+    from billingctl.services.orphans import run_orphans
+    from billingctl.services.payments import retry_pending
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    if charge != "failed":
+        subscribed(world, plan="credits-basic-USD-monthly")
+    co = world.checkout("user_a", PRO)
+    world.sandbox.cancel(co["subscription_id"])  # support, before the customer pays
+    events.poll(world.c)
+    world.sandbox.pay(co["order_id"])  # settled for a cancelled subscription: left to orphan recovery
+    [paid] = [p for p in world.sandbox.store.all("payment") if p["orderId"] == co["order_id"]]
+    invoice = world.sandbox.reactivate(co["subscription_id"])["invoice"]
+    assert invoice["status"] == "payment_due"
+    events.poll(world.c)
+    if charge != "failed":
+        world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == ({"failed": 1} if charge == "failed" else {"pending": 1})
+    advance_with_sandbox(world.c, 61)
+    assert run_orphans(world.c)["outcomes"] == {"recorded": 1 if charge == "failed" else 2}
+    retry_pending(world.c)
+    events.poll(world.c)
+    renewal = [p["id"] for p in world.sandbox.store.all("payment") if p["orderId"] == invoice["id"]]
+    if charge != "failed":
+        world.sandbox.finish_payment(renewal[0], settle=charge == "settled in flight")
+        advance_with_sandbox(world.c, 61)
+        run_renewals(world.c)
+        retry_pending(world.c)
+    with world.c.uow() as uow:
+        steps = uow.execute(select(dunning_attempt.c.status, dunning_attempt.c.payment_id)
+                            .where(dunning_attempt.c.invoice_id == invoice["id"]).order_by(dunning_attempt.c.id)).all()
+    assert world.sandbox.invoice(invoice["id"])["status"] == "paid"
+    if charge == "failed":
+        assert [tuple(s) for s in steps] == [("failed", None), ("succeeded", paid["id"])]
+        assert renewal == [] and world.credits() == 2000
+    elif charge == "declined in flight":
+        assert [s.status for s in steps] == ["pending", "declined", "succeeded"] and steps[-1].payment_id == paid["id"]
+        assert world.credits() == 1000 + 2000
+    else:
+        assert [s.status for s in steps] == ["pending", "succeeded"]
+        refunds = [t for t in world.sandbox.store.get("payment", renewal[0])["transactions"]
+                   if t["transactionType"] == "REFUND"]
+        assert [r["amount"] for r in refunds] == [invoice["total"]] and world.credits() == 1000 + 2000
+    advance_with_sandbox(world.c, 3600)
+    assert reconcile(world.c)["violations"] == []
+    charges_made = len(world.sandbox.store.all("payment"))
+    advance_with_sandbox(world.c, 2 * 86400)
+    assert run_renewals(world.c)["outcomes"] == {} and len(world.sandbox.store.all("payment")) == charges_made
