@@ -46,7 +46,7 @@ from billingctl.bootstrap import Container
 from billingctl.domain import errors as e
 from billingctl.domain import lifecycle
 from billingctl.domain.clock import ManualClock
-from billingctl.sandbox.model import IN_FLIGHT
+from billingctl.sandbox.model import IN_FLIGHT, SandboxError
 from billingctl.services import alerts, checkout, events, orphans, payments, renewals, webhook_events
 from billingctl.services.sync import sync_all
 from billingctl.services.users import freeze, unfreeze
@@ -647,6 +647,12 @@ class Exploration(RuleBasedStateMachine):
         if len(self.m.open_checkouts) == waiting:  # refused (the quota, a frozen customer, a plan held)
             return False
         co = self.m.open_checkouts.pop()
+        held = self.m.sandbox.store.get("subscription", co["subscription_id"]) or {}
+        if held.get("status") != "future" or held.get("deleted"):
+            # A second tab's checkout given back (decision 110), its subscription since deleted or started
+            # at the provider: nothing for support to cancel.
+            self.m.note(f"  {co['subscription_id']} is no longer future at the provider")
+            return False
         self.m.sandbox.cancel(co["subscription_id"])
         self.m.note(f"  cancel at provider {co['subscription_id']} (future)")
         self.m.advance(61)
@@ -729,6 +735,58 @@ class Exploration(RuleBasedStateMachine):
         self.m.note(f"  {sub['id']}'s term ends")
         self.ticks(processor, rng, sub["customer_id"], max(sub["current_term_end"] - self.m.sandbox.now(), 0) + 61)
         self.retries_run(rng, sub, retries)
+
+    @rule(seed=st.integers(0, 2**32), days=st.sampled_from([15, 30]),
+          then=st.sampled_from(["falls due", "cheque", "void", "credit", "delete", "a returning checkout"]),
+          processor=st.sampled_from(PROCESSOR))
+    def a_term_renews_under_payment_terms(self, seed, days, then, processor):
+        """Finance gives a customer with an active term payment terms of `days` days (decision 245) and the
+        term ends: its renewal invoice is posted, owed at its due date, and the ticks leave it until then.
+        Before that date, `then`: finance enters the customer's cheque on it, voids, credits or deletes it;
+        or the customer checks out another plan under the terms (its first invoice posted too, paid by the
+        checkout's payment before its due date); or the date passes and the ticks collect it, the processor
+        doing `processor` with the charge. As one world action in five (`payment_terms`), 169 production
+        histories of 2026-12-04 left no posted invoice but by a credit: `posted -> payment_due`, `-> voided`
+        and `paid -> posted` were never applied."""
+        rng = self.step(seed, f"a term renews under payment terms of {days} days; then {then}")
+        running = [s for s in self.running_subscriptions() if s["status"] == "active"]
+        if not running:
+            return
+        sub = rng.choice(running)
+        customer = sub["customer_id"]
+        self.m.sandbox.set_net_term_days(customer, days)
+        self.m.note(f"  finance gives {customer} payment terms of {days} days; {sub['id']}'s term ends")
+        self.m.advance(max(sub["current_term_end"] - self.m.sandbox.now(), 0) + 61)
+        self.m.jobs()
+        posted = [i for i in self.m.payable() if i["status"] == "posted" and i["subscription_id"] == sub["id"]]
+        if then == "falls due" or not posted:
+            self.ticks(processor, rng, customer, days * 86400 + 61)
+            return
+        invoice = posted[0]["id"]
+        try:
+            if then == "cheque":
+                self.m.sandbox.record_payment(invoice, posted[0]["amount_due"], f"cheque {rng.randint(1, 999)}")
+            elif then == "void":
+                self.m.sandbox.void_invoice(invoice)
+            elif then == "credit":
+                self.m.sandbox.create_credit_note(invoice, posted[0]["amount_due"])
+            elif then == "delete":
+                self.m.sandbox.delete_invoice(invoice)
+        except SandboxError as exc:
+            self.m.note(f"  finance: {then} on {invoice} refused ({exc.api_error_code})")
+        else:
+            self.m.note(f"  finance: {then} on {invoice}" if then != "a returning checkout" else
+                        f"  {customer} checks out another plan under the terms")
+        if then == "a returning checkout":
+            plan = rng.choice([p for p in PLANS if p != sub["subscription_items"][0]["item_price_id"]])
+            try:
+                co = checkout.create_checkout(self.c, customer, plan)
+            except e.BillingError as exc:
+                self.m.note(f"  checkout {customer} {plan}: refused ({exc.code})")
+            else:
+                self.m.pay("deliver", co)
+        self.m.advance(rng.choice(SPANS[:4]))
+        self.m.jobs()
 
     def ticks(self, processor: str, rng: random.Random, customer: str, wait: int) -> None:
         """`wait` seconds pass and the jobs run, the processor doing `processor` with the renewal charges the
