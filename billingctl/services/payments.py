@@ -1002,6 +1002,7 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
             period = catalog.plan(container, bought.item_price_id).period_days
             term_end = container.provider.now(now) + timedelta(days=period)
             remote = container.provider.change_term_end(subscription_id, term_end).subscription
+        listed = not bought.invoice_id and first_invoice is None  # not the answer to our start (decision 250)
         if not bought.invoice_id:
             first_invoice = first_invoice or _first_term_invoice(container, subscription_id)
         crash_point(container.settings, "activate.after_provider")
@@ -1019,7 +1020,7 @@ def activate_subscription(container, subscription_id: str, _locked: bool = False
         raise
     with container.uow() as uow:
         if not bought.invoice_id and first_invoice:
-            _assign_invoice(container, uow, bought, subscription_id, first_invoice)
+            _assign_invoice(container, uow, bought, subscription_id, first_invoice, tried=listed)
         write_remote_subscription(container, uow, remote, "activation", activation_pending_since=None,
                                   activation_error=None)
         uow.commit()
@@ -1121,17 +1122,19 @@ def _first_term_invoice(container, subscription_id: str) -> Invoice | None:
     return invoices[0] if invoices else None
 
 
-def _assign_invoice(container, uow, bought, subscription_id: str, remote: Invoice) -> None:
+def _assign_invoice(container, uow, bought, subscription_id: str, remote: Invoice, tried: bool) -> None:
     """The checkout's payment pays the invoice of the first term: the purchase, the checkout and the
     local invoice row learn its id (the row is the provider's copy: still payable until the follow-up
-    records the payment on it). An invoice the renewal job already tried (a reactivated subscription's new
-    term, charged before its checkout's payment was recorded) has its dunning ended by this payment, as
-    when another payment pays an invoice whose charge then ends unpaid (decisions 193, 250)."""
+    records the payment on it). An invoice the renewal job may have tried (`tried`: found started at the
+    provider, not made by our start; a reactivated subscription's new term, charged before its checkout's
+    payment was recorded) has its dunning ended by this payment, as when another payment pays an invoice
+    whose charge then ends unpaid (decisions 193, 250). The one our start made has none: nothing is read."""
     uow.purchases.assign_invoice(bought.id, bought.transaction_id, subscription_id, remote.id)
     save_copy(container, uow, remote)
-    end_renewal_attempt(container, uow, {"id": remote.id, "subscription_id": subscription_id,
-                                         "customer_id": bought.user_id}, bought.transaction_id, "succeeded",
-                        amount=bought.amount)
+    if tried:
+        end_renewal_attempt(container, uow, {"id": remote.id, "subscription_id": subscription_id,
+                                             "customer_id": bought.user_id}, bought.transaction_id, "succeeded",
+                            amount=bought.amount)
 
 
 def pending_activations(container) -> list[dict]:
