@@ -451,9 +451,11 @@ class Sandbox:
         marked not_paid ("If an invoice has been partially paid, it cannot be marked as Voided or Not Paid,
         but the subscription will be cancelled": one with a payment applied stays as it is), and with
         `cancel_subscription` the subscription is cancelled for non-payment (`cancel_reason` not_paid).
-        `invoice_updated` carries the invoice, `subscription_cancelled` the subscription (decision 244)."""
+        `invoice_updated` carries the invoice, `subscription_cancelled` the subscription (decision 244). The
+        provider's offline dunning reminds and acts on Payment Due invoices only: one posted under payment
+        terms is refused until its due date has passed (it is payment_due then)."""
         invoice = self.invoice(invoice_id)
-        if invoice["status"] not in ("payment_due", "posted"):
+        if invoice["status"] != "payment_due":  # a posted invoice is not due yet: its dunning starts at its due date
             raise SandboxError(400, f"The invoice is in {invoice['status']} state: no dunning runs on it",
                                "invalid_state_for_request")
         if not int(invoice.get("amount_paid") or 0):

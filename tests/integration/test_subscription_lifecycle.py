@@ -1431,6 +1431,32 @@ def test_the_providers_offline_dunning_leaves_an_invoice_paid_in_part_as_it_is_a
     assert refused.value.api_error_code == "invalid_state_for_request"
 
 
+
+def test_the_providers_offline_dunning_runs_on_a_posted_invoice_only_once_it_falls_due(world):
+    """The provider's offline dunning reminds and acts on Payment Due invoices: an invoice posted under
+    payment terms is not due yet, and its dunning cannot end before its due date (the sandbox took it,
+    inventing a step the provider does not make); once the date has passed it is payment_due and may be
+    marked not_paid, and our copy, still posted (no event marks the due date), steps to not_paid."""
+    from billingctl.sandbox.model import SandboxError
+    from billingctl.services import events
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    subscribed(world)
+    world.sandbox.set_net_term_days("user_a", 15)
+    month_passes(world)
+    assert run_renewals(world.c)["outcomes"] == {}
+    [posted] = [i for i in world.sandbox.store.all("invoice") if i["status"] == "posted"]
+    with pytest.raises(SandboxError) as refused:
+        world.sandbox.offline_dunning_ends(posted["id"])
+    assert refused.value.api_error_code == "invalid_state_for_request"
+    assert world.sandbox.invoice(posted["id"])["status"] == "posted"
+    events.poll(world.c)
+    advance_with_sandbox(world.c, 15 * 86400 + 1)
+    assert world.sandbox.offline_dunning_ends(posted["id"])["invoice"]["status"] == "not_paid"
+    events.poll(world.c)
+    assert _local_invoice(world, posted["id"])["status"] == "not_paid"
+
 def _a_cheque_held_for_review(world) -> tuple[dict, str]:
     """Finance enters a cheque on a frozen customer's renewal invoice; the event poll reads it. The invoice
     and the cheque's transaction id."""
