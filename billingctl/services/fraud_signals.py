@@ -171,6 +171,16 @@ def deciding_dispute(container, payment_id: str) -> dict | None:
         return uow.disputes.deciding(payment_id)
 
 
+def money_returned(container, payment_id: str) -> bool:
+    """A charge whose money went back no longer stands: refunded in full (or the rest asked for and still
+    pending at the processor; a refusal is alerted, decision 174), or charged back by a lost dispute
+    (decision 176)."""
+    found = deciding_dispute(container, payment_id)
+    if found is not None and found["state"] == "lost":
+        return True
+    return container.orchestrator.get_payment(payment_id).refunding_in_full
+
+
 def refuse_if_disputed(container, payment_id: str, what: str) -> None:
     """A payment charged back is not refunded (the customer would get the money twice) nor given a
     subscription (for money that is gone); an undecided dispute is answered first (decision 172)."""

@@ -21,7 +21,7 @@ from billingctl.domain.batch import BatchResult
 from billingctl.domain.clock import parse_time
 from billingctl.services import alerts, review
 from billingctl.services.cursors import read_value, write_value
-from billingctl.services.fraud_signals import deciding_dispute, refuse_if_disputed
+from billingctl.services.fraud_signals import deciding_dispute, money_returned, refuse_if_disputed
 from billingctl.services.payments import (
     CAPTURED_STATUSES,
     captured_in_part_reason,
@@ -227,9 +227,10 @@ def _recover(container, row: dict, payment: Payment) -> str:
         # recorded there (its activation may have failed since), it stays there: never a resubscription.
         return _record_on_own_subscription(container, row, payment)
     paid_by = _order_paid_by_another(container, row, payment) if recorded_on is None else None
-    holding = paid_by or _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])
-    if holding:  # the plan is held (by another subscription), or the order was paid by another payment
-        return _refund_duplicate(container, row, holding)  # idempotent: a refund already made is not repeated
+    if paid_by is None and (holding := _active_same_plan(container, user_id, plan, exclude=row["subscription_id"])):
+        paid_by = {"active_subscription": holding}
+    if paid_by:  # the order was paid by another payment, or the plan is held (by another subscription)
+        return _refund_duplicate(container, row, paid_by)  # idempotent: a refund already made is not repeated
     refunded = payment.refunded
     if payment.fully_refunded:
         # Refunded at the orchestrator before recovery: nothing to re-subscribe, nothing to refund.
@@ -284,24 +285,30 @@ def _recorded_on(container, payment_id: str) -> str | None:
     return bought["subscription_id"] if bought is not None else None
 
 
-def _order_paid_by_another(container, row: dict, payment: Payment) -> str | None:
-    """The subscription holding another payment of this payment's order that we keep: the order was paid
-    already, and this charge is its duplicate. Another purchase on the order's subscription answers without
-    a call; a payment recovery moved to a subscription of its own is found through the orchestrator's
-    payments of the order, kept when its purchase is not closed (decision 221)."""
+def _order_paid_by_another(container, row: dict, payment: Payment) -> dict | None:
+    """What holds another payment of this payment's order that we keep (the subscription it is on, or the
+    payment a person kept): the order was paid already, and this charge is its duplicate. Another purchase
+    on the order's subscription answers without a call; a payment recovery moved to a subscription of its
+    own is found through the orchestrator's payments of the order, kept when its purchase is not closed
+    (decision 221), and so is one a person marked handled (decision 252)."""
     with container.uow(autocommit=True) as uow:
         if uow.purchases.other_payment_of(row["subscription_id"], row["payment_id"]):
-            return row["subscription_id"]
+            return {"active_subscription": row["subscription_id"]}
     if not payment.order_id:
         return None
     others = [p.id for p in container.orchestrator.payments_of_order(payment.order_id)
               if p.id != payment.id and p.status in CAPTURED_STATUSES]
+    handled = []
     with container.uow(autocommit=True) as uow:
         for other in others:
             kept = uow.purchases.by_payment_id(other)
             if kept is not None and kept["closed_at"] is None:
-                return kept["subscription_id"]
-    return None
+                return {"active_subscription": kept["subscription_id"]}
+            if kept is None and (uow.orphans.get(other) or {}).get("resolution") == "handled":
+                handled.append(other)
+    # A charge a person marked handled stands by their decision (decision 252): it paid the order, unless
+    # its money went back since (refunded in full at the orchestrator, or charged back).
+    return next(({"paid_by": other} for other in handled if not money_returned(container, other)), None)
 
 
 def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -> str | None:
@@ -313,17 +320,18 @@ def _active_same_plan(container, user_id: str, plan: str, exclude: str | None) -
     return None
 
 
-def _refund_duplicate(container, row: dict, holding: str) -> str:
+def _refund_duplicate(container, row: dict, holder: dict) -> str:
+    """`holder`: what keeps the order's or the plan's other payment (`active_subscription`, or `paid_by`)."""
     payment_id = row["payment_id"]
     _alert(container, DUPLICATE_TEXT, f"orphan-duplicate:{payment_id}", payment_id=payment_id,
-           user_id=row["user_id"], plan=row["item_price_id"], active_subscription=holding)
+           user_id=row["user_id"], plan=row["item_price_id"], **holder)
     refund(container, payment_id)
     from billingctl.adapters.faults import crash_point
 
     crash_point(container.settings, "orphan.after_refund")
     _reverse_credits(container, payment_id)
     _end_unsubscribed(container, payment_id, "duplicate_refunded", "refunded")
-    log.warning(DUPLICATE_TEXT, extra={"payment_id": payment_id, "active_subscription": holding})
+    log.warning(DUPLICATE_TEXT, extra={"payment_id": payment_id, **holder})
     return "duplicate_refunded"
 
 

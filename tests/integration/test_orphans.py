@@ -363,3 +363,79 @@ def test_an_order_paid_again_after_its_first_charge_was_recovered_elsewhere_is_r
     assert world.purchases(second["id"]) == 0 and world.credits("user_t") == 2000  # one term credited
     assert orphans.run_orphans(world.c)["outcomes"] == {"duplicate_refunded": 1}  # re-run: its row answers
     assert len(world.sandbox.store.get("payment", second["id"])["refunds"]) == 1 and world.credits("user_t") == 2000
+
+
+def test_an_order_paid_again_after_a_person_kept_its_first_charge_is_refunded(world):
+    """Found by the exploration at add2263 (decision 252): a checkout left pending in a second tab was paid
+    after support cancelled its subscription; its recovery went to a person, who marked it handled (the
+    charge stands by their decision). The customer then paid the same order again from the other tab, and
+    recovery gave that second charge a new subscription: charged twice for one checkout, and reconcile,
+    whose window no longer held the first, was clean."""
+    from billingctl.services.users import unfreeze
+
+    co, first = orphan(world, "user_t")
+    freeze(world.c, "user_t", "chargeback risk", "ops")
+    assert orphans.run_orphans(world.c)["outcomes"] == {"needs_review": 1}  # frozen: a person decides
+    orphans.resolve(world.c, first["id"], "mark-handled", "settled with the customer by phone", "ops")
+    unfreeze(world.c, "user_t", "cleared", "ops")
+    second = world.sandbox.pay(co["order_id"])  # the other tab pays the same order
+    advance(world, 16)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"resolved": 1, "duplicate_refunded": 1}  # first: as kept
+    state = row(world, second["id"])
+    assert (state["status"], state["resolution"]) == ("duplicate_refunded", "refunded")
+    refunded = world.sandbox.store.get("payment", second["id"])
+    assert refunded["processor"]["amountRefunded"] == second["amount"] and len(refunded["refunds"]) == 1
+    assert [s["id"] for s in world.sandbox.store.all("subscription")
+            if s["customer_id"] == "user_t" and s["status"] != "cancelled"] == []  # nothing made for it
+    assert world.purchases(second["id"]) == 0 and world.credits("user_t") == 0
+    [(_, alert)] = [(k, p) for k, p in chat_alerts(world) if k == f"orphan-duplicate:{second['id']}"]
+    assert {"title": "paid_by", "value": first["id"], "short": True} in alert["attachments"][0]["fields"]
+    assert orphans.run_orphans(world.c)["outcomes"] == {"duplicate_refunded": 1}  # re-run: its row answers
+    assert len(world.sandbox.store.get("payment", second["id"])["refunds"]) == 1
+
+
+def test_an_order_paid_again_after_a_person_kept_a_first_charge_since_refunded_is_recovered(world):
+    """The other side of decision 252: a first charge marked handled and then refunded in full at the
+    orchestrator no longer pays the order, so the second charge is the customer's only one: recovered."""
+    from billingctl.services.users import unfreeze
+
+    co, first = orphan(world, "user_t")
+    freeze(world.c, "user_t", "chargeback risk", "ops")
+    orphans.run_orphans(world.c)
+    orphans.resolve(world.c, first["id"], "mark-handled", "refunded by support", "ops")
+    world.sandbox.refund(first["id"])  # support refunds it at the orchestrator's dashboard
+    unfreeze(world.c, "user_t", "cleared", "ops")
+    second = world.sandbox.pay(co["order_id"])
+    advance(world, 16)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"resolved": 1, "recovered": 1}
+    assert world.purchases(second["id"]) == 1 and world.credits("user_t") == 2000
+
+
+def test_a_second_charge_of_an_order_older_than_reconciles_window_is_named_charged_twice(world):
+    """Decision 252: the daily reconcile paired the charges of one order only within its window, so an order
+    paid again a day after its first charge (the first waiting for a person, the second recovered into a
+    subscription) was reported clean. A charge of a checkout begun before the window is paired with the
+    order's earlier charges at the orchestrator, until the person refunds one."""
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.users import unfreeze
+
+    co, first = orphan(world, "user_t")
+    freeze(world.c, "user_t", "chargeback risk", "ops")
+    assert orphans.run_orphans(world.c)["outcomes"] == {"needs_review": 1}
+    clean = reconcile(world.c)
+    assert clean["window"]["full"] is True and clean["ok"] is True, clean["violations"]
+    advance(world, 86400)
+    assert reconcile(world.c)["ok"] is True  # the next day's run: the watermark passes the first charge
+    advance(world, 6 * 3600)
+    unfreeze(world.c, "user_t", "cleared", "ops")
+    second = world.sandbox.pay(co["order_id"])  # the other tab, a day later and more
+    advance(world, 16)
+    assert orphans.run_orphans(world.c)["outcomes"] == {"needs_review": 1, "recovered": 1}  # the first waits
+    advance(world, 3600)
+    report = reconcile(world.c)
+    assert report["window"]["full"] is False and report["checked"]["payments"] == 1  # the second only
+    assert [(v["payment_id"], v["payment_ids"]) for v in report["violations"] if v["check"] == "order_charged_twice"] \
+        == [(second["id"], [first["id"], second["id"]])]
+    orphans.resolve(world.c, first["id"], "refund", "charged twice", "ops")
+    advance(world, 3600)
+    assert "order_charged_twice" not in {v["check"] for v in reconcile(world.c)["violations"]}

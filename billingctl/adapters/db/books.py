@@ -303,6 +303,11 @@ class Books(Repository):
                 expected.setdefault(row.payment_id, (row.amount, row.currency_code))
         return expected
 
+    def checkouts_begun_before(self, order_ids: list[str], since) -> set[str]:
+        """Of these orders, the checkouts begun before `since`: a charge of one may lie before a window."""
+        return set(self.execute(select(checkout_session.c.order_id).where(
+            checkout_session.c.order_id.in_(order_ids), checkout_session.c.created_at < since)).scalars())
+
     def grants_on(self, invoice_ids: list[str]) -> dict[str, dict]:
         """Of each invoice: the purchases recorded on it, and those of them whose term's credits still
         stand (`_live_grants`)."""

@@ -13,6 +13,7 @@ from functools import partial
 from itertools import islice
 
 from billingctl.domain.refunds import credits_to_reverse
+from billingctl.services.fraud_signals import money_returned
 from billingctl.services.payments import CAPTURED_STATUSES, returned_in_review
 from billingctl.services.reconcile.local_books import limits
 from billingctl.services.reconcile.rules import REFUND_WINDOW, TOO_RECENT
@@ -29,13 +30,16 @@ def _pages(items, size: int = PAGE):
 
 def check(container, now, span, add, progress=None) -> int:
     checked = 0
-    orders: dict[str, str] = {}  # order id -> first payment id (the window's payments, not history)
+    orders: dict[str, str] = {}  # order id -> first payment id (the window's, or one before it: _charged_before)
     refund_reads: list[tuple[str, int, int, object]] = []
     listed = container.orchestrator.list_payments(",".join(CAPTURED_STATUSES), from_date=span.since)
     for page in _pages(listed):
         with container.uow() as uow:
             books = uow.books.purchases_of([p.id for p in page])
             expected = uow.books.expected_charges({p.id: p.order_id for p in page})
+            # A checkout begun before the window may have a charge before it, unlisted here (decision 252).
+            begun = uow.books.checkouts_begun_before([p.order_id for p in page if p.order_id], span.since) \
+                if span.since is not None else set()
         for payment in page:
             checked += 1
             if progress:
@@ -49,6 +53,8 @@ def check(container, now, span, add, progress=None) -> int:
                             partial(add, at=at))
             if recorded is None and returned_in_review(review):
                 _check_kept_after_refund(container, payment.id, partial(add, at=at))
+            if payment.order_id in begun and payment.order_id not in orders:
+                orders[payment.order_id] = _charged_before(container, payment, span.since)
             _check_order(container, payment, orders, partial(add, at=at))
             if span.full and recorded is not None and settled is not None and now - settled < REFUND_WINDOW:
                 refund_reads.append((payment.id, recorded["credits"], recorded["returned_excess"], None))
@@ -96,25 +102,22 @@ def _check_kept_after_refund(container, payment_id: str, add) -> None:
                       f"ended refunded: billingctl payments refund {payment_id} --reason R --yes"})
 
 
+def _charged_before(container, payment, since) -> str:
+    """The order's first captured charge made before the window (the orchestrator's payments of the
+    order: one call), else this payment."""
+    earlier = [p.id for p in container.orchestrator.payments_of_order(payment.order_id)
+               if p.id != payment.id and p.status in CAPTURED_STATUSES and p.made_at is not None and p.made_at < since]
+    return earlier[0] if earlier else payment.id
+
+
 def _check_order(container, payment, orders: dict, add) -> None:
     order = payment.order_id
     if not order:
         return
     first = orders.setdefault(order, payment.id)
-    if first != payment.id and not (_returned(container, payment.id) or _returned(container, first)):
+    if first != payment.id and not (money_returned(container, payment.id) or money_returned(container, first)):
         add("order_charged_twice", {"payment_id": payment.id, "order_id": order, "payment_ids": [first, payment.id],
                                     "detail": "a second settled payment for one order"})
-
-
-def _returned(container, payment_id: str) -> bool:
-    """A charge whose money went back is resolved: refunded in full (or the refund asked for and still
-    pending at the processor; a refusal is alerted and named again, decision 174), or charged back by a
-    lost dispute (decision 176)."""
-    with container.uow(autocommit=True) as uow:
-        disputed = uow.disputes.deciding(payment_id)
-    if disputed is not None and disputed["state"] == "lost":
-        return True
-    return container.orchestrator.get_payment(payment_id).refunding_in_full
 
 
 def _refunds_notified(container, since) -> list[tuple[str, int, int, object]]:
