@@ -762,23 +762,21 @@ class Exploration(RuleBasedStateMachine):
         if then == "falls due" or not posted:
             self.ticks(processor, rng, customer, days * 86400 + 61)
             return
-        invoice = posted[0]["id"]
-        try:
-            if then == "cheque":
-                self.m.sandbox.record_payment(invoice, posted[0]["amount_due"], f"cheque {rng.randint(1, 999)}")
-            elif then == "void":
-                self.m.sandbox.void_invoice(invoice)
-            elif then == "credit":
-                self.m.sandbox.create_credit_note(invoice, posted[0]["amount_due"])
-            elif then == "delete":
-                self.m.sandbox.delete_invoice(invoice)
-        except SandboxError as exc:
-            self.m.note(f"  finance: {then} on {invoice} refused ({exc.api_error_code})")
-        else:
-            self.m.note(f"  finance: {then} on {invoice}" if then != "a returning checkout" else
-                        f"  {customer} checks out another plan under the terms")
-        if then == "a returning checkout":
+        invoice, due = posted[0]["id"], posted[0]["amount_due"]
+        finance = {"cheque": lambda: self.m.sandbox.record_payment(invoice, due, f"cheque {rng.randint(1, 999)}"),
+                   "void": lambda: self.m.sandbox.void_invoice(invoice),
+                   "credit": lambda: self.m.sandbox.create_credit_note(invoice, due),
+                   "delete": lambda: self.m.sandbox.delete_invoice(invoice)}
+        if then in finance:
+            try:
+                finance[then]()
+            except SandboxError as exc:
+                self.m.note(f"  finance: {then} on {invoice} refused ({exc.api_error_code})")
+            else:
+                self.m.note(f"  finance: {then} on {invoice}")
+        else:  # a returning checkout
             plan = rng.choice([p for p in PLANS if p != sub["subscription_items"][0]["item_price_id"]])
+            self.m.note(f"  {customer} checks out {plan} under the terms")
             try:
                 co = checkout.create_checkout(self.c, customer, plan)
             except e.BillingError as exc:
