@@ -242,6 +242,10 @@ def _recover(container, row: dict, payment: Payment) -> str:
         _alert(container, f"Orphaned payment {row['payment_id']} is partially refunded - manual review required",
                f"orphan-partial:{row['payment_id']}")
         return "needs_review"
+    if _subscription_status(container, row["subscription_id"]) == "future":
+        # Its own checkout still waits to start (handed here as a possible second charge of its order, and
+        # nothing keeps the first any more): it pays that subscription, never a new one beside it (decision 253).
+        return _record_on_own_subscription(container, row, payment)
     return _resubscribe(container, row, payment)
 
 

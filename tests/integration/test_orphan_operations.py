@@ -457,6 +457,53 @@ def test_a_second_charge_of_one_order_cannot_be_kept_by_an_operator(world, actio
 
 
 
+def test_an_order_paid_again_on_its_live_checkout_after_a_person_kept_its_first_charge_is_refunded(world):
+    """Decision 253 (decision 252 on the recording path): a frozen customer's checkout payment is held for a
+    person, who marks it handled; unfrozen, the customer pays the same order again from a second tab, its
+    subscription still waiting to start. Recording looked for another purchase on the subscription only,
+    so it credited the second charge and started the subscription: charged twice for one checkout."""
+    from billingctl.services.users import freeze, unfreeze
+
+    co = world.checkout("user_twice")
+    freeze(world.c, "user_twice", "fraud review", "ops")
+    first = world.sandbox.pay(co["order_id"])  # held for the freeze
+    assert (row(world, first["id"])["status"], row(world, first["id"])["last_error"]) == ("needs_review",
+                                                                                          "user is frozen")
+    orphans.resolve(world.c, first["id"], "mark-handled", "the customer keeps it as a deposit", "ops")
+    unfreeze(world.c, "user_twice", "cleared", "ops")
+    second = world.sandbox.pay(co["order_id"])  # the other tab
+    assert world.purchases(second["id"]) == 0 and world.credits("user_twice") == 0
+    world.advance(16)
+    assert orphans.run_orphans(world.c)["outcomes"].get("duplicate_refunded") == 1
+    assert (row(world, second["id"])["status"], row(world, second["id"])["resolution"]) == ("duplicate_refunded",
+                                                                                            "refunded")
+    paid = world.sandbox.store.get("payment", second["id"])
+    assert paid["processor"]["amountRefunded"] == second["amount"] and len(paid["refunds"]) == 1
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "future"  # never started
+    assert world.credits("user_twice") == 0
+
+
+def test_an_order_paid_again_on_its_live_checkout_after_its_kept_first_charge_was_refunded_starts_it(world):
+    """The other side of decision 253: the kept first charge refunded in full since, the second is the
+    customer's only charge of the order: recovery records it on the checkout's own subscription, which
+    starts, and makes no other."""
+    from billingctl.services.users import freeze, unfreeze
+
+    co = world.checkout("user_twice")
+    freeze(world.c, "user_twice", "fraud review", "ops")
+    first = world.sandbox.pay(co["order_id"])
+    orphans.resolve(world.c, first["id"], "mark-handled", "refunded by support", "ops")
+    world.sandbox.refund(first["id"])  # support refunds it at the orchestrator's dashboard
+    unfreeze(world.c, "user_twice", "cleared", "ops")
+    second = world.sandbox.pay(co["order_id"])
+    world.advance(16)
+    assert orphans.run_orphans(world.c)["outcomes"].get("recovered") == 1
+    assert world.purchases(second["id"]) == 1 and world.credits("user_twice") == 2000
+    assert [s["id"] for s in world.sandbox.store.all("subscription")
+            if s["customer_id"] == "user_twice" and s["status"] != "cancelled"] == [co["subscription_id"]]
+    assert world.sandbox.subscription(co["subscription_id"])["status"] == "active"
+
+
 @pytest.mark.parametrize("fault", ["timeout", "503"])
 def test_a_payment_the_orchestrator_cannot_read_is_not_marked_handled_unchecked(world, fault):
     """Found by the exploration on production's container (2026-11-29): a checkout paid twice, its first

@@ -336,8 +336,14 @@ def _gates_statement():
     same_plan = select(subscription.c.id).where(
         subscription.c.customer_id == user_id, subscription.c.item_price_id == bindparam("item_price_id"),
         holds_its_plan(), subscription.c.id != subscription_id).exists()
-    paid_other = select(purchase.c.id).where(purchase.c.subscription_id == subscription_id,
-                                             purchase.c.transaction_id != payment_id).exists()
+    # The order paid already: another purchase on its subscription, or another of its payments a person
+    # kept (marked handled, decision 253; recovery reads whether its money went back since).
+    bought_other = select(purchase.c.id).where(purchase.c.subscription_id == subscription_id,
+                                               purchase.c.transaction_id != payment_id).exists()
+    kept = orphan_recovery.c
+    kept_other = select(kept.payment_id).where(kept.subscription_id == subscription_id, kept.resolution == "handled",
+                                               kept.payment_id != payment_id).exists()
+    paid_other = or_(bought_other, kept_other)
     known = select(users.c.id).where(users.c.id == user_id).exists()
     # A chargeback lost before the payment was recorded (its notification lost, a poller behind): decision 203.
     charged_back = select(dispute.c.dispute_id).where(dispute.c.payment_id == payment_id,

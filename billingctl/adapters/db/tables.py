@@ -322,6 +322,9 @@ orphan_recovery = Table(
     _ts("updated_at", nullable=False),
     Column("resolution", String(32)),
     Column("resolved_by", String(64)),
+    # A payment a person kept pays its order: recording reads it for each new payment (decision 253).
+    Index("ix_orphan_recovery_handled", "subscription_id", postgresql_where=text("resolution = 'handled'"),
+          sqlite_where=text("resolution = 'handled'")),
 )
 
 # Alerts, user notifications and analytics events wait here until their sink accepts them.
