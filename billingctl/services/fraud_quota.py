@@ -55,6 +55,10 @@ def reserve(uow, settings, user_id: str, lane: str, now, initiator: str, key: st
     uow.users.lock(user_id)
     if clock is not None:
         now = max(now, clock.now())
+    # A reservation under this key that is still there was never taken by an authorization (an earlier
+    # attempt of the same order, its charge cancelled while PENDING): it is not an attempt, and this one
+    # is judged and counted from now, not from then (decision 254).
+    uow.fraud.remove(key)
     decision = check(uow, settings, user_id, lane, now, initiator)
     if decision is None or decision.allowed:
         record_attempt(uow, user_id, now, amount, initiator, dedupe_key=key, **extra)

@@ -274,6 +274,33 @@ def test_charges_that_never_reached_a_processor_are_not_authorization_attempts(w
     assert len(quota_rows(world)) == 2  # the one real authorization counts
 
 
+def test_a_renewal_retry_after_a_charge_that_never_authorized_counts_when_it_is_made(world):
+    """Found by the exploration (production, 2026-12-04, decision 254): a renewal charge left PENDING was
+    cancelled at its age limit; the invoice's quota reservation, never taken by an authorization, stayed
+    with the first attempt's time, and the next attempt days later took it over with that old time. The
+    retry's authorization fell outside the daily window it was made in, so a further charge started with
+    the window full. Each attempt's reservation counts from when that attempt is made."""
+    subscribed(world, plan=NSFW)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    world.c.clock.advance(world.c.settings.renewal_in_flight_max_hours * 3600 + 1)
+    assert run_renewals(world.c)["outcomes"] == {"declined": 1}  # cancelled: no authorization happened
+    world.sandbox.async_charges(None)
+    [due] = [a["next_attempt_at"] for a in list_attempts(world.c, user_id="user_a")[:1]]
+    wait = max((due - world.c.clock.now()).total_seconds(), 0) + 1
+    world.c.clock.advance(wait)
+    world.sandbox.store.advance_clock(wait)
+    made = world.c.clock.now()
+    assert run_renewals(world.c)["outcomes"] == {"succeeded": 1}
+    retry = list_attempts(world.c, user_id="user_a")[0]["payment_id"]
+    with world.c.uow() as uow:
+        counted = uow.execute(select(fraud_event.c.created_at).where(
+            fraud_event.c.dedupe_key == f"payment:{retry}")).scalar_one()
+    assert abs((counted - made).total_seconds()) < 60, (counted, made)
+    assert len(quota_rows(world)) == 2  # the checkout's and the retry's: the cancelled charge authorized nothing
+
+
 def test_refused_credentials_page_once_in_any_24_hours_even_across_midnight(world):
     """The page for refused credentials was keyed on the calendar day: an outage that began at 23:00 paged at
     23:00 and again after midnight (CI caught it when it ran late in the day). Once in any 24 hours."""
