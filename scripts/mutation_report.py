@@ -23,6 +23,8 @@ from pathlib import Path
 SURVIVED, NO_TESTS, NOT_CHECKED, SKIPPED = {0}, {5, 33}, {None}, {34}
 
 
+_PAYMENTS = "billingctl/services/payments/"  # the payments area, one module per part
+
 # (file, function name as mutmut spells it, a piece of the changed line or "" or "== " and the whole changed
 # line, why it is not killed)
 _RACE = ("accepted: a guard against another process changing the row between the read and the write; "
@@ -86,10 +88,10 @@ REASONS: list[tuple[str, str, str, str]] = [
      _CRASH),
     ("billingctl/services/orphans.py", "x_resolve", "Refused(None)",
      "accepted: reached only when another runner claims the row between resolve's two statements"),
-    ("billingctl/services/payments.py", "x__start_at_provider", "CancelledAtProvider(None)",
+    (_PAYMENTS + "activation.py", "x__start_at_provider", "CancelledAtProvider(None)",
      "equivalent: activate_subscription catches the exception and never reads its argument (it orphans the "
      "subscription it was activating)"),
-    ("billingctl/services/payments.py", "x__first_term_invoice", "",
+    (_PAYMENTS + "activation.py", "x__first_term_invoice", "",
      "accepted: a subscription whose first start is read back has exactly one invoice, its first term's, so "
      "the order of the list cannot matter"),
     ("billingctl/services/renewals.py", "x__exhaust", "apply_remote_subscription",
@@ -99,9 +101,9 @@ REASONS: list[tuple[str, str, str, str]] = [
      _LIMIT),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁlatest_on_lane", "limit(None)",
      _LIMIT),
-    ("billingctl/services/payments.py", "x_reverse_refund", "lock(None)",
+    (_PAYMENTS + "refunds.py", "x_reverse_refund", "lock(None)",
      "accepted: the user's row lock serializes concurrent refund reports; single-threaded tests cannot see it"),
-    ("billingctl/services/payments.py", "x_reverse_refund", '["amount"] or 1), 1)',
+    (_PAYMENTS + "refunds.py", "x_reverse_refund", '["amount"] or 1), 1)',
      "equivalent: max(…, 1) already turns a missing amount into 1"),
     ("billingctl/adapters/db/locks.py", "xǁProcessorLocksǁensure", "USER_ID", _SQLITE),
     ("billingctl/adapters/db/locks.py", "xǁProcessorLocksǁensure", "deleted_at is null", _SQLITE),
@@ -151,11 +153,11 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁexists_for_subscription", "select(None)", _EXISTS),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁgates", "select(None).where(purchase.c.transaction_id",
      _EXISTS),
-    ("billingctl/services/payments.py", "x__record_locally", "_unrecorded_gates(uow, facts) if", _OWN_CHECKS),
-    ("billingctl/services/payments.py", "x__record_locally", "crash_point", _CRASH),
-    ("billingctl/services/payments.py", "x__record_locally", 'coupon_ids', _COUPONS),
-    ("billingctl/services/payments.py", "x__record_locally", 'COUPON_IDS', _COUPONS),
-    ("billingctl/services/payments.py", "x__record_locally", '"credits_applied": facts.credits if',
+    (_PAYMENTS + "recording.py", "x__record_locally", "_unrecorded_gates(uow, facts) if", _OWN_CHECKS),
+    (_PAYMENTS + "recording.py", "x__record_locally", "crash_point", _CRASH),
+    (_PAYMENTS + "recording.py", "x__record_locally", 'coupon_ids', _COUPONS),
+    (_PAYMENTS + "recording.py", "x__record_locally", 'COUPON_IDS', _COUPONS),
+    (_PAYMENTS + "recording.py", "x__record_locally", '"credits_applied": facts.credits if',
      "equivalent: a new purchase is the first use of its ledger key (`payment:<id>`, written only with the "
      "purchase, in the same transaction), so the credits are always applied on this branch"),
     ("billingctl/adapters/db/purchases.py", "xǁLedgerǁapply", '["SOURCE_KEY"]', _SQLITE),
@@ -196,23 +198,23 @@ REASONS: list[tuple[str, str, str, str]] = [
      "accepted: the default page size of an operator's listing (every caller names its own limit or reads "
      "fewer rows)"),
     ("webhooks_app/session.py", "x__verify", "== )", "equivalent: PyJWT's default leeway is 0"),
-    ("billingctl/services/payments.py", "x_retry_pending", "hold(None)", _RACE),
-    ("billingctl/services/payments.py", "x_reverse_refund", '["amount"] or 0), 2)', _ONE_CENT),
-    ("billingctl/services/payments.py", "x_report_to_provider",
+    (_PAYMENTS + "followups.py", "x_retry_pending", "hold(None)", _RACE),
+    (_PAYMENTS + "refunds.py", "x_reverse_refund", '["amount"] or 0), 2)', _ONE_CENT),
+    (_PAYMENTS + "invoice_record.py", "x_report_to_provider",
      '== container.provider.record_payment(row["invoice_id"], row["amount"] or 1, row["transaction_id"])',
      _ONE_CENT),
-    ("billingctl/services/payments.py", "x_report_to_provider",
+    (_PAYMENTS + "invoice_record.py", "x_report_to_provider",
      '== container.provider.record_payment(row["invoice_id"], None, row["transaction_id"])',
      "accepted: without an amount the provider records the invoice's amount due (as Chargebee does), which is "
      "the purchase's amount for every invoice our checkouts and renewals pay"),
-    ("billingctl/services/payments.py", "x_report_to_provider", "crash_point", _CRASH),
-    ("billingctl/services/payments.py", "x__complete_followups", "container.uow(autocommit=",
+    (_PAYMENTS + "invoice_record.py", "x_report_to_provider", "crash_point", _CRASH),
+    (_PAYMENTS + "followups.py", "x__complete_followups", "container.uow(autocommit=",
      "equivalent: the unit of work only reads the unreported purchases; with or without autocommit it "
      "writes nothing"),
-    ("billingctl/services/payments.py", "x__start_at_provider", "subscription_id, now, idempotency_key=None)",
+    (_PAYMENTS + "activation.py", "x__start_at_provider", "subscription_id, now, idempotency_key=None)",
      _RANDOM_KEY),
-    ("billingctl/services/payments.py", "x__start_at_provider", "== subscription_id, now, )", _RANDOM_KEY),
-    ("billingctl/services/payments.py", "x_complete_followups", "budget(None)",
+    (_PAYMENTS + "activation.py", "x__start_at_provider", "== subscription_id, now, )", _RANDOM_KEY),
+    (_PAYMENTS + "followups.py", "x_complete_followups", "budget(None)",
      "equivalent: a budget class without a share is uncapped, as money is (ratelimit.SHARES caps only the "
      "interactive and batch classes); the class is read nowhere else"),
     ("billingctl/services/orphans.py", "x__recover", 'get("amount") or 1) > 0', _ONE_CENT),
@@ -278,25 +280,25 @@ REASONS: list[tuple[str, str, str, str]] = [
      "equivalent: a payment recorded on another subscription than its row's was moved there by a "
      "re-subscription, which happens only when the row's own subscription is cancelled, so the next "
      "condition fails either way"),
-    ("billingctl/services/payments.py", "x_activate_subscription", "== ", _ACTIVATION_LOCK),
-    ("billingctl/services/payments.py", "x_activate_subscription", "== if not _locked and dry_run:",
+    (_PAYMENTS + "activation.py", "x_activate_subscription", "== ", _ACTIVATION_LOCK),
+    (_PAYMENTS + "activation.py", "x_activate_subscription", "== if not _locked and dry_run:",
      _ACTIVATION_LOCK),
-    ("billingctl/services/payments.py", "x_activate_subscription", "container.uow(autocommit=None)", _READ_ONLY),
-    ("billingctl/services/payments.py", "x_activate_subscription", "container.uow(autocommit=False)", _READ_ONLY),
-    ("billingctl/services/payments.py", "x_activate_subscription", "if (local is not None) or True else None",
+    (_PAYMENTS + "activation.py", "x_activate_subscription", "container.uow(autocommit=None)", _READ_ONLY),
+    (_PAYMENTS + "activation.py", "x_activate_subscription", "container.uow(autocommit=False)", _READ_ONLY),
+    (_PAYMENTS + "activation.py", "x_activate_subscription", "if (local is not None) or True else None",
      "equivalent: a purchase's subscription always has a local copy (recording adds it in the same "
      "transaction), so the dry run's status is never read from a missing one"),
-    ("billingctl/services/payments.py", "x_activate_subscription", "container.locks.hold(None)",
+    (_PAYMENTS + "activation.py", "x_activate_subscription", "container.locks.hold(None)",
      "accepted: one lock named None for every subscription serializes more activations than needed, which "
      "is slower but not wrong; the tests activate one at a time"),
-    ("billingctl/services/payments.py", "x_activate_subscription", "crash_point", _CRASH),
-    ("billingctl/services/payments.py", "x_activate_subscription", "change_term_end", _TERM_FALLBACK),
-    ("billingctl/services/payments.py", "x_activate_subscription", "period = ", _TERM_FALLBACK),
-    ("billingctl/services/payments.py", "x_activate_subscription", "== remote = None", _TERM_FALLBACK),
-    ("billingctl/services/payments.py", "x_record_payment", "container.locks.hold(None)",
+    (_PAYMENTS + "activation.py", "x_activate_subscription", "crash_point", _CRASH),
+    (_PAYMENTS + "activation.py", "x_activate_subscription", "change_term_end", _TERM_FALLBACK),
+    (_PAYMENTS + "activation.py", "x_activate_subscription", "period = ", _TERM_FALLBACK),
+    (_PAYMENTS + "activation.py", "x_activate_subscription", "== remote = None", _TERM_FALLBACK),
+    (_PAYMENTS + "recording.py", "x_record_payment", "container.locks.hold(None)",
      "accepted: one lock named None for every subscription serializes more recordings than needed, which "
      "is slower but not wrong (the purchase's unique payment id keeps it exactly once)"),
-    ("billingctl/services/payments.py", "x__started_copy", "CancelledAtProvider(None)",
+    (_PAYMENTS + "activation.py", "x__started_copy", "CancelledAtProvider(None)",
      "equivalent: the exception's argument is read nowhere; its handler has the subscription id"),
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁfinished", "payment_id), purchase.c.provider_recorded_at",
      "equivalent: a purchase is marked recorded at the provider only after it was recorded on its invoice, so "
@@ -304,13 +306,13 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("billingctl/adapters/db/purchases.py", "xǁPurchasesǁfinished", '.is_not(None), subscription.c.status == "active"',
      "equivalent: a subscription is never active with its activation pending (recording marks only one that "
      "is not active; activation and sync clear the mark when they write active)"),
-    ("billingctl/services/payments.py", "x_facts_from_payment", "container.uow(autocommit=None)", _READ_ONLY),
-    ("billingctl/services/payments.py", "x_facts_from_payment", "container.uow(autocommit=False)", _READ_ONLY),
-    ("billingctl/services/payments.py", "x_facts_from_payment", "== item_price_id = None", _CHECKOUT_PLAN),
-    ("billingctl/services/payments.py", "x_facts_from_payment",
+    (_PAYMENTS + "recording.py", "x_facts_from_payment", "container.uow(autocommit=None)", _READ_ONLY),
+    (_PAYMENTS + "recording.py", "x_facts_from_payment", "container.uow(autocommit=False)", _READ_ONLY),
+    (_PAYMENTS + "recording.py", "x_facts_from_payment", "== item_price_id = None", _CHECKOUT_PLAN),
+    (_PAYMENTS + "recording.py", "x_facts_from_payment",
      '== item_price_id = item_price_id and row["item_price_id"]', _CHECKOUT_PLAN),
-    ("billingctl/services/payments.py", "x_facts_from_payment", 'get("amount") or 1', _ONE_CENT),
-    ("billingctl/services/payments.py", "x_facts_from_payment", '!= row["subscription_id"]) or True else None',
+    (_PAYMENTS + "recording.py", "x_facts_from_payment", 'get("amount") or 1', _ONE_CENT),
+    (_PAYMENTS + "recording.py", "x_facts_from_payment", '!= row["subscription_id"]) or True else None',
      "accepted: a guard for a checkout row whose invoice column holds its own subscription id (a checkout's "
      "order id, as a payment's orderId does); no path of this version writes one, so no test builds one"),
     ("billingctl/services/fraud_quota.py", "x_count_authorization", 'get("amount") or 1', _ONE_CENT),
@@ -325,7 +327,7 @@ REASONS: list[tuple[str, str, str, str]] = [
     ("webhooks_app/signatures.py", "x_unix_seconds", "isinstance(value, int) or not isinstance(value, bool)",
      _NOT_DIGITS),
     ("webhooks_app/signatures.py", "x_unix_seconds", 'not isinstance(value, bool) else "XXXX"', _NOT_DIGITS),
-    ("billingctl/services/payments.py", "x_activate_subscription", "if not bought.invoice_id or first_invoice",
+    (_PAYMENTS + "activation.py", "x_activate_subscription", "if not bought.invoice_id or first_invoice",
      "equivalent: a purchase with its invoice takes the path that sends no start, where the first invoice is "
      "None, so the condition is false both ways"),
     ("billingctl/services/orphans.py", "x_refund", 'get("amount") or 1',

@@ -65,13 +65,13 @@ def test_a_freeze_made_while_a_payment_is_being_recorded_comes_after_its_credit(
     writers). The gate now holds the row: the freeze waits for the payment, and falls after its credit."""
     import threading
 
-    from billingctl.services import payments
+    from billingctl.services.payments import recording
     from billingctl.services.reconcile import reconcile
 
     co = world.checkout()
     payment = world.sandbox.pay(co["order_id"], drop_webhook=True)
     froze = threading.Thread(target=freeze, args=(world.c, "user_a", "fraud review", "ops"))
-    gates = payments._unrecorded_gates
+    gates = recording._unrecorded_gates
 
     def gates_then_a_freeze(uow, facts):
         answer = gates(uow, facts)
@@ -79,8 +79,8 @@ def test_a_freeze_made_while_a_payment_is_being_recorded_comes_after_its_credit(
         froze.join(timeout=1)
         return answer
 
-    monkeypatch.setattr(payments, "_unrecorded_gates", gates_then_a_freeze)
-    assert payments.record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
+    monkeypatch.setattr(recording, "_unrecorded_gates", gates_then_a_freeze)
+    assert recording.record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
     froze.join()
     assert world.credits() == 2000
     with world.c.uow() as uow:

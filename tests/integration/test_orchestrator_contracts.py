@@ -162,7 +162,7 @@ def test_no_service_reads_primers_spelling_of_a_field():
                        "processorDisputeId", "processorId", "paymentMethodType", "paymentMethodData",
                        "expirationYear", "expirationMonth", "clientToken", "clientExpirationDate"))
     pattern = re.compile(r"""(\.get\(|\[)["'](""" + primer + r""")["']""")
-    readers = [path for path in sorted((root / "services").glob("*.py")) + sorted((root / "domain").glob("*.py"))
+    readers = [path for path in sorted((root / "services").rglob("*.py")) + sorted((root / "domain").glob("*.py"))
                + [root / "cli" / "payments.py"]
                if pattern.search(path.read_text())]
     assert readers == []

@@ -26,7 +26,7 @@ from billingctl.adapters.db.tables import (
 )
 from billingctl.domain.lifecycle import INVOICE_PAYABLE, REVIEW_HUMAN
 
-# The reason a payment captured in part is held for review with (services.payments._mismatch).
+# The reason a payment captured in part is held for review with (services.payments.recording._mismatch).
 CAPTURED_IN_PART = "partially_settled"
 
 SUCCESSFUL_TRANSACTION = ("captured", "settled")
