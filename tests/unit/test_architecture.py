@@ -119,3 +119,18 @@ def test_services_reach_the_database_only_through_the_repositories():
                 if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
                     # webhooks_app/errors.py maps the driver's exceptions to statuses: no query is built there.
                     assert path.name == "errors.py" and node.module == "sqlalchemy", (str(path), node.module)
+
+
+def test_the_sandboxs_two_vendors_share_no_method_name():
+    """Decision 255: `Sandbox` is the provider's model and the orchestrator's together; a method both
+    defined would be the provider's alone (the first base wins), silently."""
+    from billingctl.sandbox.base import SandboxBase
+    from billingctl.sandbox.orchestrator import OrchestratorModel
+    from billingctl.sandbox.provider import ProviderModel
+
+    def own(cls: type) -> set[str]:
+        return {name for name in vars(cls) if not name.startswith("__")}
+
+    assert own(ProviderModel) and own(OrchestratorModel)
+    assert own(ProviderModel) & own(OrchestratorModel) == set()
+    assert (own(ProviderModel) | own(OrchestratorModel)) & own(SandboxBase) == set()
