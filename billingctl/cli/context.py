@@ -13,7 +13,7 @@ import typer
 
 from billingctl.cli.exitcodes import EXTERNAL, UNEXPECTED, exit_code_for
 from billingctl.cli.output import Output
-from billingctl.domain.errors import BillingError, is_database_outage
+from billingctl.domain.errors import BillingError, is_database_outage, is_schema_behind
 
 
 @dataclass
@@ -97,6 +97,11 @@ def command(app: typer.Typer, name: str | None = None, **kwargs):
                 cli.output.error("interrupted")
                 raise typer.Exit(130) from None
             except Exception as exc:
+                if is_schema_behind(exc):  # before the outage test: SQLite's "no such table" is operational
+                    from billingctl.adapters.db.migrate import behind_message
+
+                    cli.output.error(behind_message(cli.container.settings.database_url))
+                    raise typer.Exit(EXTERNAL) from None
                 if is_database_outage(exc):
                     cli.output.error(f"database unavailable: {str(exc).splitlines()[0][:200]}")
                     raise typer.Exit(EXTERNAL) from None

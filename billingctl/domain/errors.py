@@ -179,3 +179,18 @@ def is_database_outage(exc: BaseException) -> bool:
     neither the CLI's start-up nor a service imports SQLAlchemy)."""
     return type(exc).__module__.startswith("sqlalchemy") and type(exc).__name__ in (
         "OperationalError", "InterfaceError", "DisconnectionError")
+
+
+# A statement named a relation or a column the database does not hold: PostgreSQL's SQLSTATEs, SQLite's words.
+_SCHEMA_BEHIND_STATES = ("42P01", "42703")
+_SCHEMA_BEHIND_WORDS = ("no such table", "no such column")
+
+
+def is_schema_behind(exc: BaseException) -> bool:
+    """SQLAlchemy's error for a table or column the database does not hold: its schema is older than the
+    code (a release that reached the hosts before `billingctl db upgrade` ran). Checked by name and by the
+    driver's error, like is_database_outage."""
+    if not type(exc).__module__.startswith("sqlalchemy"):
+        return False
+    orig = getattr(exc, "orig", None)
+    return getattr(orig, "sqlstate", None) in _SCHEMA_BEHIND_STATES or str(orig).startswith(_SCHEMA_BEHIND_WORDS)

@@ -92,3 +92,18 @@ def probe(url: str) -> tuple[str, str | None, str | None]:
         return engine.dialect.name, current_revision(engine), head_revision()
     finally:
         engine.dispose()
+
+
+def behind_message(url: str) -> str:
+    """What an operator reads when a statement met a table or column the database does not hold: both
+    revisions (read without Alembic, which would log at a job's INFO level) and the command that brings the
+    schema to the code's."""
+    from billingctl.adapters.db.engine import make_engine
+
+    engine = make_engine(url)
+    try:
+        current = _stamped_revision(engine)
+    finally:
+        engine.dispose()
+    return (f"the database schema is behind this code (database at {current or 'no revision'}, code at "
+            f"{head_revision_from_files()}): run `billingctl db upgrade`")
