@@ -13,7 +13,18 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from bench import budget, contention, reconcile_window, recording, renewal_day, roundtrips, scale, startup, webhook
+from bench import (
+    budget,
+    contention,
+    prune,
+    reconcile_window,
+    recording,
+    renewal_day,
+    roundtrips,
+    scale,
+    startup,
+    webhook,
+)
 from bench.common import postgres
 from tests.servers import RedisServer
 
@@ -91,6 +102,14 @@ def summary(r: dict) -> list[tuple[str, str, str]]:
                      f"{now['finished_after_hours']} h; {now['checkouts_refused_for_budget']} of {now['checkouts']} "
                      f"(before decisions 151-152: {before['finished_after_hours']} h; "
                      f"{before['checkouts_refused_for_budget']})", "finishes; none refused"))
+    pr = r.get("prune")
+    if pr:
+        b, one = pr["batched"], pr["one_transaction_before"]["longest_transaction_s"]
+        rows.append((f"`db prune` at {pr['rows']:,} rows a target: its longest transaction (against the one "
+                     "transaction of before decision 142)",
+                     f"{b['longest_transaction_s']} s, median {b['median_transaction_s']} s, {b['transactions']} "
+                     f"transactions in {b['seconds']} s (one transaction: {one} s; "
+                     f"{pr['longest_vs_one_transaction']}×)", "≤ 1 s each"))
     hot = sc["hot_lookups_at_large"]
     rows.append(("hot lookups at scale (refund reversal / purchase by invoice / velocity watch), median",
                  " / ".join(f"{hot[k]['median_ms']} ms" for k in ("refund_reversal", "purchase_by_invoice",
@@ -121,6 +140,8 @@ def main() -> None:
             results["scale"] = scale.run(url)
             step("reconcile's daily run at 10k, 100k and 1M payments of history")
             results["reconcile_window"] = reconcile_window.run(url)
+            step("db prune at 1M rows: its longest transaction, against the one transaction it used to be")
+            results["prune"] = prune.run(url)
             with postgres(durable=True) as durable_url:
                 step("recording under a duplicate storm")
                 results["recording"] = recording.run(url, redis_url, durable_url=durable_url)

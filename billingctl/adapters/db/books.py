@@ -445,11 +445,17 @@ class Books(Repository):
         return {name: self.execute(select(func.count()).select_from(table).where(old)).scalar_one()
                 for name, (table, old) in self._prunable(cutoffs).items()}
 
-    def prune_batch(self, name: str, cutoffs: dict, batch: int) -> int:
-        """Prune at most `batch` rows of one target (the payloads of inbox events are emptied, their rows
-        stay); the rows it pruned. Each batch is its caller's own short transaction."""
+    def prune_batch(self, name: str, cutoffs: dict, batch: int, after: int = 0) -> tuple[int, int]:
+        """Prune at most `batch` rows of one target whose id is above `after` (the payloads of inbox events
+        are emptied, their rows stay): (rows pruned, the highest id pruned). The next batch starts after
+        it, so no batch reads again the rows the ones before it pruned (an emptied payload is still a row
+        of the inbox: the batches read the whole target once, not once per batch). Each batch is its
+        caller's own short transaction."""
         table, old = self._prunable(cutoffs)[name]
-        chosen = select(table.c.id).where(old).order_by(table.c.id).limit(batch).scalar_subquery()
+        chosen = select(table.c.id).where(old, table.c.id > after).order_by(table.c.id).limit(batch).scalar_subquery()
         if name == "inbox_payloads":
-            return self.execute(update(table).where(table.c.id.in_(chosen)).values(payload={})).rowcount
-        return self.execute(delete(table).where(table.c.id.in_(chosen))).rowcount
+            statement = update(table).where(table.c.id.in_(chosen)).values(payload={})
+        else:
+            statement = delete(table).where(table.c.id.in_(chosen))
+        ids = self.execute(statement.returning(table.c.id)).scalars().all()
+        return len(ids), max(ids, default=after)
