@@ -253,6 +253,10 @@ def attempt_invoice(container, remote: Invoice, dry_run: bool = False) -> str:
         return "second_subscription" if dry_run else _second_subscription(container, invoice, holder)
     if _overlapped(term, local["current_term_end"]) and _superseded(container, term, invoice, dry_run):
         return "superseded_term" if dry_run else _superseded_term(container, invoice, local)
+    if standing.unended_overlap is not None:
+        # Another term's charge that these days share may still settle (decision 258): its end decides
+        # (settled, this term overlaps a paid one; else it is charged), never two charges for one day.
+        return "overlap_in_flight"
     if standing.paid_overlap is not None:  # a person's credit of the days already paid ends it
         short = _credit_short(remote, term, paid)
         if short:

@@ -1706,3 +1706,43 @@ def test_a_checkout_payment_laid_on_a_reactivated_term_the_renewal_job_tried_end
     charges_made = len(world.sandbox.store.all("payment"))
     advance_with_sandbox(world.c, 2 * 86400)
     assert run_renewals(world.c)["outcomes"] == {} and len(world.sandbox.store.all("payment")) == charges_made
+
+
+@pytest.mark.parametrize("end", ["settles", "declines"])
+def test_a_reactivated_term_is_not_charged_while_the_old_terms_renewal_charge_is_in_flight(world, end):
+    """Found by the embedded exploration (reconcile clean): the renewal job charged a term's invoice and the
+    processor left the charge in flight; support then cancelled and reactivated the subscription at the
+    provider's console, a new term from then invoiced at once. The next tick charged the new term too, as no
+    kept payment paid the old one yet (decision 204 looks for paid terms only), and both charges settled:
+    the customer paid twice for the days the two terms share. Now an invoice whose term overlaps another
+    invoice of the subscription with a charge in flight is not charged until that charge has ended: settled,
+    the new term overlaps a paid one (decision 204's alert, a person's); declined, the new term is charged
+    once."""
+    from billingctl.services import events
+    from billingctl.services.renewals import run_renewals
+    from tests.conftest import advance_with_sandbox
+
+    co = subscribed(world)
+    month_passes(world)
+    world.sandbox.async_charges("PENDING")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    [charge] = [p for p in world.sandbox.store.all("payment") if p["orderId"] != co["order_id"]]
+    world.sandbox.async_charges(None)
+    advance_with_sandbox(world.c, 3600)
+    world.sandbox.cancel(co["subscription_id"])  # support, at the provider's console
+    new = world.sandbox.reactivate(co["subscription_id"])["invoice"]
+    events.poll(world.c)
+    outcomes = run_renewals(world.c)["outcomes"]
+    assert [p["id"] for p in world.sandbox.store.all("payment") if p["orderId"] == new["id"]] == [], outcomes
+    world.sandbox.finish_payment(charge["id"], settle=end == "settles")
+    advance_with_sandbox(world.c, 60)
+    events.poll(world.c)
+    _renewal_days(world, 3)
+    settled = [p["orderId"] for p in world.sandbox.payments("SETTLED")]
+    if end == "settles":
+        assert settled == [co["order_id"], charge["orderId"]]
+        assert world.sandbox.invoice(new["id"])["status"] == "payment_due"
+        assert _chat_count(world, f"overlaps-paid-term:{new['id']}") == 1
+    else:
+        assert settled == [co["order_id"], new["id"]]
+    assert world.credits() == 4000

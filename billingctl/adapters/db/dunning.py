@@ -4,10 +4,26 @@ once, by a conditional update."""
 
 from __future__ import annotations
 
-from sqlalchemy import and_, func, select, update
+from sqlalchemy import and_, exists, func, or_, select, update
 
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.tables import dunning_attempt
+
+
+def _told(row):
+    """A later row of `row`'s invoice names a charge: the answer `row` lost was told since (decision 239)."""
+    later = dunning_attempt.alias("later")
+    return exists().where(later.c.invoice_id == row.c.invoice_id, later.c.id > row.c.id,
+                          later.c.payment_id.is_not(None))
+
+
+def charge_unended(invoice_id):
+    """A clause: the invoice has a renewal charge whose end is not known yet, so it may still take the
+    customer's money: in flight (an unresolved pending row), or its answer lost and its order not read back
+    since (an unresolved `error` row no later row told). The tick or its sweep ends each."""
+    row = dunning_attempt.alias("unended")
+    return exists().where(row.c.invoice_id == invoice_id, row.c.resolved_at.is_(None),
+                          or_(row.c.status == "pending", and_(row.c.status == "error", ~_told(row))))
 
 
 class DunningAttempts(Repository):
@@ -51,11 +67,8 @@ class DunningAttempts(Repository):
         lost = select(func.max(dunning_attempt.c.id)).where(
             dunning_attempt.c.status == "error", dunning_attempt.c.resolved_at.is_(None)
         ).group_by(dunning_attempt.c.invoice_id)
-        later = dunning_attempt.alias("later")
-        told = select(later.c.id).where(later.c.invoice_id == dunning_attempt.c.invoice_id,
-                                        later.c.id > dunning_attempt.c.id, later.c.payment_id.is_not(None))
         return [dict(r) for r in self.execute(select(dunning_attempt).where(
-            dunning_attempt.c.id.in_(lost), ~told.exists()).order_by(dunning_attempt.c.created_at)).mappings()]
+            dunning_attempt.c.id.in_(lost), ~_told(dunning_attempt)).order_by(dunning_attempt.c.created_at)).mappings()]
 
     def read_back(self, invoice_id: str, now) -> None:
         """The invoice's order was read back: its lost answers (`error` rows) are known now."""

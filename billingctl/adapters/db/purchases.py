@@ -9,6 +9,7 @@ from functools import lru_cache
 from sqlalchemy import String, and_, bindparam, case, exists, func, literal, or_, select, true, update
 
 from billingctl.adapters.db.checkouts import order_matches
+from billingctl.adapters.db.dunning import charge_unended
 from billingctl.adapters.db.repository import Repository
 from billingctl.adapters.db.sql import insert_ignore, on_driver
 from billingctl.adapters.db.subscriptions import holds_its_plan
@@ -66,6 +67,18 @@ def _paid_overlap(invoice_id: str, subscription_id: str | None, term: tuple | No
         or_(purchase.c.credits == 0, taken_back < purchase.c.credits)).order_by(invoice.c.id).limit(1).scalar_subquery()
 
 
+def _overlap_unended(invoice_id: str, subscription_id: str | None, term: tuple | None):
+    """The id of another invoice of the subscription whose term (our copy's) overlaps `term` and whose renewal
+    charge has not ended (in flight, or its answer lost): if it settles, that term is paid, so this one waits
+    for its end. None when there is none, or when `term` is not known."""
+    if term is None or subscription_id is None:
+        return literal(None, String)
+    return select(invoice.c.id).where(
+        invoice.c.subscription_id == subscription_id, invoice.c.id != invoice_id,
+        invoice.c.term_start < term[1], invoice.c.term_end > term[0], charge_unended(invoice.c.id)
+    ).order_by(invoice.c.id).limit(1).scalar_subquery()
+
+
 class Purchases(Repository):
     def add(self, values: dict) -> bool:
         """The purchase of one payment; False when that payment already has one."""
@@ -87,12 +100,14 @@ class Purchases(Repository):
         subscription has a paid checkout still waiting for its first invoice (`waiting`), whether the
         provider's copy owes again what a payment of ours stood recorded on (`removed`, decision 184), and
         another invoice of the subscription, paid by a kept payment, whose term overlaps `term` (datetimes
-        from, to) (`paid_overlap`, decision 204): one statement, so one snapshot. Activation writes the
+        from, to) (`paid_overlap`, decision 204), or whose renewal charge has not ended (`unended_overlap`,
+        decision 258): one statement, so one snapshot. Activation writes the
         purchase's and the checkout's invoice in one transaction; separate reads could straddle that commit
         and see none of the three (decision 158)."""
         pays = _pays_its_invoice()
         return self.execute(select(
             _paid_overlap(invoice_id, subscription_id, term).label("paid_overlap"),
+            _overlap_unended(invoice_id, subscription_id, term).label("unended_overlap"),
             exists().where(checkout_session.c.invoice_id == invoice_id).label("checkout"),
             exists().where(purchase.c.invoice_id == invoice_id, pays).label("paid"),
             exists().where(purchase.c.subscription_id == subscription_id,
