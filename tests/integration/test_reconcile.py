@@ -75,6 +75,31 @@ def plant_invoice_paid_twice(world):
     later(world)  # the provider's invoice, paid over an hour ago, holds two terms
 
 
+def plant_term_paid_twice(world):
+    """A second term of the subscription whose days overlap the paid one's, paid in full and credited (a
+    reactivation's new term charged beside a paid term: decisions 204, 258)."""
+    from billingctl.adapters.db.tables import invoice
+
+    co, payment = paid(world)
+    first = purchase_of(world, payment["id"]).invoice_id
+    with world.c.uow() as uow:
+        paid_copy = uow.execute(select(invoice).where(invoice.c.id == first)).mappings().one()
+        assert paid_copy["term_start"] is not None and paid_copy["total_amount"]
+        shift = (paid_copy["term_end"] - paid_copy["term_start"]) / 3
+        uow.execute(insert(invoice).values(
+            id="inv_reactivated", subscription_id=co["subscription_id"], customer_id="user_a",
+            total_amount=paid_copy["total_amount"], currency_code="USD", status="paid",
+            created_at=world.c.clock.now(), term_start=paid_copy["term_start"] + shift,
+            term_end=paid_copy["term_end"] + shift))
+        uow.commit()
+    credit_second_purchase(world, "inv_reactivated", co["subscription_id"])
+    with world.c.uow() as uow:
+        uow.execute(update(purchase).where(purchase.c.transaction_id == "pay_second").values(
+            amount=paid_copy["total_amount"]))
+        uow.commit()
+    later(world)
+
+
 def unreport(uow, payment_id):
     uow.execute(update(purchase).where(purchase.c.transaction_id == payment_id).values(provider_recorded_at=None))
 
@@ -176,6 +201,7 @@ def plant_closed_purchase_not_reversed(world):
     (plant_unreported_behind_a_recovered_review_row, "recorded_not_on_provider_invoice"),
     (plant_closed_purchase_not_reversed, "closed_purchase_not_reversed"),
     (plant_invoice_paid_twice, "invoice_paid_twice"),
+    (plant_term_paid_twice, "term_paid_twice"),
     (plant_unreported, "recorded_not_on_provider_invoice"),
     (plant_paid_not_active, "paid_not_active"),
     (plant_credits_after_freeze, "credits_after_freeze"),

@@ -1270,6 +1270,10 @@ def test_a_reactivated_term_whose_shared_days_a_person_credited_is_charged_the_r
     assert [p["amount"] for p in charges] == [new["total"] - credit]
     assert world.sandbox.invoice(new["id"])["status"] == "paid"
     assert world.credits() == 4000
+    # Two paid terms share days, the shared ones credited by a person: not a term paid twice (decision 258).
+    from billingctl.services.reconcile import reconcile
+
+    assert "term_paid_twice" not in {v["check"] for v in reconcile(world.c, full=True)["violations"]}
 
 
 def test_a_reactivated_term_credited_less_than_its_days_already_paid_is_not_charged_until_they_are(world):
@@ -1746,3 +1750,6 @@ def test_a_reactivated_term_is_not_charged_while_the_old_terms_renewal_charge_is
     else:
         assert settled == [co["order_id"], new["id"]]
     assert world.credits() == 4000
+    from billingctl.services.reconcile import reconcile
+
+    assert "term_paid_twice" not in {v["check"] for v in reconcile(world.c, full=True)["violations"]}

@@ -17,7 +17,8 @@ SUBJECT_KEYS = ("invoice_id", "payment_id", "subscription_id", "dispute_id", "le
 # Every check, from our books and the two others (the runbook's table names each).
 CHECKS = (
     "ledger_without_purchase", "refund_without_purchase", "ledger_unknown_reason", "refund_exceeds_credit",
-    "credits_differ_from_ledger", "invoice_paid_twice", "two_live_subscriptions", "recorded_not_on_provider_invoice",
+    "credits_differ_from_ledger", "invoice_paid_twice", "term_paid_twice", "two_live_subscriptions",
+    "recorded_not_on_provider_invoice",
     "closed_purchase_not_reversed", "dispute_lost_not_reversed", "paid_not_active", "credits_after_freeze",
     "charge_in_flight_too_long", "dunning_unfinished", "quota_over_limit",
     "payment_unrecorded", "payment_recorded_and_refunded", "payment_amount_differs", "order_charged_twice",
