@@ -10,8 +10,9 @@ from billingctl.adapters.logs import item_failed
 from billingctl.adapters.payloads import Event, EventContent, EventEnvelope, Invoice, Payment, Transaction
 from billingctl.domain import errors as e
 from billingctl.domain.clock import parse_time
+from billingctl.domain.lifecycle import INVOICE_PAYABLE
 from billingctl.services import alerts, inbox
-from billingctl.services.invoices import apply_copy
+from billingctl.services.invoices import apply_copy, owed_again
 from billingctl.services.payments import apply_refund_report, record_payment, reverse_refund
 from billingctl.services.sync import apply_remote_subscription, subscription_gone
 
@@ -80,11 +81,27 @@ def _confirm_provider_record(container, payment_id: str, content: EventContent) 
         parse_time(invoice.paid_at) or container.clock.now()
     with container.uow() as uow:
         confirmed = uow.purchases.confirm_reported(payment_id, invoice.id, recorded_at)
+        ours = uow.invoices.get(invoice.id) if confirmed else None
+        if ours is not None and _record_undone(ours, invoice):
+            # The record was undone at the provider before we read it (finance removed the payment, and the
+            # invoice was voided or owes again since): the removal's news, told to a person (decision 260).
+            owed_again(container, uow, invoice.id, ours["status"])
         uow.commit()
     if confirmed:
         log.info("recorded on its invoice by the workflow: confirmed by the provider",
                  extra={"payment_id": payment_id, "invoice_id": invoice.id})
     return confirmed
+
+
+def _record_undone(ours, reported: Invoice) -> bool:
+    """Our copy of an invoice no longer holds the record the provider reports on it: voided (the provider
+    voids an invoice only once its payments are removed, decision 188), or unpaid by a copy newer than the
+    report's (its payment removed since, decision 184). Not a deleted one: the deletion is its own news
+    (decision 215)."""
+    if ours["deleted_at"] is not None or ours["status"] in (None, "paid"):
+        return False
+    newer = (ours["provider_resource_version"] or 0) > (reported.resource_version or 0)
+    return ours["status"] == "voided" or (ours["status"] in INVOICE_PAYABLE and newer)
 
 
 def record_reported_payment(container, payment_id: str, content: EventContent, path: str) -> dict:

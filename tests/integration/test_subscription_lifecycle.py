@@ -956,8 +956,9 @@ def test_a_cheque_for_part_of_an_invoice_a_removal_left_owing_is_never_named_rem
 def test_a_payment_removed_before_its_paid_copy_reached_us_is_named_by_the_renewal_job(world):
     """Decision 184, webhooks out of order: the removal's copy (payment_due, newer) arrives before the
     payment's own event, whose paid copy is then older and dropped, so no paid-to-payable step is ever seen
-    here. The payment is recorded from its event and confirmed by it; the renewal job finds the invoice
-    owing again under a purchase of ours, counts it apart, charges nothing and raises the one alert."""
+    here. The payment is recorded from its event and confirmed by it, and as our newer copy owes again the
+    one alert is raised then (decision 260; before it, by the renewal job's next tick); the renewal job finds
+    the invoice owing again under a purchase of ours, counts it apart, charges nothing and raises no other."""
     from billingctl.services.provider_events import handle_event
     from billingctl.services.renewals import run_renewals
 
@@ -971,12 +972,12 @@ def test_a_payment_removed_before_its_paid_copy_reached_us_is_named_by_the_renew
         handle_event(world.c, event, via="webhook")
     assert world.purchases(payment["id"]) == 1 and _local_invoice(world, invoice["id"])["status"] == "payment_due"
     key = f"payment-removed:{payment['id']}:{invoice['id']}"
-    assert key not in _chat_keys(world)
+    assert _chat_count(world, key) == 1
     charges = len(world.sandbox.store.all("payment"))
     assert run_renewals(world.c)["outcomes"] == {"payment_removed": 1}
     assert run_renewals(world.c)["outcomes"] == {"payment_removed": 1}
     assert len(world.sandbox.store.all("payment")) == charges
-    assert key in _chat_keys(world)
+    assert _chat_count(world, key) == 1
 
 
 @pytest.mark.parametrize("then", ["the follow-up runs first", "the renewal job runs first"])
@@ -1041,6 +1042,43 @@ def test_a_payment_removed_from_an_invoice_an_operator_voids_before_we_read_the_
     events.poll(world.c)
     events.poll(world.c)
     assert _local_invoice(world, invoice["id"])["status"] == "voided"
+    key = f"payment-removed:{payment['id']}:{invoice['id']}"
+    assert _chat_count(world, key) == 1
+    charges = len(world.sandbox.store.all("payment"))
+    run_renewals(world.c)
+    assert len(world.sandbox.store.all("payment")) == charges
+
+    assert refund_by_operator(world.c, payment["id"], "term not owed", "ops")["outcome"] == "refunded"
+    assert world.sandbox.customer("user_a")["excess_payments"] == 0
+    world.advance(2 * 3600)
+    assert reconcile(world.c, full=True)["violations"] == []
+
+
+def test_a_workflow_record_read_after_its_removal_and_the_void_is_named_once(world):
+    """Found by the embedded exploration (reconcile clean): the renewal charge settled and we recorded it; the
+    orchestrator's workflow recorded it on the invoice at the provider, and before our event poll read that
+    record finance removed the payment from the invoice and an operator's `users freeze --void-invoices`
+    voided it. Our copy went from payment_due to voided (the void's answer), never paid, so decision 188's
+    step was never seen; then the poll read the workflow's old `payment_succeeded` and marked the purchase
+    recorded on an invoice our newer copy holds voided. Nobody was told, and no follow-up was left to find
+    it: the customer's money sat in their excess payments. Now a record the provider reports on an invoice
+    whose newer copy no longer holds it paid is the removal's news: each payment of ours recorded there is
+    named to a person once."""
+    from billingctl.services import events, users
+    from billingctl.services.payments import record_payment, refund_by_operator, retry_pending
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.renewals import run_renewals
+
+    co, invoice, payment = world.renewal_charged_unseen()
+    assert record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
+    assert _local_invoice(world, invoice["id"])["status"] != "paid"  # the workflow's record not read yet
+    world.sandbox.remove_payment(invoice["id"], world.sandbox.store.get("transaction_by_ref", payment["id"])["id"])
+    users.freeze(world.c, "user_a", "chargeback suspected", "ops", void_invoices=True)
+    assert _local_invoice(world, invoice["id"])["status"] == "voided"
+    events.poll(world.c)
+    events.poll(world.c)
+    world.advance(2 * 3600)
+    retry_pending(world.c)
     key = f"payment-removed:{payment['id']}:{invoice['id']}"
     assert _chat_count(world, key) == 1
     charges = len(world.sandbox.store.all("payment"))
