@@ -1019,6 +1019,23 @@ def test_a_renewal_payment_removed_before_we_read_its_record_is_never_recorded_t
     assert world.credits() == 4000
 
 
+def _removal_named_once_then_refunded(world, invoice, payment):
+    """A payment removed from its voided invoice: named to a person once, never charged again; the person
+    refunds it and the books agree."""
+    from billingctl.services.payments import refund_by_operator
+    from billingctl.services.reconcile import reconcile
+    from billingctl.services.renewals import run_renewals
+
+    assert _chat_count(world, f"payment-removed:{payment['id']}:{invoice['id']}") == 1
+    charges = len(world.sandbox.store.all("payment"))
+    run_renewals(world.c)
+    assert len(world.sandbox.store.all("payment")) == charges
+    assert refund_by_operator(world.c, payment["id"], "term not owed", "ops")["outcome"] == "refunded"
+    assert world.sandbox.customer("user_a")["excess_payments"] == 0
+    world.advance(2 * 3600)
+    assert reconcile(world.c, full=True)["violations"] == []
+
+
 def test_a_payment_removed_from_an_invoice_an_operator_voids_before_we_read_the_removal_is_named_once(world):
     """Decision 188 (found by the exploration): finance removes our recorded payment from its invoice and,
     before the event poll reads the removal, an operator freezes the customer with --void-invoices, which
@@ -1028,9 +1045,7 @@ def test_a_payment_removed_from_an_invoice_an_operator_voids_before_we_read_the_
     from paid to a status that is not paid names each payment of ours recorded on it, once; the person
     refunds it, and the books agree."""
     from billingctl.services import events, users
-    from billingctl.services.payments import record_payment, refund_by_operator
-    from billingctl.services.reconcile import reconcile
-    from billingctl.services.renewals import run_renewals
+    from billingctl.services.payments import record_payment
 
     co, invoice, payment = world.renewal_charged_unseen()
     assert record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
@@ -1042,16 +1057,7 @@ def test_a_payment_removed_from_an_invoice_an_operator_voids_before_we_read_the_
     events.poll(world.c)
     events.poll(world.c)
     assert _local_invoice(world, invoice["id"])["status"] == "voided"
-    key = f"payment-removed:{payment['id']}:{invoice['id']}"
-    assert _chat_count(world, key) == 1
-    charges = len(world.sandbox.store.all("payment"))
-    run_renewals(world.c)
-    assert len(world.sandbox.store.all("payment")) == charges
-
-    assert refund_by_operator(world.c, payment["id"], "term not owed", "ops")["outcome"] == "refunded"
-    assert world.sandbox.customer("user_a")["excess_payments"] == 0
-    world.advance(2 * 3600)
-    assert reconcile(world.c, full=True)["violations"] == []
+    _removal_named_once_then_refunded(world, invoice, payment)
 
 
 def test_a_workflow_record_read_after_its_removal_and_the_void_is_named_once(world):
@@ -1065,9 +1071,7 @@ def test_a_workflow_record_read_after_its_removal_and_the_void_is_named_once(wor
     whose newer copy no longer holds it paid is the removal's news: each payment of ours recorded there is
     named to a person once."""
     from billingctl.services import events, users
-    from billingctl.services.payments import record_payment, refund_by_operator, retry_pending
-    from billingctl.services.reconcile import reconcile
-    from billingctl.services.renewals import run_renewals
+    from billingctl.services.payments import record_payment, retry_pending
 
     co, invoice, payment = world.renewal_charged_unseen()
     assert record_payment(world.c, payment, "settled_poller")["outcome"] == "recorded"
@@ -1079,16 +1083,7 @@ def test_a_workflow_record_read_after_its_removal_and_the_void_is_named_once(wor
     events.poll(world.c)
     world.advance(2 * 3600)
     retry_pending(world.c)
-    key = f"payment-removed:{payment['id']}:{invoice['id']}"
-    assert _chat_count(world, key) == 1
-    charges = len(world.sandbox.store.all("payment"))
-    run_renewals(world.c)
-    assert len(world.sandbox.store.all("payment")) == charges
-
-    assert refund_by_operator(world.c, payment["id"], "term not owed", "ops")["outcome"] == "refunded"
-    assert world.sandbox.customer("user_a")["excess_payments"] == 0
-    world.advance(2 * 3600)
-    assert reconcile(world.c, full=True)["violations"] == []
+    _removal_named_once_then_refunded(world, invoice, payment)
 
 
 @pytest.mark.parametrize("forgiven", ["write_off", "credit_note"])
