@@ -94,10 +94,11 @@ def probe(url: str) -> tuple[str, str | None, str | None]:
         engine.dispose()
 
 
-def behind_message(url: str) -> str:
-    """What an operator reads when a statement met a table or column the database does not hold: both
-    revisions (read without Alembic, which would log at a job's INFO level) and the command that brings the
-    schema to the code's."""
+def behind_message(url: str) -> str | None:
+    """What an operator reads when a statement met a table or column the database does not hold and its
+    schema is not the code's: both revisions (read without Alembic, which would log at a job's INFO level)
+    and the command that brings the schema to the code's. None when the database is at the code's revision:
+    a table missing there is no migration's to fix (decision 256)."""
     from billingctl.adapters.db.engine import make_engine
 
     engine = make_engine(url)
@@ -105,5 +106,8 @@ def behind_message(url: str) -> str:
         current = _stamped_revision(engine)
     finally:
         engine.dispose()
+    head = head_revision_from_files()
+    if current == head:
+        return None
     return (f"the database schema is behind this code (database at {current or 'no revision'}, code at "
-            f"{head_revision_from_files()}): run `billingctl db upgrade`")
+            f"{head}): run `billingctl db upgrade`")
