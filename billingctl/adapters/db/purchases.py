@@ -51,32 +51,32 @@ def _pays_its_invoice():
     return or_(purchase.c.processor.is_not(None), purchase.c.credits > 0)
 
 
-def _paid_overlap(invoice_id: str, subscription_id: str | None, term: tuple | None):
-    """The id of another invoice of the subscription whose term (our copy's) overlaps `term` and that a kept
-    payment pays: its purchase not closed, paying its invoice, its credits not all taken back by refunds or
-    a lost dispute. None when there is none, or when `term` is not known."""
+def _overlapping(invoice_id: str, subscription_id: str | None, term: tuple | None, *conditions):
+    """The id of another invoice of the subscription whose term (our copy's) overlaps `term` (datetimes from,
+    to) and that meets `conditions`, the first by id. None when there is none, or when `term` is not known."""
     if term is None or subscription_id is None:
         return literal(None, String)
+    return select(invoice.c.id).where(
+        invoice.c.subscription_id == subscription_id, invoice.c.id != invoice_id,
+        invoice.c.term_start < term[1], invoice.c.term_end > term[0], *conditions
+    ).order_by(invoice.c.id).limit(1).scalar_subquery()
+
+
+def _paid_overlap(invoice_id: str, subscription_id: str | None, term: tuple | None):
+    """An overlapping invoice of the subscription that a kept payment pays: its purchase not closed, paying
+    its invoice, its credits not all taken back by refunds or a lost dispute (decision 204)."""
     taken_back = -func.coalesce(select(func.sum(credit_ledger.c.amount)).where(
         credit_ledger.c.payment_id == purchase.c.transaction_id,
         credit_ledger.c.reason.in_(REVERSALS)).scalar_subquery(), 0)
-    return select(invoice.c.id).where(
-        invoice.c.subscription_id == subscription_id, invoice.c.id != invoice_id,
-        invoice.c.term_start < term[1], invoice.c.term_end > term[0],
-        purchase.c.invoice_id == invoice.c.id, purchase.c.closed_at.is_(None), _pays_its_invoice(),
-        or_(purchase.c.credits == 0, taken_back < purchase.c.credits)).order_by(invoice.c.id).limit(1).scalar_subquery()
+    return _overlapping(invoice_id, subscription_id, term,
+                        purchase.c.invoice_id == invoice.c.id, purchase.c.closed_at.is_(None), _pays_its_invoice(),
+                        or_(purchase.c.credits == 0, taken_back < purchase.c.credits))
 
 
 def _overlap_unended(invoice_id: str, subscription_id: str | None, term: tuple | None):
-    """The id of another invoice of the subscription whose term (our copy's) overlaps `term` and whose renewal
-    charge has not ended (in flight, or its answer lost): if it settles, that term is paid, so this one waits
-    for its end. None when there is none, or when `term` is not known."""
-    if term is None or subscription_id is None:
-        return literal(None, String)
-    return select(invoice.c.id).where(
-        invoice.c.subscription_id == subscription_id, invoice.c.id != invoice_id,
-        invoice.c.term_start < term[1], invoice.c.term_end > term[0], charge_unended(invoice.c.id)
-    ).order_by(invoice.c.id).limit(1).scalar_subquery()
+    """An overlapping invoice of the subscription whose renewal charge has not ended (in flight, or its answer
+    lost): if it settles, that term is paid, so this one waits for its end (decision 258)."""
+    return _overlapping(invoice_id, subscription_id, term, charge_unended(invoice.c.id))
 
 
 class Purchases(Repository):
