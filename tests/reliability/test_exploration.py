@@ -418,12 +418,20 @@ class Exploration(RuleBasedStateMachine):
         assert len({a["order_id"] for a in answers}) <= 1, answers  # one checkout, whichever tab asked
         self.m.open_checkouts.extend(answers[:1])
 
-    @rule(seed=st.integers(0, 2**32), part=st.sampled_from([1, 4]))
-    def payment_entered_at_the_provider(self, seed, part):
+    @rule(seed=st.integers(0, 2**32), part=st.sampled_from([1, 4]), late=st.booleans())
+    def payment_entered_at_the_provider(self, seed, part, late):
         """Finance records a cheque on an unpaid invoice at the provider's console: for what is due, or for
-        a quarter of it (decision 180)."""
-        rng = self.step(seed, "cheque at the provider" + ("" if part == 1 else f" for 1/{part} of what is due"))
-        due = [i for i in self.m.payable() if i["status"] in ("payment_due", "not_paid")]
+        a quarter of it (decision 180). `late`: on an invoice the provider's offline dunning has ended
+        (not_paid, its subscription kept or cancelled; one is made first when none is): drawn among every
+        unpaid invoice, none of the 237 production histories of the forty-second session's last run paid one."""
+        rng = self.step(seed, "cheque at the provider" + ("" if part == 1 else f" for 1/{part} of what is due")
+                        + (" after the provider's dunning ended" if late else ""))
+        if late and not any(i["status"] == "not_paid" for i in self.m.payable()):
+            self.an_unpaid_renewal(rng)
+            self.m.cancel_unpaid_at_provider()
+            self.m.advance(rng.choice(SPANS[:4]))
+            self.m.jobs()
+        due = [i for i in self.m.payable() if i["status"] in (("not_paid",) if late else ("payment_due", "not_paid"))]
         if due:
             invoice = rng.choice(due)
             self.m.sandbox.record_payment(invoice["id"], max(invoice["amount_due"] // part, 1),
