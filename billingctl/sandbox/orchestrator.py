@@ -230,6 +230,9 @@ class OrchestratorModel(SandboxBase):
         if not 0 < amount <= left:
             raise SandboxError(400, "amount must be positive and at most what is authorized and not captured",
                                "invalid_request", "amount")
+        refused = self.store.meta(f"capture_refused:{payment_id}", None)
+        if refused and not again:  # the processor's answer to the capture: the payment ends unsettled
+            return self.finish_payment(payment_id, settle=False, failed=refused == "FAILED")
         self.store.set_meta(f"capture_open:{payment_id}", not final and before + amount < payment["amount"])
         if not again:
             return self.finish_payment(payment_id, captured=amount)
@@ -243,6 +246,15 @@ class OrchestratorModel(SandboxBase):
         self.store.put("payment", payment_id, payment)
         self._after_settle(payment, True, False, 1)
         return payment
+
+    def refuse_capture(self, payment_id: str, status: str = "DECLINED") -> None:
+        """The processor will refuse the capture of this authorized payment: the issuer declines it (an
+        authorization it no longer honours) or the processor fails it. Primer answers the capture with the
+        payment DECLINED or FAILED (its lifecycle's AUTHORIZED -> DECLINED / FAILED), no money moved, and
+        sends its PAYMENT.STATUS."""
+        if status not in ("DECLINED", "FAILED"):
+            raise SandboxError(400, "status must be DECLINED or FAILED")
+        self.store.set_meta(f"capture_refused:{payment_id}", status)
 
     def cancel_payment(self, payment_id: str) -> dict:
         """POST /payments/{id}/cancel: voids a payment that has not settled (PENDING or AUTHORIZED)."""

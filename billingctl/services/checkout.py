@@ -281,8 +281,10 @@ def cleanup_expired(container, dry_run: bool = False) -> dict:
     cancelled += strays["cancelled"]
     failed += strays["failed"]
     return BatchResult({"cancelled": cancelled, "skipped_paid": skipped, "captured": finished["captured"],
-                        "voided": finished["voided"], "failed": failed},
-                       done=len(cancelled) + len(finished["captured"]) + len(finished["voided"]),
+                        "capture_refused": finished["capture_refused"], "voided": finished["voided"],
+                        "failed": failed},
+                       done=len(cancelled) + len(finished["captured"]) + len(finished["capture_refused"])
+                       + len(finished["voided"]),
                        failed=len(failed), skipped=len(skipped), errors=failed)
 
 
@@ -300,17 +302,17 @@ def finish_authorizations(container, dry_run: bool = False) -> dict:
     (decision 213). Renewal charges are the renewal tick's; one payment never stops the
     others. Without this the clean-up cancelled the subscription a day later and left the money held.
     `dry_run`: what it would capture and void, doing neither."""
-    from billingctl.services.payments import CAPTURED_STATUSES, record_payment
+    from billingctl.services.payments import CAPTURED_STATUSES, record_payment, update_transaction_status
     now = container.clock.now()
     limit = timedelta(minutes=container.settings.renewal_authorized_max_minutes)
-    captured, voided, failed = [], [], []
+    captured, refused, voided, failed = [], [], [], []
     try:
         # Every authorization, however old (they are few: a finished one leaves the status).
         listed = {p.id: p.made_at for p in container.orchestrator.list_payments("AUTHORIZED")
                   if p.made_at is not None and now - p.made_at > limit}
     except e.BillingError as exc:
-        return {"captured": [], "voided": [], "failed": [{"id": "*", "error": f"listing authorizations: "
-                                                                                f"{exc.message}"}]}
+        return {"captured": [], "capture_refused": [], "voided": [],
+                "failed": [{"id": "*", "error": f"listing authorizations: {exc.message}"}]}
     for payment_id, made in listed.items():
         try:
             payment = container.orchestrator.get_payment(payment_id)
@@ -335,14 +337,20 @@ def finish_authorizations(container, dry_run: bool = False) -> dict:
             log.warning("checkout authorization left uncaptured past its limit: capturing",
                         extra={"payment_id": payment_id, "subscription_id": bought["subscription_id"]})
             settled = container.orchestrator.capture_payment(payment_id)
-            captured.append(payment_id)
             if settled.status in CAPTURED_STATUSES:  # recorded now (the webhook's copy is then a duplicate), so
+                captured.append(payment_id)
                 record_payment(container, settled, "checkout_cleanup")  # a day-old checkout is not cancelled below
+            else:  # the processor refused the capture (DECLINED, FAILED): no money moved (decision 261)
+                log.warning("checkout authorization's capture refused by the processor",
+                            extra={"payment_id": payment_id, "subscription_id": bought["subscription_id"],
+                                   "status": settled.status})
+                update_transaction_status(container, settled)
+                refused.append(payment_id)
         except Exception as exc:
             item_failed(log, "checkout authorization", exc, payment_id=payment_id)
             failed.append({"id": payment_id, "error": exc.message if isinstance(exc, e.BillingError)
                            else type(exc).__name__})
-    return {"captured": captured, "voided": voided, "failed": failed}
+    return {"captured": captured, "capture_refused": refused, "voided": voided, "failed": failed}
 
 
 def _not_owed(uow, bought, payment_id: str) -> str | None:

@@ -322,8 +322,8 @@ def test_cleanup_cancels_only_expired_pending_checkouts_older_than_a_day(api):
     assert cleanup_expired(api.c, dry_run=True) == {"dry_run": True, "would_cancel": [old["subscription_id"]],
                                                     "would_capture": [], "would_void": []}
     result = cleanup_expired(api.c)
-    assert result == {"cancelled": [old["subscription_id"]], "skipped_paid": [], "captured": [], "voided": [],
-                      "failed": []}
+    assert result == {"cancelled": [old["subscription_id"]], "skipped_paid": [], "captured": [], "capture_refused": [],
+                      "voided": [], "failed": []}
     assert api.c.sandbox.subscription(old["subscription_id"])["status"] == "cancelled"
     assert api.c.sandbox.subscription(young["subscription_id"])["status"] == "future"
     assert api.c.sandbox.subscription(paid_late["subscription_id"])["status"] == "active"

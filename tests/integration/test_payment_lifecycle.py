@@ -109,6 +109,24 @@ def test_an_authorization_left_uncaptured_is_captured_after_its_age_limit(world)
     assert world.credits() == 4000
 
 
+def test_a_renewal_authorization_whose_capture_the_processor_refuses_moves_the_schedule_on(world):
+    """Decision 261's renewal side: the tick captures its authorization past its limit and the processor
+    refuses the capture: the attempt ends declined (the retry schedule moves on), nothing is credited."""
+    co = subscribed(world)
+    month_passes(world)
+    invoice = due_invoice(world, co)
+    world.sandbox.async_charges("AUTHORIZED")
+    assert run_renewals(world.c)["outcomes"] == {"pending": 1}
+    [charge] = renewal_charges(world)
+    world.sandbox.refuse_capture(charge["id"])
+    world.c.clock.advance(world.c.settings.renewal_authorized_max_minutes * 60 + 1)
+    assert run_renewals(world.c)["outcomes"] == {"declined": 1}
+    assert world.sandbox.store.get("payment", charge["id"])["status"] == "DECLINED"
+    assert world.sandbox.invoice(invoice["id"])["status"] == "payment_due"
+    assert attempts(world) == [("pending", "AUTHORIZED"), ("declined", "DO_NOT_HONOR")]
+    assert world.credits() == 2000
+
+
 def test_a_charge_pending_past_its_age_limit_is_cancelled_and_the_schedule_moves_on(world):
     subscribed(world)
     month_passes(world)
@@ -523,6 +541,33 @@ def test_a_checkout_authorization_the_workflow_never_captured_is_captured_past_i
     again = cleanup_expired(world.c)
     assert again["captured"] == again["voided"] == []
     assert [p["status"] for p in world.sandbox.store.all("payment")] == [at_orchestrator["status"]]
+
+
+@pytest.mark.parametrize("refusal", ["DECLINED", "FAILED"])
+def test_a_checkout_authorization_whose_capture_the_processor_refuses_is_reported_so_not_as_captured(world, refusal):
+    """Decision 261: the clean-up captures a checkout authorization past its limit (decision 211), and the
+    processor refuses the capture (the issuer no longer honours the authorization, or a processor error):
+    Primer answers the payment DECLINED or FAILED, no money moved. The job listed it under `captured` and
+    left our transaction row `authorized` until the notification came: an operator read a capture that
+    never happened. It is listed under `capture_refused`, the answer is written at once (the notification
+    may be lost), nothing is credited, and the next run finds nothing to do."""
+    from billingctl.adapters.db.tables import transaction
+    from billingctl.services.checkout import cleanup_expired
+
+    co = world.checkout()
+    payment = world.sandbox.pay(co["order_id"], capture=False)  # the workflow's capture step failed
+    world.sandbox.refuse_capture(payment["id"], refusal)
+    world.sandbox.hold_webhooks()  # the capture's PAYMENT.STATUS is not delivered
+    world.advance(61 * 60)
+    done = cleanup_expired(world.c)
+    assert world.sandbox.store.get("payment", payment["id"])["status"] == refusal
+    assert done["captured"] == [] and done["capture_refused"] == [payment["id"]] and done["failed"] == []
+    with world.c.uow() as uow:
+        assert uow.execute(select(transaction.c.status).where(
+            transaction.c.transaction_id == payment["id"])).scalar_one() == refusal.lower()
+    assert world.purchases(payment["id"]) == 0 and world.credits() == 0
+    again = cleanup_expired(world.c)
+    assert again["captured"] == again["capture_refused"] == again["voided"] == []
 
 
 def test_a_checkout_authorization_nobody_finished_for_a_month_is_voided_not_captured(world):

@@ -499,6 +499,23 @@ class Exploration(RuleBasedStateMachine):
             self.m.pay("uncaptured")
         self.m.capture_in_parts()
 
+    @rule(seed=st.integers(0, 2**32), status=st.sampled_from(["DECLINED", "FAILED"]), fresh=st.booleans())
+    def the_processor_refuses_a_capture(self, seed, status, fresh):
+        """The processor will refuse the capture of an authorized payment (a checkout's whose workflow only
+        authorized, or a renewal charge answered AUTHORIZED): whoever captures it next, the workflow or our
+        jobs past the authorization limit, finds it DECLINED or FAILED (decision 261). No history of the
+        forty-second session's runs (568) moved a payment from authorized to declined or failed.
+        `fresh`, or nothing authorized: a customer pays a new checkout whose workflow only authorizes first."""
+        rng = self.step(seed, f"the processor will refuse a capture ({status})")
+        if fresh or not self.m.sandbox.payments("AUTHORIZED"):
+            self.m.checkout()
+            self.m.pay("uncaptured")
+        authorized = sorted(self.m.sandbox.payments("AUTHORIZED"), key=lambda p: p["id"])
+        if authorized:
+            payment = rng.choice(authorized)
+            self.m.sandbox.refuse_capture(payment["id"], status)
+            self.m.note(f"  the processor will refuse {payment['id']}'s capture")
+
     @rule(outcome=st.sampled_from(["SETTLED", "FAILED"]))
     def refunds_take_time(self, outcome):
         """From now on (but while the books are read), each refund is answered pending and reaches `outcome`
