@@ -47,13 +47,20 @@ def due_invoice(world, co):
             if i["subscription_id"] == co["subscription_id"] and i["status"] != "paid"][0]
 
 
-# ---- defect 1: a partial settle is held, never charged again in full ------------------------------------
-
-def test_a_partially_settled_renewal_is_held_for_review_and_never_charged_again(world):
+def renewal_answered(world, status):
+    """A subscription a month on, its renewal invoice due and the processor answering its renewal charges
+    `status` (PENDING, AUTHORIZED, SETTLING or PARTIALLY_SETTLED); returns (the checkout, the invoice)."""
     co = subscribed(world)
     month_passes(world)
     invoice = due_invoice(world, co)
-    world.sandbox.async_charges("PARTIALLY_SETTLED")  # the processor captures half of the amount
+    world.sandbox.async_charges(status)
+    return co, invoice
+
+
+# ---- defect 1: a partial settle is held, never charged again in full ------------------------------------
+
+def test_a_partially_settled_renewal_is_held_for_review_and_never_charged_again(world):
+    co, invoice = renewal_answered(world, "PARTIALLY_SETTLED")  # the processor captures half of the amount
     assert run_renewals(world.c)["outcomes"] == {"held": 1}
     [charge] = renewal_charges(world)
     assert charge["status"] == "PARTIALLY_SETTLED"
@@ -78,10 +85,7 @@ def test_a_partially_settled_payment_held_for_review_can_be_refunded(world):
     refunds what was captured of a partially captured payment. The refund returns the captured part."""
     from billingctl.services.orphans import resolve
 
-    co = subscribed(world)
-    month_passes(world)
-    invoice = due_invoice(world, co)
-    world.sandbox.async_charges("PARTIALLY_SETTLED")
+    co, invoice = renewal_answered(world, "PARTIALLY_SETTLED")
     assert run_renewals(world.c)["outcomes"] == {"held": 1}
     [charge] = renewal_charges(world)
     resolve(world.c, charge["id"], "refund", "captured in part", "operator")
@@ -94,10 +98,7 @@ def test_a_partially_settled_payment_held_for_review_can_be_refunded(world):
 # ---- defect 2: an in-flight charge past its age limit is captured, cancelled or escalated ---------------
 
 def test_an_authorization_left_uncaptured_is_captured_after_its_age_limit(world):
-    co = subscribed(world)
-    month_passes(world)
-    invoice = due_invoice(world, co)
-    world.sandbox.async_charges("AUTHORIZED")
+    co, invoice = renewal_answered(world, "AUTHORIZED")
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}
     assert run_renewals(world.c)["outcomes"] == {"in_flight": 1}  # within its limit: wait for the workflow
     world.c.clock.advance(world.c.settings.renewal_authorized_max_minutes * 60 + 1)
@@ -112,10 +113,7 @@ def test_an_authorization_left_uncaptured_is_captured_after_its_age_limit(world)
 def test_a_renewal_authorization_whose_capture_the_processor_refuses_moves_the_schedule_on(world):
     """Decision 261's renewal side: the tick captures its authorization past its limit and the processor
     refuses the capture: the attempt ends declined (the retry schedule moves on), nothing is credited."""
-    co = subscribed(world)
-    month_passes(world)
-    invoice = due_invoice(world, co)
-    world.sandbox.async_charges("AUTHORIZED")
+    co, invoice = renewal_answered(world, "AUTHORIZED")
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}
     [charge] = renewal_charges(world)
     world.sandbox.refuse_capture(charge["id"])
@@ -171,10 +169,7 @@ def test_a_charge_in_flight_that_ends_unpaid_after_a_cheque_paid_its_invoice_end
     from billingctl.services.reconcile import reconcile
     from tests.conftest import advance_with_sandbox
 
-    co = subscribed(world)
-    month_passes(world)
-    invoice = due_invoice(world, co)
-    world.sandbox.async_charges("PENDING")
+    co, invoice = renewal_answered(world, "PENDING")
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}
     world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0078", payment_method="check")
     poll(world.c)
@@ -208,10 +203,7 @@ def test_a_charge_in_flight_for_an_invoice_nobody_owes_any_more_is_cancelled_at_
     from billingctl.services.reconcile import reconcile
     from tests.conftest import advance_with_sandbox
 
-    co = subscribed(world)
-    month_passes(world)
-    invoice = due_invoice(world, co)
-    world.sandbox.async_charges(hangs)
+    co, invoice = renewal_answered(world, hangs)
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}
     if settled_by == "cheque":
         world.sandbox.record_payment(invoice["id"], invoice["amount_due"], "cheque 0080", payment_method="check")
@@ -241,10 +233,7 @@ def test_a_charge_pending_past_its_age_limit_is_cancelled_although_a_cheque_paid
     from billingctl.services.events import poll
     from tests.conftest import advance_with_sandbox
 
-    co = subscribed(world)
-    month_passes(world)
-    invoice = due_invoice(world, co)
-    world.sandbox.async_charges("PENDING")
+    co, invoice = renewal_answered(world, "PENDING")
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}
     world.sandbox.record_payment(invoice["id"], invoice["amount_due"] // 4, "cheque 0079", payment_method="check")
     poll(world.c)
@@ -605,10 +594,7 @@ def test_an_in_flight_row_whose_invoice_left_payment_due_is_swept_to_its_end(wor
     the tick no longer lists it; the sweep reads the charge and ends the row."""
     from billingctl.services.renewals import _record
 
-    co = subscribed(world)
-    month_passes(world)
-    invoice = due_invoice(world, co)
-    world.sandbox.async_charges("PENDING")
+    co, invoice = renewal_answered(world, "PENDING")
     assert run_renewals(world.c)["outcomes"] == {"pending": 1}
     [charge] = renewal_charges(world)
     with world.c.uow() as uow:  # the race: the pending row is written after the settle was recorded
