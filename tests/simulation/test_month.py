@@ -691,8 +691,17 @@ class Model:
         unexpected = [v for v in report["violations"] if (v["check"], v.get("payment_id")) not in parked
                       and not held & {v.get("payment_id"), *(v.get("payment_ids") or ())}
                       and not (v["check"] == "two_live_subscriptions"
-                               and set(v["subscription_ids"]) & set(self.reactivated))]
+                               and set(v["subscription_ids"]) & set(self.reactivated))
+                      and not (v["check"] == "term_paid_twice" and set(v["payment_ids"]) & self.entered_at_provider())]
         assert not unexpected, f"reconcile reports what the books do not show (a false alarm): {unexpected[:5]}"
+
+    def entered_at_provider(self) -> set[str]:
+        """Payments finance entered at the provider's console (a cheque: its own id names it), not ours. A
+        term one of them pays in full beside another term's paid days is a person's doing (decision 259's
+        `term_paid_twice` names it); the days our kept charges paid are checked apart."""
+        ours = {p["id"] for p in self.sandbox.store.all("payment")}
+        return {t["id"] for t in self.sandbox.store.all("transaction")
+                if t.get("type") == "payment" and t.get("reference_number") not in ours}
 
     def deleted_at_provider(self) -> set[str]:
         """Payments the provider deleted with their subscription (decision 215): ours (its reference names
@@ -1117,6 +1126,33 @@ def test_a_paid_term_finance_wired_back_is_no_day_paid_twice_when_its_shortened_
             alerted = set(uow.execute(select(alert_outbox.c.dedupe_key)).scalars())
         assert outcomes == (["succeeded"] if refund == "in full" else [])
         assert (f"overlaps-paid-term:{renewal[0]['id']}" in alerted) == (refund == "half")
+
+
+def test_a_cheque_finance_enters_on_a_term_sharing_paid_days_is_named_by_reconcile_not_a_defect(make_settings,
+                                                                                              db_url):
+    """Support shortened a paid term, its overlapping renewal was withheld and alerted (decision 204), and
+    finance then entered a cheque for that renewal in full at the provider's console: the customer paid the
+    shared days twice, by a person's hand. Reconcile names it (`term_paid_twice`, decision 259), which the
+    books' check took for a false alarm (found by the embedded exploration of 2026-12-06, twice): the check
+    of the days our kept charges paid does not count a cheque, and a pair that includes one is a person's
+    doing that reconcile may name."""
+    from billingctl.services import reconcile
+
+    with _one_paid_checkout(make_settings, db_url) as (c, model, co, _):
+        [paid] = [i for i in model.sandbox.store.all("invoice") if i["status"] == "paid"]
+        model.advance(10 * 86400)
+        model.sandbox.change_term_end(co["subscription_id"], model.sandbox.now() + 5 * 86400)
+        model.advance(5 * 86400 + 61)
+        model.jobs()
+        [renewal] = [i for i in model.sandbox.store.all("invoice") if i["id"] != paid["id"]]
+        assert renewal["status"] == "payment_due"  # withheld: its days are paid
+        model.sandbox.record_payment(renewal["id"], renewal["amount_due"], "cheque 12")
+        model.advance(61)
+        model.jobs()
+        model.settle_quietly()
+        model.check()
+        named = [v for v in reconcile.reconcile(c)["violations"] if v["check"] == "term_paid_twice"]
+        assert [v["invoice_id"] for v in named] == [renewal["id"]]
 
 
 def test_a_dispute_taken_to_a_later_stage_is_one_signal_and_one_alert_per_stage(make_settings, db_url):
