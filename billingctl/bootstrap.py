@@ -43,6 +43,9 @@ class Container:
             from billingctl.adapters.db.migrate import ensure_current
 
             ensure_current(engine)
+        from billingctl import startup
+
+        startup.end()  # the command has loaded what it runs on: its own work is collected as usual
         return engine
 
     def uow(self, autocommit: bool = False) -> UnitOfWork:

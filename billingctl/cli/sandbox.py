@@ -44,9 +44,11 @@ def serve(port: int = typer.Option(8900, "--port"), host: str = typer.Option("12
     """Serve both simulators on loopback: /provider/api/v2/… and /orchestrator/…"""
     from werkzeug.serving import run_simple
 
+    from billingctl import startup
     from billingctl.sandbox.apps import create_combined_app, handler_dated_by_the_app
 
     cli, sandbox = _sandbox()
+    startup.end()  # a server: its start-up is over before it serves
     cli.output.info(f"BILLING_PROVIDER_URL=http://{host}:{port}/provider "
                     f"BILLING_ORCHESTRATOR_URL=http://{host}:{port}/orchestrator")
     run_simple(host, port, create_combined_app(sandbox), threaded=True, use_reloader=False,
