@@ -1,5 +1,5 @@
 """`python -m billingctl` runs the CLI."""
 
-from billingctl.cli.main import main
+from billingctl.cli import run
 
-main()
+run()

@@ -263,8 +263,5 @@ def build_command(word: str | None = None):
 def main() -> None:
     import sys
 
-    from billingctl import startup
-
-    startup.begin()  # until the first engine: the start-up's imports, collected rarely (decision 262)
     front, rest = split_global_flags(sys.argv[1:])
     build_command(command_word(rest))(args=front + rest, prog_name="billingctl")
