@@ -3,7 +3,8 @@ runs when it is not a loop, an idle one-shot `billingctl jobs run poll` on Postg
 provider served on loopback, as production's is remote), against `python -c "import sqlalchemy, httpx,
 psycopg"`; each pair of commands run in turn, the median of the pairs' own ratios with its spread, and
 the peak memory of each. Also the run that finds the lease held (exit 75): it stops before the job's heavy
-imports; and what limits the poll's figure, the libraries it loads imported alone (`job_libraries_alone`)."""
+imports; and what limits the poll's figure, the libraries it loads imported alone (`job_libraries_alone`), and
+imported alone as the CLI loads them, under its start-up's collector policy (`job_libraries_as_loaded`)."""
 
 from __future__ import annotations
 
@@ -95,6 +96,9 @@ def run(database_url: str | None = None, redis_url: str | None = None) -> dict:
         "idle_poll": (poll, heavy),
         # What limits the poll's figure: the libraries its run loads, imported and unused.
         "job_libraries_alone": ([sys.executable, "-c", f"import {JOB_LIBRARIES}"], heavy),
+        # The same as the CLI loads them: under its start-up's collector policy (decision 262).
+        "job_libraries_as_loaded": ([sys.executable, "-c", "from billingctl import startup; startup.begin(); "
+                                     f"import {JOB_LIBRARIES}; startup.end()"], heavy),
     }
     result = {}
     try:
