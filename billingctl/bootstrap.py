@@ -155,12 +155,14 @@ class Container:
               limiter=None):
         import httpx
 
+        from billingctl.adapters import tls
         from billingctl.adapters.http import HttpPolicy, ResilientClient
         from billingctl.domain.errors import RateLimited
 
         s = self.settings
         if base_url:
-            client = httpx.Client(base_url=base_url, headers=headers, timeout=s.http_timeout_seconds)
+            client = httpx.Client(base_url=base_url, headers=headers, timeout=s.http_timeout_seconds,
+                                  verify=tls.context())
         else:  # the in-process sandbox (Flask) is imported only when it answers: never in production
             from billingctl.sandbox import apps
             from billingctl.sandbox.transport import SandboxTransport

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import httpx
 
+from billingctl.adapters import tls
 from billingctl.domain.errors import ExternalUnavailable
 
 SINK_SETTINGS = {"chat": "alert_webhook_url", "notify": "notify_url", "analytics": "analytics_url"}
@@ -24,7 +25,7 @@ class HttpSink:
     def send(self, payload: dict, dedupe_key: str) -> None:
         try:
             response = httpx.post(self.url, json=payload, timeout=self.timeout,
-                                  headers={"Idempotency-Key": dedupe_key})
+                                  headers={"Idempotency-Key": dedupe_key}, verify=tls.context())
         except httpx.HTTPError as exc:
             raise ExternalUnavailable(f"{self.name} sink: {type(exc).__name__}") from exc
         if response.status_code >= 300:
