@@ -9,18 +9,30 @@ started from the CLI that serves without the database) still collects, less ofte
 engine a process builds: by then the command has loaded what it runs on) freezes what the start-up made,
 so no later pass walks it, and puts the default thresholds back for the command's own work. Only a
 process that began so is touched: the web apps freeze after their own start (webhooks_app), tests
-never."""
+never.
+
+At exit (decision 264) everything is frozen once more, after every other exit handler has run (`begin`
+registers it first, and exit handlers run last-registered first): the interpreter's teardown then collects
+several times over what is not frozen, and for a command that is about to end those passes free nothing
+the exit itself does not. Objects left in reference cycles are not finalized at exit (CPython never
+promised it); what a command holds open is closed before, by its own `with` blocks, the CLI's close of
+its container, and the exit handlers of logging and of the metrics."""
 
 from __future__ import annotations
 
+import atexit
 import gc
 
 START_THRESHOLDS = (100_000, 50, 50)
 _defaults: tuple[int, ...] | None = None
+_frozen_at_exit = False
 
 
 def begin() -> None:
-    global _defaults
+    global _defaults, _frozen_at_exit
+    if not _frozen_at_exit:  # the first exit handler registered: the last to run
+        _frozen_at_exit = True
+        atexit.register(gc.freeze)
     if _defaults is None:
         _defaults = gc.get_threshold()
         gc.set_threshold(*START_THRESHOLDS)

@@ -34,6 +34,12 @@ class CliContext:
             self._container = bootstrap()
         return self._container
 
+    def close(self) -> None:
+        """The container the command built, if it built one: its pools, Redis and HTTP clients closed."""
+        if self._container is not None:
+            container, self._container = self._container, None
+            container.close()
+
     @property
     def actor(self) -> str:
         return os.environ.get("SUDO_USER") or os.environ.get("USER") or "operator"

@@ -89,6 +89,7 @@ def _root(
     json_mode = json_output or output == "json"
     ctx.obj = set_ctx(CliContext(json=json_mode, dry_run=dry_run, output=Output(json_mode, output),
                                  log_level_given=log_level is not None))
+    ctx.call_on_close(ctx.obj.close)  # the command's connections end with it, whatever it raised
 
 
 @command(root, "version")

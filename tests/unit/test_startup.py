@@ -67,3 +67,59 @@ def test_the_console_script_begins_before_typer_is_imported():
     entry = [line for line in (Path(__file__).parents[2] / "pyproject.toml").read_text().splitlines()
              if line.startswith("billingctl = ")]
     assert entry == ['billingctl = "billingctl.cli:run"']
+
+
+_TEARDOWN = """
+import atexit, gc, os, sys
+# Registered before `begin`: runs after its handler, as the interpreter's teardown would see the heap.
+atexit.register(lambda: os.write(1, f"{len(gc.get_objects())} {gc.get_freeze_count()}".encode()))
+from billingctl import startup
+if sys.argv[1] == "began":
+    startup.begin()
+made = [[n] for n in range(50_000)]  # the start-up's
+if sys.argv[1] == "began":
+    startup.end()
+more = [[n] for n in range(50_000)]  # the command's own work, after its first engine
+"""
+
+
+@pytest.mark.parametrize(("how", "frozen_at_exit"), [("began", True), ("did_not_begin", False)])
+def test_the_interpreters_teardown_finds_a_commands_objects_frozen(how, frozen_at_exit):
+    """Decision 264: the teardown's collections walk what is not frozen, several times; a command that began
+    so is frozen whole once every other exit handler has run. A process that did not begin so (a web
+    worker, a test) is left as it was."""
+    import subprocess
+    import sys
+
+    shown = subprocess.run([sys.executable, "-c", _TEARDOWN, how], capture_output=True, text=True, timeout=60,
+                           check=True)
+    tracked, frozen = map(int, shown.stdout.split())
+    if frozen_at_exit:
+        assert frozen > 100_000 and tracked < 1_000
+    else:
+        assert frozen == 0 and tracked > 100_000
+
+
+def test_a_command_closes_what_it_opened_whatever_it_answered(settings, monkeypatch):
+    """Decision 264: the CLI closes the container a command built when the command ends, so its connections
+    end with a goodbye, not with the process (and not in a teardown collection)."""
+    from typer.testing import CliRunner
+
+    import billingctl.bootstrap
+    from billingctl.cli.main import app
+
+    built = []
+    real = billingctl.bootstrap.bootstrap
+
+    def recording(*args, **kw):
+        built.append(real(*args, **kw))
+        return built[-1]
+
+    monkeypatch.setattr(billingctl.bootstrap, "bootstrap", recording)
+    env = {"BILLING_DATABASE_URL": settings.database_url, "BILLING_SANDBOX_DB": settings.sandbox_db}
+    for args, code in ((["users", "show", "nobody"], 3), (["jobs", "list"], 0)):
+        result = CliRunner().invoke(app, args, env=env)
+        assert result.exit_code == code, result.output
+    assert built, "no command built a container"
+    for container in built:
+        assert container.engine.pool.checkedin() == 0  # disposed: no connection left open in its pool
