@@ -52,8 +52,8 @@ def summary(r: dict) -> list[tuple[str, str, str]]:
     w = r.get("webhook_http", {})
     if "ratio" in w:
         rows.append(("duplicate webhook vs the minimal correct receiver", f"{w['ratio']}× (median of the rounds' "
-                     f"ratios {w.get('round_ratios')}; p99 {w['webhook']['p99_ms']}"
-                     f" vs {w['minimal_receiver']['p99_ms']} ms: {w['p99_vs_minimal']}×)", "≥ 0.8×, p99 ≤ 3×"))
+                     f"ratios {w.get('round_ratios')}; p99 {w['webhook']['p99_ms']:.2f}"
+                     f" vs {w['minimal_receiver']['p99_ms']:.2f} ms: {w['p99_vs_minimal']}×)", "≥ 0.8×, p99 ≤ 3×"))
     if "new_payment_rounds" in w:
         rows.append(("a new payment's webhook: p99 vs p50 in each round after warm-up",
                      ", ".join(f"{x['p99_vs_p50']}× ({x.get('provider_calls')} provider calls)"
