@@ -419,6 +419,38 @@ def test_a_card_payment_whose_invoice_finance_credited_in_part_meanwhile_pays_th
     assert reconcile(world.c)["violations"] == []
 
 
+def test_a_refund_after_an_excess_was_counted_takes_back_its_share(world):
+    """Found by the exploration (2026-12-06, decision 265): a third of a card payment was refunded at the
+    orchestrator's console while its record waited (its share of the credits taken back); finance then
+    credited a third of the invoice, so the payment paid the rest and the refund already made counted as the
+    excess (decision 180). A second third refunded later takes back its share of what paid the term: the
+    ledger's key for a reversal named the share, and this one's (its total less the excess) was the first
+    one's, so it was taken for a second report of the first and nothing was taken back."""
+    from billingctl.domain.refunds import credits_to_reverse
+    from billingctl.services.events import poll
+    from billingctl.services.payments import retry_pending
+    from tests.conftest import advance_with_sandbox
+
+    card, invoice = card_payment_waiting_for_its_record(world)
+    third = card["amount"] // 3
+    world.sandbox.refund(card["id"], third)
+    advance_with_sandbox(world.c, 60)
+    poll(world.c)
+    after_first = world.credits("user_chq")
+    assert after_first == 2000 - credits_to_reverse(2000, card["amount"], 0, third)
+    world.sandbox.create_credit_note(invoice["id"], invoice["amount_due"] - (card["amount"] - third))
+    advance_with_sandbox(world.c, 60)
+    for job in (retry_pending, poll) * 2:
+        job(world.c)
+    assert world.sandbox.store.get("payment", card["id"])["processor"]["amountRefunded"] == third  # no more
+    world.sandbox.refund(card["id"], third)
+    advance_with_sandbox(world.c, 60)
+    poll(world.c)
+    owed = credits_to_reverse(2000, card["amount"], third, 2 * third)  # half of what paid the term
+    assert owed > 2000 - after_first
+    assert world.credits("user_chq") == 2000 - owed
+
+
 def test_an_excess_refund_the_processor_refused_before_the_rest_was_recorded_is_asked_for_again(world):
     """Decision 180 with decision 174: the excess's refund was asked for, the record of the rest failed, and
     the processor then refused the refund. The next run asks for it again under a new key (the old one

@@ -150,11 +150,15 @@ def reverse_refund(container, payment_id: str, refunded_total: int, path: str) -
         delta = target - reversed_so_far
         if delta <= 0:
             return {"payment_id": payment_id, "outcome": "already_reversed", "credits_reversed": 0}
-        apply_credits(uow, bought["user_id"], -delta, f"refund:{payment_id}:{share}", "refund", payment_id, now)
+        # Keyed by the cumulative refunded amount, not the share: an excess counted between two refunds
+        # (decision 180) can give a later refund the share of an earlier one (decision 265).
+        apply_credits(uow, bought["user_id"], -delta, f"refund:{payment_id}:{refunded_total}", "refund", payment_id,
+                      now)
         review.close_purchase_ended(uow, payment_id, now)  # its row ended refunded while the refund was pending
         alerts.enqueue(uow, container.clock, "analytics", {
             "event": "payment_refunded", "payment_id": payment_id, "user_id": bought["user_id"],
-            "refunded_total": share, "credits_reversed": delta, "path": path}, f"analytics:refund:{payment_id}:{share}")
+            "refunded_total": share, "credits_reversed": delta, "path": path},
+            f"analytics:refund:{payment_id}:{refunded_total}")
         uow.commit()
     log.info("refund reversed credits", extra={"payment_id": payment_id, "credits": delta, "path": path})
     return {"payment_id": payment_id, "outcome": "reversed", "credits_reversed": delta, "user_id": bought["user_id"]}
