@@ -75,9 +75,9 @@ class Container:
         """A Redis client, or None when BILLING_REDIS_URL is unset (in-process fallbacks apply)."""
         if not self.settings.redis_url:
             return None
-        import redis
+        from billingctl.adapters.syncredis import redis_module
 
-        return redis.Redis.from_url(
+        return redis_module().Redis.from_url(
             self.settings.redis_url, socket_timeout=2, socket_connect_timeout=2, health_check_interval=30
         )
 

@@ -85,6 +85,9 @@ class RateLimiter:
         self._memory_lock = threading.Lock()
         self._limiter = self._memory
         if redis_url:
+            from billingctl.adapters.syncredis import redis_module
+
+            redis_module()  # before `limits` imports it: without its asyncio client (decision 267)
             self._limiter = MovingWindowRateLimiter(storage_from_string(redis_url, socket_timeout=2))
 
     def _call(self, op: str, *args, **kwargs):

@@ -434,6 +434,66 @@ def test_a_run_that_finds_the_lease_held_stops_before_the_jobs_heavy_imports(con
     assert not heavy & imported, sorted(heavy & imported)
 
 
+def _one_shot_poll(env: dict, prelude: str, **more: str) -> subprocess.CompletedProcess:
+    """A production-shape one-shot `jobs run poll` (the provider unreachable: it fails its item, exit 5)
+    with `prelude` run before the CLI's entry point."""
+    production = {**env, "BILLING_PROVIDER_URL": "http://127.0.0.1:9", "BILLING_ORCHESTRATOR_URL": "http://127.0.0.1:9"}
+    code = (f"{prelude}\nimport sys\nsys.argv = ['billingctl', 'jobs', 'run', 'poll']\n"
+            "from billingctl.cli import run\nrun()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={"PATH": os.environ["PATH"], **production, **more})
+    assert '"job finished"' in result.stderr, result.stderr[-500:]
+    return result
+
+
+def test_a_jobs_start_up_is_never_collected_before_its_freeze(env):
+    """Decision 266: a one-shot job's start-up makes 105,000 to 141,000 objects before its first engine
+    (the poll, on SQLite and on PostgreSQL with Redis); at the start-up threshold of decision 262 (100,000)
+    the collector walked them all once, just before the engine froze them: about 25 ms of a one-shot poll.
+    No collection runs between the CLI's `begin` and its first engine's `end`; the collector stays on."""
+    result = _one_shot_poll(env, (
+        "import gc, sys\n"
+        "from billingctl import startup\n"
+        "seen, begin, end = [], startup.begin, startup.end\n"
+        "def began():\n"
+        "    begin()\n"
+        "    gc.callbacks.append(lambda phase, info: phase == 'start' and seen.append(info['generation']))\n"
+        "def ended():\n"
+        "    sys.stderr.write(f'ENABLED {gc.isenabled()} COLLECTED {seen}\\n')\n"
+        "    gc.callbacks.clear()\n"
+        "    return end()\n"
+        "startup.begin, startup.end = began, ended"))
+    assert "ENABLED True COLLECTED []" in result.stderr, result.stderr[-500:]
+
+
+def test_a_job_on_redis_loads_no_asyncio_client(env, redis_url):
+    """Issue 39 item 5, decision 267: no `redis.asyncio` on a job's path. The limiter (through `limits`), the
+    locks and the breakers reach Redis; the package `redis.asyncio` exists, its client, pool, cluster and
+    sentinel are never loaded."""
+    result = _one_shot_poll(env, (
+        "import atexit, sys\n"
+        "atexit.register(lambda: sys.stderr.write('MODULES ' + ' '.join(sorted(sys.modules)) + '\\n'))"),
+        BILLING_REDIS_URL=redis_url)
+    imported = set(result.stderr.rsplit("MODULES ", 1)[1].split())
+    assert {"redis", "redis.client", "limits.storage.redis"} <= imported
+    assert sorted(m for m in imported if m.startswith("redis.asyncio.") and ".observability" not in m) == []
+
+
+@pytest.mark.parametrize(("operator_says", "scanned"), [(None, False), ("", True)])
+def test_a_command_looks_for_no_pydantic_plugin_unless_the_operator_asks(env, operator_says, scanned):
+    """Decision 266: looking for pydantic's plugins reads every installed distribution's entry points before
+    the first model is built. The CLI does not look unless PYDANTIC_DISABLE_PLUGINS is set (empty: all)."""
+    result = _one_shot_poll(env, (
+        "import importlib.metadata, sys\n"
+        "real = importlib.metadata.entry_points\n"
+        "def asked(**kw):\n"
+        "    sys.stderr.write(f\"ENTRY POINTS {kw.get('group')}\\n\")\n"
+        "    return real(**kw)\n"
+        "importlib.metadata.entry_points = asked"),
+        **({} if operator_says is None else {"PYDANTIC_DISABLE_PLUGINS": operator_says}))
+    assert ("ENTRY POINTS pydantic" in result.stderr) is scanned
+
+
 @pytest.mark.parametrize("job", ["checkout-cleanup", "poll"])
 def test_a_production_job_never_imports_the_sandbox_or_flask(env, job):
     """Issue 39 item 5: every production job start imported Flask through the sandbox (the container
