@@ -28,14 +28,14 @@ def acquire(container, job: Job, holder: str) -> bool:
     now = container.clock.now()
     expires = now + timedelta(seconds=job.lease_seconds)
     with container.uow() as uow:
-        if uow.leases.create(job.name, holder, now, expires):
-            uow.commit()
-            return True
-        current = uow.leases.holder(job.name)
-        # A holder that was a process on this host that no longer exists (killed, or its database went
-        # away before it could release) is taken over now rather than after its lease.
-        dead = current.holder if current and current.holder and _dead_here(current.holder) else None
-        taken = uow.leases.take(job.name, holder, now, expires, dead_holder=dead)
+        # The usual run finds its row free: one statement (a job's first run ever creates the row).
+        taken = uow.leases.take(job.name, holder, now, expires) or uow.leases.create(job.name, holder, now, expires)
+        if not taken:
+            current = uow.leases.holder(job.name)
+            # A holder that was a process on this host that no longer exists (killed, or its database went
+            # away before it could release) is taken over now rather than after its lease.
+            if current and current.holder and _dead_here(current.holder):
+                taken = uow.leases.take(job.name, holder, now, expires, dead_holder=current.holder)
         uow.commit()
     return taken
 

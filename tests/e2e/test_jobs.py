@@ -50,6 +50,50 @@ def test_a_second_runner_exits_75_and_an_expired_lease_is_taken_over(container):
     assert row["holder"] is None and row["last_success_at"] is not None and row["last_error"] is None
 
 
+def test_a_free_lease_is_taken_in_one_statement(container):
+    """Issue 39 item 5: a job's usual run finds its row free and takes it with one conditional update; the
+    row's creation (a job's first run ever) and the read of its holder (a held lease) come after."""
+    from tests.helpers import RoundTrips
+
+    job = BY_NAME["poll"]
+    assert runner.acquire(container, job, "host-a:1:x")  # the first run ever creates the row
+    runner.release(container, job, "host-a:1:x", None)
+    counter = RoundTrips(container)
+    try:
+        with counter.measure() as seen:
+            assert runner.acquire(container, job, "host-b:2:y")
+        with counter.measure() as held:
+            assert not runner.acquire(container, job, "host-c:3:z")
+    finally:
+        counter.close()
+    leases = [s for s in seen["statements"] if "job_lease" in s]
+    assert len(leases) == 1 and "UPDATE job_lease" in leases[0], seen["statements"]
+    assert len([s for s in held["statements"] if "job_lease" in s]) == 3, held["statements"]  # take, create, read
+    with container.uow() as uow:
+        assert uow.leases.holder("poll").holder == "host-b:2:y"
+
+
+def test_a_lease_held_by_a_process_of_this_host_that_is_gone_is_taken_at_once(container):
+    """A holder on this host whose process no longer exists (killed, or its database went away before it
+    released) is taken over now; one that is alive, or on another host, holds its lease until it expires."""
+    import socket
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    here = socket.gethostname()
+    job = BY_NAME["poll"]
+    for holder, taken in ((f"{here}:{os.getpid()}:alive", False), ("elsewhere:1:x", False),
+                          (f"{here}:{gone.pid}:gone", True)):
+        with container.uow() as uow:
+            if not uow.leases.create("poll", holder, container.clock.now(), container.clock.now() + timedelta(hours=1)):
+                uow.execute(update(job_lease).where(job_lease.c.name == "poll").values(
+                    holder=holder, expires_at=container.clock.now() + timedelta(hours=1)))
+            uow.commit()
+        assert runner.acquire(container, job, "me:2:y") is taken, holder
+    with container.uow() as uow:
+        assert uow.leases.holder("poll").holder == "me:2:y"
+
+
 def test_two_processes_racing_for_one_job(env, container):
     # Hold the lease from a third party, as a long run on another host would.
     assert runner.acquire(container, BY_NAME["reconcile"], "other-host:1")
