@@ -110,3 +110,23 @@ def test_a_new_payment_by_webhook_stays_within_its_round_trips(stack):
     with c.uow() as uow:
         assert uow.purchases.by_payment_id(payment["id"])["provider_recorded_at"] is not None
         assert uow.subscriptions.get(co["subscription_id"])["status"] == "active"
+
+
+def test_an_engines_first_connection_looks_up_no_type(pg_url, monkeypatch):
+    """Issue 39 item 5: no column is hstore, so an engine's first connection does not look the type up (a
+    savepoint and a catalogue query, 3 round trips, on every process's first connection)."""
+    from psycopg.types import TypeInfo
+    from sqlalchemy import text
+
+    from billingctl.adapters.db.engine import autocommit_engine, make_engine
+
+    looked_up = []
+    real = TypeInfo.fetch.__func__
+    monkeypatch.setattr(TypeInfo, "fetch", classmethod(lambda cls, conn, name: looked_up.append(name)
+                                                       or real(cls, conn, name)))
+    engine = make_engine(pg_url)
+    for pooled in (engine, autocommit_engine(engine)):
+        with pooled.connect() as connection:
+            assert connection.execute(text("select 1")).scalar() == 1
+        pooled.dispose()
+    assert looked_up == []

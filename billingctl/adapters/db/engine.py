@@ -17,8 +17,9 @@ def make_engine(url: str) -> Engine:
         return _sqlite_engine(parsed)
     # No pre-ping (a round trip per transaction): a dropped connection is retried by the unit of work.
     # hide_parameters: a database error's message (logged, with its traceback) never carries the
-    # statement's parameters, which hold emails and payloads (issue 37).
-    return create_engine(parsed, pool_size=10, max_overflow=20, hide_parameters=True)
+    # statement's parameters, which hold emails and payloads (issue 37). No column is hstore: an engine's
+    # first connection does not look the type up (a savepoint and a query, issue 39 item 5).
+    return create_engine(parsed, pool_size=10, max_overflow=20, hide_parameters=True, use_native_hstore=False)
 
 
 def autocommit_engine(engine: Engine) -> Engine:
@@ -30,7 +31,7 @@ def autocommit_engine(engine: Engine) -> Engine:
     with an option that tells the begin hook to send nothing."""
     if engine.dialect.name == "sqlite":
         return engine.execution_options(standalone=True)
-    return create_engine(engine.url, pool_size=5, max_overflow=20, hide_parameters=True,
+    return create_engine(engine.url, pool_size=5, max_overflow=20, hide_parameters=True, use_native_hstore=False,
                          isolation_level="AUTOCOMMIT", pool_reset_on_return=None)
 
 
