@@ -90,13 +90,13 @@ def test_runbook_EventsParked(ops):
     """A refund's provider events fail at every attempt while the orchestrator refuses our key (rotated
     there, not here) and are parked; once the key is fixed the runbook replays them: nothing is parked, the
     refund stands reversed once. (An outage parks nothing: decision 216.)"""
-    from billingctl.services import events
+    from billingctl.services import events, provider_events
 
     co, payment = ops.paid("user_parked")
     ops.sandbox.store.add_fault("orchestrator", "401", count=-1)
     ops.c.orchestrator.http.sleep = ops.c.provider.http.sleep = lambda s: None
     ops.sandbox.refund(payment["id"])
-    for _ in range(events.MAX_EVENT_ATTEMPTS + 1):
+    for _ in range(provider_events.MAX_EVENT_ATTEMPTS + 1):
         ops.advance(600)
         events.poll(ops.c)
     assert value(ops.scrape(), "billing_inbox_events", state="parked") == 2

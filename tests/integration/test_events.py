@@ -15,7 +15,7 @@ from billingctl.adapters.db.tables import (
     subscription,
 )
 from billingctl.domain import errors as e
-from billingctl.services import events
+from billingctl.services import events, provider_events
 from billingctl.services.subscriptions import get_for_user, invalidate_customer
 from billingctl.services.sync import cancel_subscription, sync_all, sync_subscription
 
@@ -186,7 +186,7 @@ def test_a_poison_event_is_parked_and_alerted_once_and_stops_blocking(world):
                     "invoice": {"id": "inv_ghost", "subscription_id": "sub_ghost",
                                 "line_items": [{"entity_id": "no-such-plan"}]}}}])
     cursor_values = []
-    for _ in range(events.MAX_EVENT_ATTEMPTS):
+    for _ in range(provider_events.MAX_EVENT_ATTEMPTS):
         events.poll(world.c)
         cursor_values.append(events._read_cursor(world.c))
     assert cursor_values[0] is None  # the cursor stayed behind the failing event

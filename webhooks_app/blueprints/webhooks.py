@@ -75,7 +75,7 @@ def orchestrator_payments():
 
 @bp.post("/subscription-provider")
 def subscription_provider():
-    from billingctl.services.events import handle_event
+    from billingctl.services.provider_events import handle_event
     from webhooks_app.auth import constant_time_equal
 
     c = container()
