@@ -162,6 +162,14 @@ class Settings(BaseSettings):
     # drifted (simulations, decision 115). Only with BILLING_CLOCK=sandbox.
     clock_skew_seconds: float = Field(default=0, ge=-3600, le=3600)
 
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        """The process's environment and the caller's overrides, nothing else: no .env file and no secrets
+        directory is read (none was ever configured; the units pass an EnvironmentFile). Two sources
+        fewer to walk: a millisecond of every command's start (issue 39 item 5)."""
+        return (init_settings, env_settings)
+
     @field_validator("session_jwt_algorithms", mode="before")
     @classmethod
     def _split_algorithms(cls, value):

@@ -193,3 +193,18 @@ def test_every_runbook_says_how_to_know_it_is_fixed_and_uses_only_commands_that_
                 while hasattr(command, "commands") and words and words[0] in command.commands:
                     command = command.commands[words.pop(0)]
                 assert not hasattr(command, "commands"), f"{runbook.name}: {line}"
+
+
+def test_only_the_environment_and_the_overrides_are_read(tmp_path, monkeypatch):
+    """The units pass an EnvironmentFile; no .env file in the working directory and no secrets directory is
+    ever read, even one named to pydantic-settings, so what a process runs with is what its environment says."""
+    (tmp_path / ".env").write_text("BILLING_DATABASE_URL=sqlite:///from-dotenv.db\n")
+    secrets = tmp_path / "secrets"
+    secrets.mkdir()
+    (secrets / "billing_internal_token").write_text("from-a-secrets-dir")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("BILLING_PROVIDER_RATE_LIMIT", "42")
+    s = load_settings(_env_file=".env", _secrets_dir=str(secrets))
+    assert s.database_url == "sqlite:///./billing.db" and s.internal_token is None
+    assert s.provider_rate_limit == 42  # the environment is read
+    assert load_settings(database_url="sqlite:///x.db").database_url == "sqlite:///x.db"  # and the overrides
