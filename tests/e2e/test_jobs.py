@@ -478,11 +478,11 @@ def test_a_run_that_finds_the_lease_held_stops_before_the_jobs_heavy_imports(con
     assert not heavy & imported, sorted(heavy & imported)
 
 
-def _one_shot_poll(env: dict, prelude: str, **more: str) -> subprocess.CompletedProcess:
-    """A production-shape one-shot `jobs run poll` (the provider unreachable: it fails its item, exit 5)
+def _one_shot(env: dict, prelude: str = "", job: str = "poll", **more: str) -> subprocess.CompletedProcess:
+    """A production-shape one-shot `jobs run JOB` (the provider unreachable: it fails its item, exit 5)
     with `prelude` run before the CLI's entry point."""
     production = {**env, "BILLING_PROVIDER_URL": "http://127.0.0.1:9", "BILLING_ORCHESTRATOR_URL": "http://127.0.0.1:9"}
-    code = (f"{prelude}\nimport sys\nsys.argv = ['billingctl', 'jobs', 'run', 'poll']\n"
+    code = (f"{prelude}\nimport sys\nsys.argv = ['billingctl', 'jobs', 'run', {job!r}]\n"
             "from billingctl.cli import run\nrun()\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={"PATH": os.environ["PATH"], **production, **more})
@@ -490,12 +490,20 @@ def _one_shot_poll(env: dict, prelude: str, **more: str) -> subprocess.Completed
     return result
 
 
+def _modules_at_exit(env: dict, job: str = "poll", **more: str) -> set[str]:
+    """The modules a one-shot job's process held at exit (`importlib.import_module` is not in `-X
+    importtime`'s log)."""
+    shown = "atexit.register(lambda: sys.stderr.write('MODULES ' + ' '.join(sorted(sys.modules)) + '\\n'))"
+    result = _one_shot(env, f"import atexit, sys\n{shown}", job, **more)
+    return set(result.stderr.rsplit("MODULES ", 1)[1].split())
+
+
 def test_a_jobs_start_up_is_never_collected_before_its_freeze(env):
     """Decision 266: a one-shot job's start-up makes 105,000 to 141,000 objects before its first engine
     (the poll, on SQLite and on PostgreSQL with Redis); at the start-up threshold of decision 262 (100,000)
     the collector walked them all once, just before the engine froze them: about 25 ms of a one-shot poll.
     No collection runs between the CLI's `begin` and its first engine's `end`; the collector stays on."""
-    result = _one_shot_poll(env, (
+    result = _one_shot(env, (
         "import gc, sys\n"
         "from billingctl import startup\n"
         "seen, begin, end = [], startup.begin, startup.end\n"
@@ -514,11 +522,7 @@ def test_a_job_on_redis_loads_no_asyncio_client(env, redis_url):
     """Issue 39 item 5, decision 267: no `redis.asyncio` on a job's path. The limiter (through `limits`), the
     locks and the breakers reach Redis; the package `redis.asyncio` exists, its client, pool, cluster and
     sentinel are never loaded."""
-    result = _one_shot_poll(env, (
-        "import atexit, sys\n"
-        "atexit.register(lambda: sys.stderr.write('MODULES ' + ' '.join(sorted(sys.modules)) + '\\n'))"),
-        BILLING_REDIS_URL=redis_url)
-    imported = set(result.stderr.rsplit("MODULES ", 1)[1].split())
+    imported = _modules_at_exit(env, BILLING_REDIS_URL=redis_url)
     assert {"redis", "redis.client", "limits.storage.redis"} <= imported
     assert sorted(m for m in imported if m.startswith("redis.asyncio.") and ".observability" not in m) == []
 
@@ -527,7 +531,7 @@ def test_a_job_on_redis_loads_no_asyncio_client(env, redis_url):
 def test_a_command_looks_for_no_pydantic_plugin_unless_the_operator_asks(env, operator_says, scanned):
     """Decision 266: looking for pydantic's plugins reads every installed distribution's entry points before
     the first model is built. The CLI does not look unless PYDANTIC_DISABLE_PLUGINS is set (empty: all)."""
-    result = _one_shot_poll(env, (
+    result = _one_shot(env, (
         "import importlib.metadata, sys\n"
         "real = importlib.metadata.entry_points\n"
         "def asked(**kw):\n"
@@ -545,17 +549,8 @@ def test_a_production_job_never_imports_the_sandbox_or_flask(env, job):
     their URLs set, a job's run holds no Flask, Werkzeug, Jinja or sandbox simulator. Nor SQLAlchemy's ORM
     (about 34 ms of a one-shot poll's start): the tables are Core, and one alias in the dunning repository
     had imported the whole ORM. Nor another command's module: `jobs run` loaded all twenty of the CLI's.
-    The modules are read at exit (`importlib.import_module` is not in `-X importtime`'s log)."""
-    production = {**env, "BILLING_PROVIDER_URL": "http://127.0.0.1:9", "BILLING_ORCHESTRATOR_URL": "http://127.0.0.1:9"}
-    code = ("import atexit, sys\n"
-            "atexit.register(lambda: sys.stderr.write('MODULES ' + ' '.join(sorted(sys.modules)) + '\\n'))\n"
-            f"sys.argv = ['billingctl', 'jobs', 'run', {job!r}]\n"
-            "from billingctl.cli import run\n"
-            "run()\n")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                            env={"PATH": os.environ["PATH"], **production})
-    assert '"job finished"' in result.stderr  # it ran (the unreachable provider fails its item: exit 5)
-    imported = set(result.stderr.rsplit("MODULES ", 1)[1].split())
+    The modules are read at exit."""
+    imported = _modules_at_exit(env, job)  # it ran (the unreachable provider fails its item: exit 5)
     assert "sqlalchemy" in imported and "httpx" in imported and "billingctl.cli.jobs" in imported
     assert not {m for m in imported if m.split(".")[0] in ("flask", "werkzeug", "jinja2")
                 or m in {f"billingctl.sandbox.{part}" for part in (
